@@ -1,0 +1,55 @@
+#pragma once
+// KernelTable: the per-device implementations of one kernel.
+//
+// A kernel family header (kernels/<family>.h) declares its tables; kernels/cpu
+// and kernels/cuda register implementations from static initialisers, so an
+// op finds its kernel for a tensor's device without knowing which backends
+// were built. Tables are constant-initialised (constexpr constructor), so
+// registration order across translation units does not matter.
+//
+// Kernels write into outputs the caller allocated; on the Meta device no
+// kernel runs (shapes and dtypes are all a meta tensor has).
+#include <utility>
+
+#include "runtime/device.h"
+#include "runtime/error.h"
+
+namespace tessel::kernels {
+
+[[noreturn]] void throw_missing_kernel(const char* name, Device d);
+
+template <class Sig> class KernelTable;
+
+template <class... A>
+class KernelTable<void(A...)> {
+ public:
+  using Fn = void (*)(A...);
+  constexpr explicit KernelTable(const char* name) : name_(name), fns_{} {}
+
+  bool set(DeviceType d, Fn fn) {
+    fns_[static_cast<int>(d)] = fn;
+    return true;
+  }
+  bool has(DeviceType d) const { return fns_[static_cast<int>(d)] != nullptr; }
+  const char* name() const { return name_; }
+
+  template <class... Args>
+  void operator()(Device d, Args&&... args) const {
+    if (d.type == DeviceType::Meta) return;
+    Fn fn = fns_[static_cast<int>(d.type)];
+    if (TESSEL_UNLIKELY(!fn)) throw_missing_kernel(name_, d);
+    fn(std::forward<Args>(args)...);
+  }
+
+ private:
+  const char* name_;
+  Fn fns_[kNumDeviceTypes];
+};
+
+}  // namespace tessel::kernels
+
+#define TESSEL_KERNEL_CONCAT_(a, b) a##b
+#define TESSEL_KERNEL_CONCAT(a, b) TESSEL_KERNEL_CONCAT_(a, b)
+// TESSEL_REGISTER_KERNEL(table, DeviceType::CPU, fn) at namespace scope.
+#define TESSEL_REGISTER_KERNEL(table, device, fn) \
+  static const bool TESSEL_KERNEL_CONCAT(tessel_kernel_reg_, __COUNTER__) = (table).set(device, fn)

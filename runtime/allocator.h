@@ -1,0 +1,44 @@
+#pragma once
+// Device memory allocators. The CPU allocator pools freed blocks by size
+// class, so the steady state of a training loop makes no system calls: every
+// buffer a step needs was freed by the previous step and is reused.
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/device.h"
+
+namespace tessel {
+
+struct AllocatorStats {
+  int64_t requests = 0;       // allocate() calls
+  int64_t system_allocs = 0;  // calls that reached the system allocator
+  int64_t system_frees = 0;
+  int64_t current_bytes = 0;  // bytes handed out and not yet returned (size-class rounded)
+  int64_t peak_bytes = 0;
+  int64_t cached_bytes = 0;   // bytes held in free lists
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory for at least `nbytes` bytes, 64-byte aligned. nbytes == 0
+  // returns nullptr. Throws tessel::Error when memory is exhausted.
+  virtual void* allocate(size_t nbytes, Stream stream = {}) = 0;
+  // Returns a block; `nbytes` must be what was passed to allocate().
+  virtual void deallocate(void* p, size_t nbytes, Stream stream = {}) = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak() = 0;
+  virtual void empty_cache() = 0;  // give cached blocks back to the system
+  virtual Device device() const = 0;
+};
+
+// The process-wide CPU allocator (pooling unless TESSEL_CPU_ALLOCATOR=system).
+Allocator* cpu_allocator();
+// The allocator for a device; CUDA registers its caching allocator at load time.
+Allocator* allocator_for(Device d);
+void register_allocator(DeviceType type, Allocator* a);
+
+// The size class a request of n bytes is served from (exposed for tests).
+size_t cpu_size_class(size_t n);
+
+}  // namespace tessel

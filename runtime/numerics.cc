@@ -1,0 +1,38 @@
+#include "runtime/numerics.h"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "runtime/error.h"
+
+namespace tessel {
+namespace numerics {
+namespace {
+
+bool valid(int v) { return v >= 1 && v <= 1024 && (v & (v - 1)) == 0; }
+
+int initial_chunks() {
+  if (const char* env = std::getenv("TESSEL_REDUCE_CHUNKS")) {
+    int v = std::atoi(env);
+    TESSEL_CHECK(valid(v), "TESSEL_REDUCE_CHUNKS", "must be a power of two in [1, 1024], got '{}'", env);
+    return v;
+  }
+  return 16;
+}
+
+std::atomic<int>& chunks() {
+  static std::atomic<int> v{initial_chunks()};
+  return v;
+}
+
+}  // namespace
+
+int reduction_chunks() { return chunks().load(std::memory_order_relaxed); }
+
+int set_reduction_chunks(int v) {
+  TESSEL_CHECK(valid(v), "set_reduction_chunks", "V must be a power of two in [1, 1024], got {}", v);
+  return chunks().exchange(v);
+}
+
+}  // namespace numerics
+}  // namespace tessel

@@ -1,0 +1,48 @@
+#pragma once
+// The numerics contract's knobs (DESIGN.md §4, docs/numerics.md).
+//
+// Canonical reductions: a reduction of length n is split into V contiguous
+// chunks of ceil(n / V) elements (trailing chunks may be short or empty).
+// Each chunk is reduced in a fixed order (see kernels/canonical.h), and the V
+// chunk results are combined by a balanced binary tree:
+//   ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)) ...
+// V is a power of two. Any power-of-two split of the reduced dimension that
+// divides V and cuts it at chunk boundaries owns whole subtrees, so a sharded
+// or micro-batched computation can finish the same tree and get the same bits.
+#include <cstdint>
+
+#include "runtime/macros.h"
+
+namespace tessel {
+namespace numerics {
+
+// V for every canonical reduction (default 16; TESSEL_REDUCE_CHUNKS).
+int reduction_chunks();
+// Sets V (must be a power of two in [1, 1024]); returns the previous value.
+int set_reduction_chunks(int v);
+
+// RAII: use V within a scope (tests, benchmarks).
+class ChunksGuard {
+ public:
+  explicit ChunksGuard(int v) : prev_(set_reduction_chunks(v)) {}
+  ~ChunksGuard() { set_reduction_chunks(prev_); }
+  ChunksGuard(const ChunksGuard&) = delete;
+  ChunksGuard& operator=(const ChunksGuard&) = delete;
+
+ private:
+  int prev_;
+};
+
+// Chunk geometry: chunk c of a length-n reduction covers [begin, end).
+TESSEL_HOST_DEVICE_INLINE int64_t chunk_size(int64_t n, int v) { return (n + v - 1) / v; }
+TESSEL_HOST_DEVICE_INLINE int64_t chunk_begin(int64_t n, int v, int c) {
+  int64_t b = chunk_size(n, v) * c;
+  return b < n ? b : n;
+}
+TESSEL_HOST_DEVICE_INLINE int64_t chunk_end(int64_t n, int v, int c) { return chunk_begin(n, v, c + 1); }
+
+// Lanes inside a chunk for elementwise-sum reductions (kernels/canonical.h).
+inline constexpr int kLanes = 8;
+
+}  // namespace numerics
+}  // namespace tessel

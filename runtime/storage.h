@@ -1,0 +1,40 @@
+#pragma once
+// A block of device memory shared by a tensor and all its views. The version
+// counter lives here because views share it: an in-place write through any
+// view invalidates tensors autograd saved from any other view.
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+
+namespace tessel {
+
+class StorageImpl {
+ public:
+  // Owns nbytes from the device's allocator (Meta: no memory).
+  StorageImpl(size_t nbytes, Device device);
+  // Wraps memory owned elsewhere; `deleter` (may be empty) runs on destruction.
+  StorageImpl(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  ~StorageImpl();
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  uint32_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  Allocator* allocator_ = nullptr;  // null for external memory
+  std::function<void(void*)> deleter_;
+  std::atomic<uint32_t> version_{0};
+};
+
+}  // namespace tessel
