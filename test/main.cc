@@ -50,7 +50,8 @@ struct SummaryListener : Catch::TestEventListenerBase {
 }  // namespace
 }  // namespace tessel::testing
 
-CATCH_REGISTER_LISTENER(tessel::testing::SummaryListener)
+using TesselSummaryListener = tessel::testing::SummaryListener;
+CATCH_REGISTER_LISTENER(TesselSummaryListener)
 
 int main(int argc, char* argv[]) {
   Catch::Session session;
