@@ -13,6 +13,7 @@
 
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/macros.h"
 
 namespace tessel::kernels {
 

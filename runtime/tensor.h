@@ -14,6 +14,7 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/macros.h"
 #include "runtime/scalar.h"
 #include "runtime/shape.h"
 #include "runtime/storage.h"

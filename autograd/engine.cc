@@ -1,0 +1,309 @@
+#include "autograd/engine.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/autograd_meta.h"
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops/elementwise.h"
+#include "autograd/ops/factory.h"
+
+namespace tessel {
+
+// ---- grad mode ------------------------------------------------------------
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_seq{0};
+std::atomic<int> g_hook_handle{0};
+}  // namespace
+
+bool GradMode::is_enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool e) { t_grad_enabled = e; }
+
+uint64_t next_node_seq() { return g_seq.fetch_add(1, std::memory_order_relaxed); }
+int next_hook_handle() { return g_hook_handle.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+Node::Node() : seq(next_node_seq()) {}
+
+// ---- saved tensors ----------------------------------------------------------
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  tensor_ = raw::alias(t);
+  version_ = t.device().is_meta() ? 0 : t.version();
+}
+
+const Tensor& SavedTensor::get() const {
+  if (released_) {
+    throw SavedTensorError(
+        "saved tensors were freed by an earlier backward; call backward(..., retain_graph=true) the first time");
+  }
+  if (tensor_.defined() && tensor_.storage() && tensor_.version() != version_) {
+    throw SavedTensorError(fmt::format(
+        "a tensor saved for backward ({}) was modified by an in-place operation (version {} when saved, now {})",
+        tensor_.desc(), version_, tensor_.version()));
+  }
+  return tensor_;
+}
+
+// ---- autograd meta ---------------------------------------------------------
+AutogradMeta* autograd_meta(const Tensor& t) { return t.impl()->autograd.get(); }
+
+AutogradMeta& ensure_autograd_meta(const Tensor& t) {
+  auto& m = t.impl()->autograd;
+  if (!m) m = std::make_shared<AutogradMeta>();
+  return *m;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = t.defined() ? autograd_meta(t) : nullptr;
+  if (!m || !m->requires_grad) return {};
+  if (m->grad_fn) return {m->grad_fn, m->output_nr};
+  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    m->grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> l) : leaf(std::move(l)) {
+  input_meta.push_back({leaf->shape, leaf->dtype, leaf->device});
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  Tensor g = std::move(grads[0]);
+  if (!g.defined()) return {};
+  Tensor var(leaf);
+  AutogradMeta& m = ensure_autograd_meta(var);
+  for (auto& h : m.hooks) {
+    Tensor r = h.fn(g);
+    if (r.defined()) g = r;
+  }
+  if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
+  if (!m.grad.defined()) {
+    // Take the incoming buffer when nobody else can see it; copy otherwise.
+    bool sole = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
+                g.shape() == leaf->shape;
+    m.grad = sole ? g : g.clone();
+  } else {
+    m.grad.add_(g);
+  }
+  for (auto& h : m.post_accumulate_hooks) h.fn(var);
+  return {};
+}
+
+// ---- recording helpers -------------------------------------------------------
+namespace detail {
+
+void connect(Node& node, const std::vector<const Tensor*>& inputs) {
+  node.next_edges.reserve(inputs.size());
+  node.input_meta.reserve(inputs.size());
+  for (const Tensor* t : inputs) {
+    if (t->defined()) {
+      node.next_edges.push_back(gradient_edge(*t));
+      node.input_meta.push_back({t->shape(), t->dtype(), t->device()});
+    } else {
+      node.next_edges.push_back({});
+      node.input_meta.push_back({});
+    }
+  }
+}
+
+void set_history(const Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr) {
+  if (!out.defined() || !is_floating(out.dtype())) return;
+  AutogradMeta& m = ensure_autograd_meta(out);
+  m.requires_grad = true;
+  m.grad_fn = node;
+  m.output_nr = output_nr;
+}
+
+std::vector<bool> needs_from_edges(const Node& node) {
+  std::vector<bool> needs(node.next_edges.size());
+  for (size_t i = 0; i < needs.size(); ++i) needs[i] = node.next_edges[i].valid();
+  return needs;
+}
+
+void rethrow_saved_error(const char* op, const SavedTensorError& e) {
+  throw SavedTensorError(std::string("backward of ") + op + ": " + e.what());
+}
+
+}  // namespace detail
+
+// ---- the engine ------------------------------------------------------------------
+namespace {
+
+struct Capture {
+  Node* node;
+  uint32_t output_nr;
+  size_t slot;
+};
+
+struct ReadyOrder {
+  bool operator()(const Node* a, const Node* b) const { return a->seq < b->seq; }  // max-heap on seq
+};
+
+void accumulate_into(std::vector<Tensor>& buffer, uint32_t nr, Tensor g) {
+  if (!buffer[nr].defined()) {
+    buffer[nr] = std::move(g);
+  } else {
+    buffer[nr] = add(buffer[nr], g);
+  }
+}
+
+Tensor checked_gradient(const Node& node, size_t i, Tensor g) {
+  const InputMeta& meta = node.input_meta[i];
+  if (g.shape() != meta.shape) {
+    TESSEL_FAIL(std::string("backward of ") + node.name(),
+                "gradient for input {} has shape {} but the input had shape {}", i, g.shape(), meta.shape);
+  }
+  if (g.dtype() != meta.dtype && is_floating(meta.dtype)) g = g.to(meta.dtype);
+  return g;
+}
+
+// Runs the graph from `roots` (edges with their gradients). With captures,
+// gradients arriving at the captured (node, output) slots are returned and
+// leaves are left untouched.
+std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, bool retain_graph,
+                            const std::vector<Capture>* captures, size_t num_captures) {
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, std::shared_ptr<Node>> alive;
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack;
+  for (const Edge& e : roots) {
+    if (e.fn && alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
+    }
+  }
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Edge& e = roots[i];
+    if (!e.fn) continue;
+    auto& buf = buffers[e.fn.get()];
+    buf.resize(e.fn->num_outputs);
+    accumulate_into(buf, e.input_nr, root_grads[i]);
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
+  for (const Edge& e : roots) {
+    Node* n = e.fn.get();
+    if (n && deps[n] == 0) {
+      deps[n] = -1;  // queued
+      ready.push(n);
+    }
+  }
+
+  std::vector<Tensor> captured(num_captures);
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[node]);
+    buffers.erase(node);
+    grads.resize(node->num_outputs);
+
+    for (auto& h : node->pre_hooks) {
+      if (h.output_nr < grads.size() && grads[h.output_nr].defined()) {
+        Tensor r = h.fn(grads[h.output_nr]);
+        if (r.defined()) grads[h.output_nr] = r;
+      }
+    }
+    if (captures) {
+      for (const Capture& c : *captures)
+        if (c.node == node && grads[c.output_nr].defined()) captured[c.slot] = grads[c.output_nr];
+    }
+
+    bool any = false;
+    for (auto& g : grads) any = any || g.defined();
+    std::vector<Tensor> outs;
+    bool is_accumulator = dynamic_cast<AccumulateGrad*>(node) != nullptr;
+    if (any && !(captures && is_accumulator)) {
+      outs = node->apply(std::move(grads));
+    }
+    if (!retain_graph) node->release_saved();
+    if (!is_accumulator && !outs.empty() && outs.size() != node->next_edges.size()) {
+      TESSEL_FAIL(std::string("backward of ") + node->name(), "returned {} gradients for {} inputs", outs.size(),
+                  node->next_edges.size());
+    }
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.fn) continue;
+      if (i < outs.size() && outs[i].defined()) {
+        auto& buf = buffers[e.fn.get()];
+        buf.resize(e.fn->num_outputs);
+        accumulate_into(buf, e.input_nr, checked_gradient(*node, i, std::move(outs[i])));
+      }
+      int& d = deps[e.fn.get()];
+      if (--d == 0) {
+        d = -1;
+        ready.push(e.fn.get());
+      }
+    }
+  }
+  return captured;
+}
+
+std::vector<Tensor> root_gradients(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                                   const char* op) {
+  TESSEL_CHECK(grads.empty() || grads.size() == roots.size(), op, "got {} gradients for {} outputs", grads.size(),
+               roots.size());
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    TESSEL_CHECK(r.defined(), op, "output {} is undefined", i);
+    TESSEL_CHECK(r.requires_grad(), op,
+                 "output {} ({}) does not require grad and has no grad_fn (was it computed under no_grad, or "
+                 "from tensors that don't require grad?)",
+                 i, r.desc());
+    Tensor g = grads.empty() ? Tensor() : grads[i];
+    if (!g.defined()) {
+      TESSEL_CHECK(r.numel() == 1, op,
+                   "a gradient can be implied only for one-element outputs; output {} is {}, pass its gradient",
+                   i, r.desc());
+      g = ones_like(r);
+    } else {
+      TESSEL_CHECK(g.shape() == r.shape(), op, "gradient {} for output {} must have shape {}", g.desc(), i,
+                   r.shape());
+    }
+    out.push_back(g);
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace autograd {
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  std::vector<Tensor> g = root_gradients(roots, grads, "backward");
+  std::vector<Edge> edges;
+  for (const Tensor& r : roots) edges.push_back(gradient_edge(r));
+  execute(edges, std::move(g), retain_graph, nullptr, 0);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  std::vector<Tensor> g = root_gradients(outputs, grad_outputs, "autograd::grad");
+  std::vector<Edge> edges;
+  for (const Tensor& r : outputs) edges.push_back(gradient_edge(r));
+  std::vector<Capture> caps;
+  std::vector<std::shared_ptr<Node>> keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Edge e = gradient_edge(inputs[i]);
+    TESSEL_CHECK(e.valid(), "autograd::grad", "input {} ({}) does not require grad", i, inputs[i].desc());
+    keep.push_back(e.fn);
+    caps.push_back({e.fn.get(), e.input_nr, i});
+  }
+  return execute(edges, std::move(g), retain_graph, &caps, inputs.size());
+}
+
+}  // namespace autograd
+}  // namespace tessel

@@ -1,0 +1,123 @@
+#pragma once
+// call(Op{attrs...}, inputs...): runs a differentiable op and records it.
+//
+// An op is one struct holding everything about it (DESIGN.md §1 "one op
+// lives in one place"):
+//
+//   struct SoftmaxOp {
+//     static constexpr const char* kName = "softmax";
+//     int64_t dim;                       // attributes
+//     SavedTensor y;                     // state saved for backward
+//     Tensor forward(const Tensor& x);   // checks, allocates, dispatches kernels
+//     std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads);
+//   };
+//   Tensor softmax(const Tensor& x, int64_t dim) { return call(SoftmaxOp{dim}, x); }
+//
+// Inputs are `const Tensor&` or `const std::vector<Tensor>&` (flattened in
+// order). forward returns a Tensor or a std::vector<Tensor>. backward gets one
+// gradient per output (undefined for outputs no gradient reached) and returns
+// one per tensor input (undefined where ctx.needs(i) is false or none flows).
+// forward runs with grad mode off; the node is recorded only if grad mode is on
+// and some input requires grad. Floating-point outputs get the history;
+// integer outputs (indices) never require grad.
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "autograd/autograd_meta.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+
+namespace tessel {
+
+class GradContext {
+ public:
+  explicit GradContext(std::vector<bool> needs) : needs_(std::move(needs)) {}
+  bool needs(size_t i) const { return i < needs_.size() && needs_[i]; }
+  size_t size() const { return needs_.size(); }
+
+ private:
+  std::vector<bool> needs_;
+};
+
+namespace detail {
+
+inline bool any_requires_grad(const Tensor& t) {
+  const AutogradMeta* m = t.defined() ? autograd_meta(t) : nullptr;
+  return m && m->requires_grad;
+}
+inline bool any_requires_grad(const std::vector<Tensor>& v) {
+  for (const auto& t : v)
+    if (any_requires_grad(t)) return true;
+  return false;
+}
+template <class T>
+inline bool any_requires_grad(const T&) { return false; }  // non-tensor arguments
+
+inline void collect(std::vector<const Tensor*>& out, const Tensor& t) { out.push_back(&t); }
+inline void collect(std::vector<const Tensor*>& out, const std::vector<Tensor>& v) {
+  for (const auto& t : v) out.push_back(&t);
+}
+template <class T>
+inline void collect(std::vector<const Tensor*>&, const T&) {}
+
+// Wires a node's edges to its inputs and attaches it to the outputs.
+void connect(Node& node, const std::vector<const Tensor*>& inputs);
+void set_history(const Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr);
+inline uint32_t set_history_all(const Tensor& out, const std::shared_ptr<Node>& node) {
+  set_history(out, node, 0);
+  return 1;
+}
+inline uint32_t set_history_all(const std::vector<Tensor>& outs, const std::shared_ptr<Node>& node) {
+  for (size_t i = 0; i < outs.size(); ++i) set_history(outs[i], node, uint32_t(i));
+  return uint32_t(outs.size());
+}
+
+std::vector<bool> needs_from_edges(const Node& node);
+[[noreturn]] void rethrow_saved_error(const char* op, const SavedTensorError& e);
+
+template <class Op>
+struct OpNode final : Node {
+  std::optional<Op> op;
+  const char* name() const override { return Op::kName; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    if (!op) {
+      throw SavedTensorError(std::string(Op::kName) +
+                             ": backward through a graph whose saved tensors were already freed; "
+                             "call backward(..., retain_graph=true) the first time");
+    }
+    GradContext ctx(needs_from_edges(*this));
+    try {
+      return op->backward(ctx, grads);
+    } catch (const SavedTensorError& e) {
+      rethrow_saved_error(Op::kName, e);
+    }
+  }
+  void release_saved() override { op.reset(); }
+};
+
+}  // namespace detail
+
+template <class Op, class... Args>
+auto call(Op op, const Args&... args) {
+  bool record = GradMode::is_enabled() && (detail::any_requires_grad(args) || ...);
+  using Out = std::decay_t<decltype(op.forward(args...))>;
+  std::optional<Out> out;
+  {
+    NoGradGuard no_grad;
+    out.emplace(op.forward(args...));
+  }
+  if (record) {
+    auto node = std::make_shared<detail::OpNode<Op>>();
+    std::vector<const Tensor*> inputs;
+    (detail::collect(inputs, args), ...);
+    detail::connect(*node, inputs);
+    node->op.emplace(std::move(op));
+    node->num_outputs = detail::set_history_all(*out, node);
+  }
+  return std::move(*out);
+}
+
+}  // namespace tessel

@@ -1,0 +1,174 @@
+#include "autograd/ops/reduce.h"
+
+#include "autograd/function.h"
+#include "autograd/ops/common.h"
+#include "autograd/ops/elementwise.h"
+#include "autograd/ops/factory.h"
+#include "autograd/ops/unary.h"
+#include "kernels/reduce.h"
+#include "runtime/numerics.h"
+
+namespace tessel {
+
+using kernels::ReduceOp;
+
+namespace {
+
+// Which dims are reduced (bitmask) after validating `dims`.
+uint32_t reduce_mask(const Tensor& x, const std::vector<int64_t>& dims, const char* op) {
+  if (dims.empty()) return x.dim() == 0 ? 0u : (1u << x.dim()) - 1u;
+  uint32_t mask = 0;
+  for (int64_t d : dims) {
+    int w = wrap_dim(d, x.dim(), op);
+    TESSEL_CHECK(!(mask & (1u << w)), op, "dimension {} appears twice in {}", w, fmt::join(dims, ", "));
+    mask |= 1u << w;
+  }
+  return mask;
+}
+
+Dims keepdim_shape(const Dims& shape, uint32_t mask) {
+  Dims out = shape;
+  for (int d = 0; d < shape.size(); ++d)
+    if (mask & (1u << d)) out[d] = 1;
+  return out;
+}
+
+Dims squeezed_shape(const Dims& shape, uint32_t mask) {
+  Dims out;
+  for (int d = 0; d < shape.size(); ++d)
+    if (!(mask & (1u << d))) out.push_back(shape[d]);
+  return out;
+}
+
+// Gradient of a reduction output, broadcast back to the input's shape.
+Tensor expand_grad(const Tensor& g, const Dims& in_shape, uint32_t mask) {
+  Tensor gk = g.reshape(keepdim_shape(in_shape, mask));
+  return gk.expand(in_shape);
+}
+
+Tensor reduce_raw(ReduceOp op, const Tensor& x, uint32_t mask, DType out_dtype) {
+  Tensor out = raw::empty(keepdim_shape(x.shape(), mask), out_dtype, x.device());
+  kernels::reduce(x.device(), op, x, out, numerics::reduction_chunks());
+  return out;
+}
+
+struct SumOp {
+  static constexpr const char* kName = "sum";
+  uint32_t mask;
+  bool keepdim;
+  Dims in_shape;
+
+  Tensor forward(const Tensor& x) {
+    in_shape = x.shape();
+    DType t = is_floating(x.dtype()) ? x.dtype() : DType::Int64;
+    Tensor out = reduce_raw(ReduceOp::Sum, x, mask, t);
+    return keepdim ? out : raw::try_view(out, squeezed_shape(x.shape(), mask));
+  }
+  std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) {
+    return {expand_grad(grads[0], in_shape, mask)};
+  }
+};
+
+struct ExtremeOp {  // amax / amin
+  static constexpr const char* kName = "amax";
+  uint32_t mask;
+  bool keepdim;
+  bool is_max;
+  SavedTensor x, out_keep;
+
+  Tensor forward(const Tensor& in) {
+    const char* name = is_max ? "amax" : "amin";
+    for (int d = 0; d < in.dim(); ++d)
+      TESSEL_CHECK(!(mask & (1u << d)) || in.shape()[d] > 0, name, "cannot reduce over empty dimension {} of {}", d,
+                   in.desc());
+    Tensor out = reduce_raw(is_max ? ReduceOp::Max : ReduceOp::Min, in, mask, in.dtype());
+    x = in;
+    out_keep = out;
+    return keepdim ? out : raw::try_view(out, squeezed_shape(in.shape(), mask));
+  }
+  std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) {
+    const Tensor& xs = x.get();
+    Tensor hit = eq(xs, out_keep.get());
+    std::vector<int64_t> dims;
+    for (int d = 0; d < xs.dim(); ++d)
+      if (mask & (1u << d)) dims.push_back(d);
+    Tensor count = sum(hit.to(xs.dtype()), dims, /*keepdim=*/true);
+    Tensor g = expand_grad(grads[0], xs.shape(), mask);
+    return {where(hit, div(g, count), 0.0)};
+  }
+};
+
+Tensor extreme(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, bool is_max) {
+  return call(ExtremeOp{reduce_mask(x, dims, is_max ? "amax" : "amin"), keepdim, is_max}, x);
+}
+
+Tensor arg_extreme(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  const char* name = is_max ? "argmax" : "argmin";
+  int d = wrap_dim(dim, x.dim(), name);
+  TESSEL_CHECK(x.dim() == 0 || x.shape()[d] > 0, name, "cannot reduce over empty dimension {} of {}", d, x.desc());
+  if (x.dim() == 0) return zeros(Dims{}, TensorOptions(DType::Int64).with_device(x.device()));
+  uint32_t mask = 1u << d;
+  Tensor out = raw::empty(keepdim_shape(x.shape(), mask), DType::Int64, x.device());
+  kernels::arg_reduce(x.device(), x, d, is_max, out);
+  return keepdim ? out : raw::try_view(out, squeezed_shape(x.shape(), mask));
+}
+
+std::tuple<Tensor, Tensor> extreme_with_index(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  int d = wrap_dim(dim, x.dim(), is_max ? "max" : "min");
+  Tensor idx = arg_extreme(x, d, /*keepdim=*/true, is_max);
+  // Values: gather at the index, as a differentiable select via one-hot mask.
+  Tensor positions = arange(x.dim() == 0 ? 1 : x.shape()[d]).to(x.device());
+  Dims pshape = Dims::filled(x.dim(), 1);
+  if (x.dim() > 0) pshape[d] = x.shape()[d];
+  Tensor onehot = eq(positions.reshape(pshape), idx);
+  Tensor values = sum(where(onehot, x, 0.0), {d}, /*keepdim=*/true);
+  if (!keepdim) {
+    values = values.squeeze(d);
+    idx = idx.squeeze(d);
+  }
+  return {values, idx};
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return call(SumOp{reduce_mask(x, dims, "sum"), keepdim}, x);
+}
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  TESSEL_CHECK(is_floating(x.dtype()), "mean", "needs a floating-point tensor, got {} (convert with .to())",
+               x.desc());
+  uint32_t mask = reduce_mask(x, dims, "mean");
+  int64_t n = 1;
+  for (int d = 0; d < x.dim(); ++d)
+    if (mask & (1u << d)) n *= x.shape()[d];
+  return div(sum(x, dims, keepdim), Scalar(double(n)));
+}
+
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return extreme(x, dims, keepdim, true); }
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return extreme(x, dims, keepdim, false); }
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return arg_extreme(x, dim, keepdim, true); }
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return arg_extreme(x, dim, keepdim, false); }
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_with_index(x, dim, keepdim, true);
+}
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_with_index(x, dim, keepdim, false);
+}
+
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  TESSEL_CHECK(is_floating(x.dtype()), "var", "needs a floating-point tensor, got {}", x.desc());
+  uint32_t mask = reduce_mask(x, dims, "var");
+  int64_t n = 1;
+  for (int d = 0; d < x.dim(); ++d)
+    if (mask & (1u << d)) n *= x.shape()[d];
+  Tensor m = mean(x, dims, /*keepdim=*/true);
+  Tensor dev = sub(x, m);
+  return div(sum(mul(dev, dev), dims, keepdim), Scalar(double(std::max<int64_t>(n - correction, 0))));
+}
+
+Tensor stddev(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  return sqrt(var(x, dims, correction, keepdim));
+}
+
+}  // namespace tessel
