@@ -78,13 +78,27 @@ inline uint32_t set_history_all(const std::vector<Tensor>& outs, const std::shar
 std::vector<bool> needs_from_edges(const Node& node);
 [[noreturn]] void rethrow_saved_error(const char* op, const SavedTensorError& e);
 
+template <class Op, class = void>
+struct has_dynamic_name : std::false_type {};
+template <class Op>
+struct has_dynamic_name<Op, std::void_t<decltype(std::declval<const Op&>().name())>> : std::true_type {};
+
+// An op's name: `name()` when the struct has one (ops sharing a struct, like
+// add/mul), else its kName.
+template <class Op>
+const char* op_name(const Op& op) {
+  if constexpr (has_dynamic_name<Op>::value) return op.name();
+  else return Op::kName;
+}
+
 template <class Op>
 struct OpNode final : Node {
   std::optional<Op> op;
-  const char* name() const override { return Op::kName; }
+  const char* name_ = Op::kName;
+  const char* name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (!op) {
-      throw SavedTensorError(std::string(Op::kName) +
+      throw SavedTensorError(std::string(name_) +
                              ": backward through a graph whose saved tensors were already freed; "
                              "call backward(..., retain_graph=true) the first time");
     }
@@ -92,7 +106,7 @@ struct OpNode final : Node {
     try {
       return op->backward(ctx, grads);
     } catch (const SavedTensorError& e) {
-      rethrow_saved_error(Op::kName, e);
+      rethrow_saved_error(name_, e);
     }
   }
   void release_saved() override { op.reset(); }
@@ -114,6 +128,7 @@ auto call(Op op, const Args&... args) {
     std::vector<const Tensor*> inputs;
     (detail::collect(inputs, args), ...);
     detail::connect(*node, inputs);
+    node->name_ = detail::op_name(op);
     node->op.emplace(std::move(op));
     node->num_outputs = detail::set_history_all(*out, node);
   }

@@ -33,6 +33,7 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, 
 struct BinaryArithOp {
   static constexpr const char* kName = "binary";
   BinaryOp op;
+  const char* name() const { return kernels::binary_op_name(op); }
   Dims a_shape, b_shape;
   SavedTensor a, b, out;
 

@@ -75,6 +75,7 @@ struct ExtremeOp {  // amax / amin
   bool keepdim;
   bool is_max;
   SavedTensor x, out_keep;
+  const char* name() const { return is_max ? "amax" : "amin"; }
 
   Tensor forward(const Tensor& in) {
     const char* name = is_max ? "amax" : "amin";

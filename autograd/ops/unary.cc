@@ -14,6 +14,7 @@ namespace {
 struct UnaryMathOp {
   static constexpr const char* kName = "unary";
   UnaryOp op;
+  const char* name() const { return kernels::unary_op_name(op); }
   SavedTensor x, y;
 
   Tensor forward(const Tensor& in) {
