@@ -1,0 +1,16 @@
+#pragma once
+// Subcommand registration. Each command file adds its subcommand and a
+// callback that stores the exit code for run_selected().
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace tessel::cli {
+
+// Registers `name`; `run` executes after parsing if the subcommand was chosen.
+CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& help, std::function<int()> run);
+int run_selected(CLI::App& app);
+
+void register_info(CLI::App& app);
+
+}  // namespace tessel::cli

@@ -1,0 +1,28 @@
+// The tessel command line: one binary, one subcommand per job.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "runtime/error.h"
+#include "tools/cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessel: a distributed tensor runtime with bitwise-reproducible training"};
+  app.require_subcommand(1);
+  tessel::cli::register_info(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return tessel::cli::run_selected(app);
+  } catch (const tessel::Error& e) {
+    std::fprintf(stderr, "tessel: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessel: unexpected error: %s\n", e.what());
+    return 2;
+  }
+}
