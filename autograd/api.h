@@ -4,6 +4,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
+#include "autograd/ops/matmul.h"
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/shape.h"
 #include "autograd/ops/unary.h"

@@ -1,0 +1,109 @@
+#include "autograd/ops/matmul.h"
+
+#include "autograd/function.h"
+#include "autograd/ops/common.h"
+#include "autograd/ops/elementwise.h"
+#include "kernels/matmul.h"
+#include "runtime/numerics.h"
+
+namespace tessel {
+namespace {
+
+// [B, M, K] x [B, K, N] with equal batch sizes; dtype already common.
+struct BmmOp {
+  static constexpr const char* kName = "matmul";
+  SavedTensor a, b;
+
+  Tensor forward(const Tensor& x, const Tensor& y) {
+    Tensor out = raw::empty(Dims{x.shape()[0], x.shape()[1], y.shape()[2]}, x.dtype(), x.device());
+    kernels::bmm(x.device(), x, y, out, /*accumulate=*/false, numerics::reduction_chunks());
+    a = x;
+    b = y;
+    return out;
+  }
+
+  std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
+    const Tensor& g = grads[0];
+    Tensor ga, gb;
+    if (ctx.needs(0)) ga = bmm(g, b.get().transpose(1, 2));
+    if (ctx.needs(1)) gb = bmm(a.get().transpose(1, 2), g);
+    return {ga, gb};
+  }
+};
+
+void check_operands(const char* op, const Tensor& a, const Tensor& b) {
+  detail::check_same_device(op, a, b);
+  TESSEL_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()), op,
+               "needs floating-point operands, got {} and {}", a.desc(), b.desc());
+  TESSEL_CHECK(a.dim() >= 1 && b.dim() >= 1, op, "operands must have at least one dimension, got {} and {}",
+               a.desc(), b.desc());
+}
+
+}  // namespace
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_operands("bmm", a, b);
+  TESSEL_CHECK(a.dim() == 3 && b.dim() == 3, "bmm", "expects 3-D operands, got {} and {}", a.desc(), b.desc());
+  TESSEL_CHECK(a.shape()[0] == b.shape()[0] && a.shape()[2] == b.shape()[1], "bmm",
+               "shapes {} and {} cannot be multiplied (batch {} vs {}, inner {} vs {})", a.shape(), b.shape(),
+               a.shape()[0], b.shape()[0], a.shape()[2], b.shape()[1]);
+  DType t = promote_types(a.dtype(), b.dtype());
+  return call(BmmOp{}, a.to(t), b.to(t));
+}
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  check_operands("matmul", a_in, b_in);
+  DType t = promote_types(a_in.dtype(), b_in.dtype());
+  Tensor a = a_in.to(t), b = b_in.to(t);
+  const bool a1 = a.dim() == 1, b1 = b.dim() == 1;
+  if (a1) a = a.unsqueeze(0);
+  if (b1) b = b.unsqueeze(1);
+  const int64_t M = a.size(-2), K = a.size(-1), K2 = b.size(-2), N = b.size(-1);
+  TESSEL_CHECK(K == K2, "matmul", "shapes {} and {} cannot be multiplied ({} vs {} in the contracted dimension)",
+               a_in.shape(), b_in.shape(), K, K2);
+  Tensor out;
+  if (b.dim() == 2) {
+    // Fold every leading dim of a into M: one GEMM, weight gradients reduce over all rows.
+    Dims lead(a.shape().data(), size_t(a.dim() - 2));
+    Tensor a2 = a.reshape({-1, K});
+    out = call(BmmOp{}, a2.unsqueeze(0), b.unsqueeze(0)).squeeze(0);
+    Dims oshape = lead;
+    oshape.push_back(M);
+    oshape.push_back(N);
+    out = out.reshape(oshape);
+  } else {
+    Dims ab(a.shape().data(), size_t(a.dim() - 2)), bb(b.shape().data(), size_t(b.dim() - 2));
+    Dims batch = broadcast_shapes(ab, bb, "matmul");
+    int64_t bt = numel_of(batch);
+    Dims ae = batch, be = batch;
+    ae.push_back(M);
+    ae.push_back(K);
+    be.push_back(K);
+    be.push_back(N);
+    Tensor a3 = a.expand(ae).reshape({bt, M, K});
+    Tensor b3 = b.expand(be).reshape({bt, K, N});
+    out = call(BmmOp{}, a3, b3);
+    Dims oshape = batch;
+    oshape.push_back(M);
+    oshape.push_back(N);
+    out = out.reshape(oshape);
+  }
+  if (a1) out = out.squeeze(-2);
+  if (b1) out = out.squeeze(-1);
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TESSEL_CHECK(weight.dim() == 2, "linear", "weight must be 2-D [out, in], got {}", weight.desc());
+  TESSEL_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear",
+               "input {} does not match weight {} (in_features {})", x.desc(), weight.desc(), weight.size(1));
+  Tensor y = matmul(x, weight.t());
+  if (bias.defined()) {
+    TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear",
+                 "bias {} does not match weight {} (out_features {})", bias.desc(), weight.desc(), weight.size(0));
+    y = y + bias;
+  }
+  return y;
+}
+
+}  // namespace tessel
