@@ -54,8 +54,20 @@ TESSEL_HOST_DEVICE_INLINE float fabs(float x) { return bits_float(float_bits(x) 
 TESSEL_HOST_DEVICE_INLINE uint32_t sign_of(float x) { return float_bits(x) & kSignMask; }
 // |v| with the sign bits `s` ORed in (v must be non-negative or NaN).
 TESSEL_HOST_DEVICE_INLINE float with_sign(float v, uint32_t s) { return bits_float(float_bits(v) | s); }
+// c ? a : b with both operands already evaluated. Used instead of ?: whenever
+// an operand involves arithmetic, so the compiler never sees conditionally
+// executed float operations (which, under the default -ftrapping-math, GCC
+// refuses to if-convert, blocking vectorisation).
+TESSEL_HOST_DEVICE_INLINE float select(bool c, float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return c ? a : b;
+#else
+  uint32_t m = 0u - uint32_t(c);
+  return bits_float((float_bits(a) & m) | (float_bits(b) & ~m));
+#endif
+}
 // Any NaN -> the canonical quiet NaN.
-TESSEL_HOST_DEVICE_INLINE float canon(float r) { return r != r ? nan() : r; }
+TESSEL_HOST_DEVICE_INLINE float canon(float r) { return select(r != r, nan(), r); }
 
 // Horner: horner(x, c0, c1, ..., cn) = c0 + x*(c1 + x*(... + x*cn)), one fmaf per step.
 TESSEL_HOST_DEVICE_INLINE float horner(float, float c) { return c; }
@@ -127,7 +139,7 @@ TESSEL_HOST_DEVICE_INLINE float log_pair(float u, float eoff, float corr, float&
 // x <= 0 (results below 2^-126 lose the extra precision gracefully).
 // Same reduction and polynomial as exp().
 TESSEL_HOST_DEVICE_INLINE float exp_pair(float x, float& lo) {
-  x = x < -104.0f ? -104.0f : x;
+  x = select(x < -104.0f, -104.0f, x);
   float n, rlo;
   uint32_t nb;
   float r = exp_reduce(x, n, nb, rlo);
@@ -172,8 +184,9 @@ TESSEL_HOST_DEVICE_INLINE float cospi_kernel(float s) {
 // Returns r and q = n mod 4.
 TESSEL_HOST_DEVICE_INLINE float sinpi_reduce(float a, uint32_t& q) {
   // a >= 2^23 is an integer: only its parity matters (a >= 2^24 is even).
-  float big = ((a < 0x1p24f) & ((float_bits(a) & 1u) != 0u)) ? 1.0f : 0.0f;
-  a = a >= 0x1p23f ? big : a;
+  float big = bits_float((float_bits(a) & 1u) * 0x3f800000u);  // parity as 1.0f / 0.0f
+  big = select(a < 0x1p24f, big, 0.0f);
+  a = select(a >= 0x1p23f, big, a);
   float k = (a * 0.5f + kMagic) - kMagic;  // round(a/2), exact
   float y = fmaf(k, -2.0f, a);             // a - 2k in [-1, 1], exact
   float t = fmaf(y, 2.0f, kMagic);         // round(2y)
@@ -232,8 +245,8 @@ TESSEL_HOST_DEVICE_INLINE float cos_kernel(float rh, float rl, float s, float sl
 // steps so overflow gives inf and subnormal results are rounded once.
 // Max error: 1 ulp (exhaustive; frac 0.xx).
 TESSEL_HOST_DEVICE_INLINE float exp(float x) {
-  x = x < -104.0f ? -104.0f : x;  // exp(-104) < 2^-150: rounds to 0
-  x = x > 89.0f ? 89.0f : x;      // exp(89) > FLT_MAX: rounds to inf; NaN passes both
+  x = detail::select(x < -104.0f, -104.0f, x);  // exp(-104) < 2^-150: rounds to 0
+  x = detail::select(x > 89.0f, 89.0f, x);      // exp(89) > FLT_MAX: rounds to inf; NaN passes both
   float n, rlo;
   uint32_t nb;
   float r = detail::exp_reduce(x, n, nb, rlo);
@@ -250,8 +263,8 @@ TESSEL_HOST_DEVICE_INLINE float exp(float x) {
 // 2^n - 1 exact and one fmaf. |x| tiny passes through (keeps -0).
 // Max error: 1 ulp (exhaustive).
 TESSEL_HOST_DEVICE_INLINE float expm1(float x) {
-  float xc = x < -20.0f ? -20.0f : x;  // expm1(-20) rounds to -1
-  xc = xc > 89.0f ? 89.0f : xc;
+  float xc = detail::select(x < -20.0f, -20.0f, x);  // expm1(-20) rounds to -1
+  xc = detail::select(xc > 89.0f, 89.0f, xc);
   float n, rlo;
   uint32_t nb;
   float r = detail::exp_reduce(xc, n, nb, rlo);
@@ -264,14 +277,14 @@ TESSEL_HOST_DEVICE_INLINE float expm1(float x) {
   int32_t ni = int32_t(nb);
   bool big = ni == 128;  // 2^128 itself is not a float: use 2^127 and double
   bool hi_n = ni > 24, lo_n = ni < -24;
-  uint32_t nc = nb - (big ? 1u : 0u);
+  uint32_t nc = nb - uint32_t(big);
   float s = bits_float((nc + 127u) << 23);
   float sinv = bits_float(((127u - nc) & 0xffu) << 23);  // 2^-n, 0 for n = 127
-  float q2 = hi_n ? qh - sinv : qh;
-  float add = (hi_n | lo_n) ? s : s - 1.0f;
-  float res = fmaf(s, ql, fmaf(s, q2, add)) + (lo_n ? -1.0f : 0.0f);
-  res = big ? res * 2.0f : res;
-  res = x == 0.0f ? x : res;
+  float q2 = detail::select(hi_n, qh - sinv, qh);
+  float add = detail::select(hi_n | lo_n, s, s - 1.0f);
+  float res = fmaf(s, ql, fmaf(s, q2, add)) + detail::select(lo_n, -1.0f, 0.0f);
+  res = res * detail::select(big, 2.0f, 1.0f);
+  res = detail::select(x == 0.0f, x, res);
   return detail::canon(res);
 }
 
@@ -281,12 +294,12 @@ TESSEL_HOST_DEVICE_INLINE float expm1(float x) {
 // Max error: 1 ulp (exhaustive).
 TESSEL_HOST_DEVICE_INLINE float log(float x) {
   bool sub = x < 0x1p-126f;
-  float xs = sub ? x * 0x1p23f : x;
+  float xs = x * detail::select(sub, 0x1p23f, 1.0f);
   float lo;
-  float res = detail::log_pair(xs, sub ? -23.0f : 0.0f, 0.0f, lo);
-  res = x == detail::inf() ? x : res;
-  res = (x < 0.0f) | (x != x) ? detail::nan() : res;
-  res = x == 0.0f ? -detail::inf() : res;
+  float res = detail::log_pair(xs, detail::select(sub, -23.0f, 0.0f), 0.0f, lo);
+  res = detail::select(x == detail::inf(), x, res);
+  res = detail::select((x < 0.0f) | (x != x), detail::nan(), res);
+  res = detail::select(x == 0.0f, -detail::inf(), res);
   return detail::canon(res);
 }
 
@@ -295,13 +308,13 @@ TESSEL_HOST_DEVICE_INLINE float log(float x) {
 // Max error: 1 ulp (exhaustive).
 TESSEL_HOST_DEVICE_INLINE float log1p(float x) {
   float u = 1.0f + x;
-  float c = x > 1.0f ? 1.0f - (u - x) : x - (u - 1.0f);
+  float c = detail::select(x > 1.0f, 1.0f - (u - x), x - (u - 1.0f));
   float lo;
   float res = detail::log_pair(u, 0.0f, c / u, lo);
-  res = x == detail::inf() ? x : res;
-  res = x < -1.0f ? detail::nan() : res;
-  res = x == -1.0f ? -detail::inf() : res;
-  res = x == 0.0f ? x : res;
+  res = detail::select(x == detail::inf(), x, res);
+  res = detail::select(x < -1.0f, detail::nan(), res);
+  res = detail::select(x == -1.0f, -detail::inf(), res);
+  res = detail::select(x == 0.0f, x, res);
   return detail::canon(res);
 }
 
@@ -317,7 +330,7 @@ TESSEL_HOST_DEVICE_INLINE float tanh(float x) {
   float elo;
   float e = detail::exp_pair(-2.0f * a, elo);
   float large = 1.0f - detail::div_one_plus(2.0f * e, 2.0f * elo, e, elo);
-  float res = a < 1.0f ? small : large;
+  float res = detail::select(a < 1.0f, small, large);
   return detail::canon(detail::with_sign(res, detail::sign_of(x)));
 }
 
@@ -328,8 +341,8 @@ TESSEL_HOST_DEVICE_INLINE float sigmoid(float x) {
   float elo;
   float e = detail::exp_pair(-detail::fabs(x), elo);
   bool pos = x >= 0.0f;
-  float num = pos ? 1.0f : e;
-  float num_lo = pos ? 0.0f : elo;
+  float num = detail::select(pos, 1.0f, e);
+  float num_lo = detail::select(pos, 0.0f, elo);
   return detail::canon(detail::div_one_plus(num, num_lo, e, elo));
 }
 
@@ -351,11 +364,11 @@ TESSEL_HOST_DEVICE_INLINE float erf(float x) {
                            -0x1.f644bep-5f, 0x1.fb5aacp-7f, 0x1.36f462p-7f, -0x1.6fcc6ap-8f);
   // erf(1.125) = 0x1.c6dad2p-1 + 0x1.053d8cp-26
   float mid = 0x1.c6dad2p-1f + fmaf(t, m, 0x1.053d8cp-26f);
-  float u = (a > 3.925f ? 3.925f : a) - 2.7f;
+  float u = detail::select(a > 3.925f, 3.925f, a) - 2.7f;
   float q = detail::horner(u, -0x1.1d493ep+3f, -0x1.6ed086p+2f, -0x1.e65cc0p-1f, -0x1.2fa11cp-7f,
                            0x1.e8f80cp-10f, -0x1.e29ab6p-13f, 0x1.024492p-13f);
   float large = 1.0f - exp(q);
-  float res = a < 0.75f ? small : (a < 1.5f ? mid : large);
+  float res = detail::select(a < 0.75f, small, detail::select(a < 1.5f, mid, large));
   return detail::canon(detail::with_sign(res, detail::sign_of(x)));
 }
 
@@ -372,7 +385,7 @@ TESSEL_HOST_DEVICE_INLINE float erfinv(float y) {
   float wl;
   float w = -detail::log_pair(fmaf(-a, a, 1.0f), 0.0f, 0.0f, wl);  // w + wl = -log(1 - a^2)
   wl = -wl;
-  w = a == 1.0f ? detail::inf() : w;  // log_pair does not handle 0
+  w = detail::select(a == 1.0f, detail::inf(), w);  // log_pair does not handle 0
   float p = detail::horner(w, 0x1.db2a08p-3f, 0x1.7a6eb2p-7f, -0x1.31ff8ap-9f, -0x1.0ad9dcp-13f,
                            0x1.74dcb4p-15f, 0x1.0da4bap-18f, -0x1.0a1ae8p-19f, 0x1.dbf362p-23f,
                            -0x1.2ee7c4p-27f);
@@ -383,9 +396,9 @@ TESSEL_HOST_DEVICE_INLINE float erfinv(float y) {
   float tail = detail::horner((th - 3.125f) + tl, 0x1.7aa774p+1f, 0x1.011494p+0f, 0x1.727b72p-8f,
                               -0x1.7cffdcp-9f, 0x1.08db62p-10f, -0x1.f9d9dcp-13f,
                               -0x1.986ddap-16f, 0x1.70a642p-15f);
-  float res = w < 5.0f ? central : tail;
-  res = a == 1.0f ? detail::inf() : res;
-  res = !(a <= 1.0f) ? detail::nan() : res;  // |y| > 1 or NaN
+  float res = detail::select(w < 5.0f, central, tail);
+  res = detail::select(a == 1.0f, detail::inf(), res);
+  res = detail::select(!(a <= 1.0f), detail::nan(), res);  // |y| > 1 or NaN
   return detail::canon(detail::with_sign(res, detail::sign_of(y)));
 }
 
@@ -398,10 +411,10 @@ TESSEL_HOST_DEVICE_INLINE float sinpi(float x) {
   uint32_t q;
   float r = detail::sinpi_reduce(a, q);
   float s = r * r;
-  float res = (q & 1u) ? detail::cospi_kernel(s) : detail::sinpi_kernel(r, s);
+  float res = detail::select(q & 1u, detail::cospi_kernel(s), detail::sinpi_kernel(r, s));
   res = bits_float(float_bits(res) ^ ((q & 2u) << 30) ^ detail::sign_of(x));
-  res = res == 0.0f ? bits_float(detail::sign_of(x)) : res;
-  res = a == detail::inf() ? detail::nan() : res;
+  res = detail::select(res == 0.0f, bits_float(detail::sign_of(x)), res);
+  res = detail::select(a == detail::inf(), detail::nan(), res);
   return detail::canon(res);
 }
 
@@ -414,10 +427,10 @@ TESSEL_HOST_DEVICE_INLINE float cospi(float x) {
   float r = detail::sinpi_reduce(a, q);
   q += 1u;
   float s = r * r;
-  float res = (q & 1u) ? detail::cospi_kernel(s) : detail::sinpi_kernel(r, s);
+  float res = detail::select(q & 1u, detail::cospi_kernel(s), detail::sinpi_kernel(r, s));
   res = bits_float(float_bits(res) ^ ((q & 2u) << 30));
-  res = res == 0.0f ? 0.0f : res;
-  res = a == detail::inf() ? detail::nan() : res;
+  res = detail::select(res == 0.0f, 0.0f, res);
+  res = detail::select(a == detail::inf(), detail::nan(), res);
   return detail::canon(res);
 }
 
@@ -432,11 +445,12 @@ TESSEL_HOST_DEVICE_INLINE float sin(float x) {
   float rh = detail::trig_reduce(x, rl, q);
   float s = rh * rh;
   float slo = fmaf(rh, rh, -s);
-  float res = (q & 1u) ? detail::cos_kernel(rh, rl, s, slo) : detail::sin_kernel(rh, rl, s);
+  float res =
+      detail::select(q & 1u, detail::cos_kernel(rh, rl, s, slo), detail::sin_kernel(rh, rl, s));
   res = bits_float(float_bits(res) ^ ((q & 2u) << 30));
   float a = detail::fabs(x);
-  res = a < 0x1p-12f ? x : res;
-  res = a > detail::kTrigMax ? detail::nan() : res;
+  res = detail::select(a < 0x1p-12f, x, res);
+  res = detail::select(a > detail::kTrigMax, detail::nan(), res);
   return detail::canon(res);
 }
 
@@ -449,9 +463,10 @@ TESSEL_HOST_DEVICE_INLINE float cos(float x) {
   q += 1u;
   float s = rh * rh;
   float slo = fmaf(rh, rh, -s);
-  float res = (q & 1u) ? detail::cos_kernel(rh, rl, s, slo) : detail::sin_kernel(rh, rl, s);
+  float res =
+      detail::select(q & 1u, detail::cos_kernel(rh, rl, s, slo), detail::sin_kernel(rh, rl, s));
   res = bits_float(float_bits(res) ^ ((q & 2u) << 30));
-  res = detail::fabs(x) > detail::kTrigMax ? detail::nan() : res;
+  res = detail::select(detail::fabs(x) > detail::kTrigMax, detail::nan(), res);
   return detail::canon(res);
 }
 
