@@ -16,9 +16,19 @@
 // NaN results are canonicalised to the quiet NaN 0x7fc00000 so that even NaN
 // bits agree between platforms (x86 and CUDA produce different NaN payloads).
 //
-// The float functions are branch-free (selects only) so that GCC auto-
-// vectorises loops over them at -O2/-O3 with -march=x86-64-v3
-// (needs -fno-math-errno, our default, for sqrtf in erfinv).
+// The float functions are branch-free (selects only) so that GCC 12
+// auto-vectorises loops over them with -march=x86-64-v3: at -O3, or at -O2
+// when the trip count is a known multiple of the vector width (-O2's
+// very-cheap cost model) or with -fvect-cost-model=dynamic. erfinv also needs
+// -fno-math-errno (our default) for sqrtf. A vectorised exp runs about 6x
+// faster than a scalar glibc expf loop on this machine (1M floats: 0.56 ms vs
+// 3.4 ms). The same bits come out of scalar, vectorised, -O0 and non-FMA
+// builds (there fmaf is glibc's correctly rounded software fma); only
+// contraction (-ffp-contract=fast) or fast-math would change them, which
+// test_tmath's golden checksums detect.
+//
+// Coefficients are minimax fits made for this file by
+// tools/tmath/fit_coefficients.py (mpmath references, rounded to float).
 //
 // Accuracy is measured against the double-precision functions rounded to float
 // ((float)std::exp((double)x) etc.), in ulps of the float result (subnormal
@@ -54,10 +64,11 @@ TESSEL_HOST_DEVICE_INLINE float fabs(float x) { return bits_float(float_bits(x) 
 TESSEL_HOST_DEVICE_INLINE uint32_t sign_of(float x) { return float_bits(x) & kSignMask; }
 // |v| with the sign bits `s` ORed in (v must be non-negative or NaN).
 TESSEL_HOST_DEVICE_INLINE float with_sign(float v, uint32_t s) { return bits_float(float_bits(v) | s); }
-// c ? a : b with both operands already evaluated. Used instead of ?: whenever
-// an operand involves arithmetic, so the compiler never sees conditionally
-// executed float operations (which, under the default -ftrapping-math, GCC
-// refuses to if-convert, blocking vectorisation).
+// c ? a : b with both operands already evaluated, as a bit mask on the host.
+// All selects go through this: GCC turns a plain ?: into a branch, threads
+// and sinks float arithmetic into it, and then (under the default
+// -ftrapping-math) refuses to if-convert the conditionally executed float
+// operations, which blocks vectorisation.
 TESSEL_HOST_DEVICE_INLINE float select(bool c, float a, float b) {
 #if defined(__CUDA_ARCH__)
   return c ? a : b;
@@ -199,8 +210,8 @@ constexpr float kPio2A = 0x1.921fb6p+0f;
 constexpr float kPio2B = -0x1.777a5cp-25f;
 constexpr float kPio2C = -0x1.ee59dap-50f;
 constexpr float kTwoOverPi = 0x1.45f306p-1f;
-// Largest |x| whose quadrant the reduction below computes correctly
-// (x*2/pi must stay below 2^22 for the magic-number rounding).
+// Largest |x| the reduction below handles: n = round(x*2/pi) must stay below
+// 2^22 for the magic-number rounding (and then x - n*kPio2A is exact).
 constexpr float kTrigMax = 0x1.921fb0p+22f;  // ~6.59e6
 
 // Cody–Waite reduction x = n*pi/2 + rh + rl with a double-float remainder.
@@ -240,10 +251,11 @@ TESSEL_HOST_DEVICE_INLINE float cos_kernel(float rh, float rl, float s, float sl
 }  // namespace detail
 
 // ---------------------------------------------------------------------------
-// exp: n = round(x/ln2), r = x - n*ln2 (Cody–Waite, ln2 in two parts),
-// exp(r) = 1 + expm1_kernel(r), then scaled by 2^n in two exact power-of-two
-// steps so overflow gives inf and subnormal results are rounded once.
-// Max error: 1 ulp (exhaustive; frac 0.xx).
+// exp: n = round(x/ln2), r + rlo = x - n*ln2 (Cody–Waite, ln2 in two parts,
+// remainder kept to ~2^-48), exp(r) = (1 + r) + (r^2*Q(r) + rlo) with 1 + r
+// exact as a pair, then scaled by 2^n in two power-of-two steps so overflow
+// gives inf and subnormal results are rounded once.
+// Max error over all 2^32 inputs: 1 ulp (frac 0.764, worst on subnormal results).
 TESSEL_HOST_DEVICE_INLINE float exp(float x) {
   x = detail::select(x < -104.0f, -104.0f, x);  // exp(-104) < 2^-150: rounds to 0
   x = detail::select(x > 89.0f, 89.0f, x);      // exp(89) > FLT_MAX: rounds to inf; NaN passes both
@@ -261,7 +273,7 @@ TESSEL_HOST_DEVICE_INLINE float exp(float x) {
 
 // expm1: same reduction as exp; expm1(x) = 2^n * expm1(r) + (2^n - 1) with
 // 2^n - 1 exact and one fmaf. |x| tiny passes through (keeps -0).
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.983).
 TESSEL_HOST_DEVICE_INLINE float expm1(float x) {
   float xc = detail::select(x < -20.0f, -20.0f, x);  // expm1(-20) rounds to -1
   xc = detail::select(xc > 89.0f, 89.0f, xc);
@@ -291,7 +303,7 @@ TESSEL_HOST_DEVICE_INLINE float expm1(float x) {
 // log: subnormals are scaled by 2^23 first; x = 2^e * m with m in
 // [sqrt(1/2), sqrt(2)), f = m - 1 exact, log(x) = (e*ln2_hi + f) + (f^2*P(f)
 // + e*ln2_lo). log(0) = -inf, log(x<0) = NaN, log(inf) = inf.
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.893).
 TESSEL_HOST_DEVICE_INLINE float log(float x) {
   bool sub = x < 0x1p-126f;
   float xs = x * detail::select(sub, 0x1p23f, 1.0f);
@@ -305,7 +317,7 @@ TESSEL_HOST_DEVICE_INLINE float log(float x) {
 
 // log1p: u = 1 + x rounded, c = (1 + x) - u exactly (Fast2Sum); u = 2^e * m
 // as in log; log1p(x) = e*ln2 + log1p(m - 1) + c/u.
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.980).
 TESSEL_HOST_DEVICE_INLINE float log1p(float x) {
   float u = 1.0f + x;
   float c = detail::select(x > 1.0f, 1.0f - (u - x), x - (u - 1.0f));
@@ -320,7 +332,7 @@ TESSEL_HOST_DEVICE_INLINE float log1p(float x) {
 
 // tanh: odd; for a = |x| < 1 a minimax polynomial a + a^3*P(a^2) (degree 7
 // in a^2); otherwise 1 - 2e/(1+e) with e = exp(-2a) and a compensated quotient.
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.885).
 TESSEL_HOST_DEVICE_INLINE float tanh(float x) {
   float a = detail::fabs(x);
   float s = a * a;
@@ -336,7 +348,7 @@ TESSEL_HOST_DEVICE_INLINE float tanh(float x) {
 
 // sigmoid = 1/(1+exp(-x)): with e = exp(-|x|) <= 1, 1/(1+e) for x >= 0 and
 // e/(1+e) for x < 0 (no overflow, no cancellation), compensated quotient.
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.770).
 TESSEL_HOST_DEVICE_INLINE float sigmoid(float x) {
   float elo;
   float e = detail::exp_pair(-detail::fabs(x), elo);
@@ -352,7 +364,7 @@ TESSEL_HOST_DEVICE_INLINE float sigmoid(float x) {
 //   a >= 1.5:          1 - exp(Q(a - 2.7)), Q a degree-6 fit of log(erfc) on
 //                      [1.5, 3.925] (erf rounds to 1 beyond).
 // All minimax fits; the three pieces are computed and selected (no branches).
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.834).
 TESSEL_HOST_DEVICE_INLINE float erf(float x) {
   float a = detail::fabs(x);
   float s = a * a;
@@ -374,12 +386,15 @@ TESSEL_HOST_DEVICE_INLINE float erf(float x) {
 
 // erfinv: odd; w = -log(1 - y^2) with 1 - y^2 rounded once (fmaf).
 // w < 5 (|y| < 0.99662): y * (sqrt(pi)/2 + w*P(w)), P degree 8; otherwise
-// Q(sqrt(w) - 3.125), Q degree 7 (minimax fits, relative error < 2^-24.5).
+// Q(sqrt(w) - 3.125), Q degree 7 (minimax fits, relative error < 2^-25).
+// w and sqrt(w) are carried as hi + lo pairs.
 // erfinv(+-1) = +-inf, |y| > 1 -> NaN. Near +-1 the result is still accurate
 // for the float input given (1 - y^2 is computed with one rounding), but note
 // the function is ill-conditioned there: one ulp of y moves erfinv(y) by
 // many ulps.
-// Max error: 2 ulp (exhaustive).
+// Max error over all 2^32 inputs: 2 ulp (158 inputs; frac 1.743), the worst
+// near |y| ~ 0.993 at the top of the central piece; 1 ulp (frac 0.898) for
+// 0.999 <= |y| < 1.
 TESSEL_HOST_DEVICE_INLINE float erfinv(float y) {
   float a = detail::fabs(y);
   float wl;
@@ -405,7 +420,7 @@ TESSEL_HOST_DEVICE_INLINE float erfinv(float y) {
 // sinpi(x) = sin(pi*x): |x| reduced exactly mod 2 to n/2 + r, |r| <= 1/4,
 // then a sin or cos polynomial by quadrant. Exact zeros at integers carry the
 // sign of x (IEEE 754-2019 sinPi). inf -> NaN.
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.964).
 TESSEL_HOST_DEVICE_INLINE float sinpi(float x) {
   float a = detail::fabs(x);
   uint32_t q;
@@ -420,7 +435,7 @@ TESSEL_HOST_DEVICE_INLINE float sinpi(float x) {
 
 // cospi(x) = cos(pi*x): same reduction as sinpi, quadrant shifted by one.
 // cospi(n + 1/2) = +0. inf -> NaN.
-// Max error: 1 ulp (exhaustive).
+// Max error over all 2^32 inputs: 1 ulp (frac 0.874).
 TESSEL_HOST_DEVICE_INLINE float cospi(float x) {
   float a = detail::fabs(x);
   uint32_t q;
@@ -434,11 +449,13 @@ TESSEL_HOST_DEVICE_INLINE float cospi(float x) {
   return detail::canon(res);
 }
 
-// sin: Cody–Waite reduction by pi/2 (three-part pi/2, remainder kept as a
-// double-float) and degree-3-in-r^2 minimax kernels. Accurate for
-// |x| <= kTrigMax (~6.59e6); beyond that the quadrant cannot be computed with
-// float arithmetic and the result is NaN (documented limitation).
-// Max error: 1 ulp for |x| <= kTrigMax (exhaustive).
+// sin: Cody–Waite reduction by pi/2 (three-part pi/2, 72 bits; remainder
+// kept as a double-float) and minimax kernels in r^2. Valid for
+// |x| <= kTrigMax (~6.59e6); beyond that this float-only reduction cannot find
+// the quadrant, and rather than return a silently wrong value the result is
+// NaN (a Payne–Hanek reduction would be needed; no caller needs it so far).
+// Max error over all |x| <= kTrigMax (2.5e9 inputs): 1 ulp (frac 1.014, the
+// worst near kTrigMax; for |x| < 1e5 sampled frac errors stay below 0.72).
 TESSEL_HOST_DEVICE_INLINE float sin(float x) {
   float rl;
   uint32_t q;
@@ -455,7 +472,8 @@ TESSEL_HOST_DEVICE_INLINE float sin(float x) {
 }
 
 // cos: as sin with the quadrant shifted by one.
-// Max error: 1 ulp for |x| <= kTrigMax (exhaustive); NaN beyond.
+// Max error over all |x| <= kTrigMax (2.5e9 inputs): 1 ulp (frac 1.033); NaN
+// beyond.
 TESSEL_HOST_DEVICE_INLINE float cos(float x) {
   float rl;
   uint32_t q;
