@@ -9,3 +9,6 @@
 #include "autograd/ops/shape.h"
 #include "autograd/ops/unary.h"
 #include "runtime/tensor.h"
+#include "autograd/ops/indexing.h"
+#include "autograd/ops/join.h"
+#include "autograd/ops/sort.h"
