@@ -4,6 +4,7 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
+#include "autograd/ops/indexing.h"
 #include "autograd/ops/unary.h"
 #include "kernels/reduce.h"
 #include "runtime/numerics.h"
@@ -117,13 +118,8 @@ Tensor arg_extreme(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
 std::tuple<Tensor, Tensor> extreme_with_index(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
   int d = wrap_dim(dim, x.dim(), is_max ? "max" : "min");
   Tensor idx = arg_extreme(x, d, /*keepdim=*/true, is_max);
-  // Values: gather at the index, as a differentiable select via one-hot mask.
-  Tensor positions = arange(x.dim() == 0 ? 1 : x.shape()[d]).to(x.device());
-  Dims pshape = Dims::filled(x.dim(), 1);
-  if (x.dim() > 0) pshape[d] = x.shape()[d];
-  Tensor onehot = eq(positions.reshape(pshape), idx);
-  Tensor values = sum(where(onehot, x, 0.0), {d}, /*keepdim=*/true);
-  if (!keepdim) {
+  Tensor values = x.dim() == 0 ? x.clone() : gather(x, d, idx);  // differentiable: gradient scattered to idx
+  if (!keepdim && x.dim() > 0) {
     values = values.squeeze(d);
     idx = idx.squeeze(d);
   }
