@@ -8,3 +8,5 @@
 #include "autograd/ops/shape.h"
 #include "autograd/ops/unary.h"
 #include "runtime/tensor.h"
+#include "autograd/ops/random.h"
+#include "autograd/ops/init.h"
