@@ -195,6 +195,8 @@ TEST_CASE("init errors name the op") {
   CHECK_THROWS_WITH(normal_(f, kKey, NAN, 1.0), Contains("normal_"));
   CHECK_THROWS_WITH(trunc_normal_(f, kKey, 0.0, 0.0), Contains("trunc_normal_") && Contains("std > 0"));
   CHECK_THROWS_WITH(trunc_normal_(f, kKey, 0.0, 1.0, 2.0, 1.0), Contains("trunc_normal_") && Contains("a < b"));
+  CHECK_THROWS_WITH(trunc_normal_(zeros({4}, DType::BFloat16), kKey, 1.0, 1.0, 1.001, 1.002),
+                    Contains("trunc_normal_") && Contains("bfloat16"));
   CHECK_THROWS_WITH(kaiming_normal_(zeros({5}), kKey), Contains("kaiming_normal_") && Contains("2 dimensions"));
   CHECK_THROWS_WITH(xavier_uniform_(zeros({5}), kKey), Contains("xavier_uniform_") && Contains("2 dimensions"));
   CHECK_THROWS_WITH(normal_(zeros({1, 4}).expand({3, 4}), kKey), Contains("normal_") && Contains("overlapping"));

@@ -56,13 +56,15 @@ Tensor fill_random(const char* op, const Tensor& t, const RandomParams& p, const
   return t;
 }
 
-// Is there a value of dtype t in [lo, hi) (after rounding the bounds to the compute type)?
-bool uniform_range_ok(DType t, double lo, double hi) {
-  return dispatch_floating(t, "uniform_", [&](auto tag) {
+// Is there a value of dtype t in [lo, hi) (uniform) or [lo, hi] (trunc normal),
+// after rounding the bounds to the compute type? Uniform also needs a finite hi - lo.
+bool range_ok(RandomDist dist, DType t, double lo, double hi) {
+  return dispatch_floating(t, "range", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
-    if (!(C(lo) < C(hi)) || !std::isfinite(double(C(hi) - C(lo)))) return false;
+    if (dist == RandomDist::Uniform && (!(C(lo) < C(hi)) || !std::isfinite(double(C(hi) - C(lo))))) return false;
     RandomParams p;
+    p.dist = dist;
     p.lo = lo;
     p.hi = hi;
     auto k = kernels::rng::make_consts<T, C>(p);
@@ -83,7 +85,7 @@ Tensor uniform_(const Tensor& t, PhiloxKey key, double lo, double hi, const Glob
   TESSEL_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo < hi, "uniform_", "needs finite lo < hi, got [{}, {})",
                lo, hi);
   check_writable("uniform_", t, true);
-  TESSEL_CHECK(uniform_range_ok(t.dtype(), lo, hi), "uniform_", "no {} value lies in [{}, {}) (or hi - lo overflows)",
+  TESSEL_CHECK(range_ok(RandomDist::Uniform, t.dtype(), lo, hi), "uniform_", "no {} value lies in [{}, {}) (or hi - lo overflows)",
                dtype_name(t.dtype()), lo, hi);
   RandomParams p;
   p.dist = RandomDist::Uniform;
@@ -109,6 +111,9 @@ Tensor trunc_normal_(const Tensor& t, PhiloxKey key, double mean, double std, do
   TESSEL_CHECK(std::isfinite(mean) && std::isfinite(std) && std > 0.0, "trunc_normal_",
                "needs a finite mean and a finite std > 0, got mean {} std {}", mean, std);
   TESSEL_CHECK(a < b, "trunc_normal_", "needs bounds a < b, got [{}, {}]", a, b);  // false for NaN
+  check_writable("trunc_normal_", t, true);
+  TESSEL_CHECK(range_ok(RandomDist::TruncNormal, t.dtype(), a, b), "trunc_normal_", "no {} value lies in [{}, {}]",
+               dtype_name(t.dtype()), a, b);
   // Phi(x) = (1 + erf(x / sqrt 2)) / 2, so 2 Phi(x) - 1 = erf(x / sqrt 2).
   const double inv_sqrt2 = 0.7071067811865476;
   RandomParams p;

@@ -63,6 +63,16 @@ inline void generate_run(const PhiloxKey& key, uint64_t e0, int64_t gs, int64_t 
   T vals[kPer];
   if (gs == 1) {
     int64_t i = 0;
+    if (os == 1) {  // whole blocks straight into the output
+      if ((e0 & (kPer - 1)) != 0) {
+        int w = int(e0 & (kPer - 1));
+        block_values(philox::block(key, e0 >> kShift), vals);
+        int take = int(std::min<int64_t>(kPer - w, n));
+        for (int j = 0; j < take; ++j) out[j] = vals[w + j];
+        i = take;
+      }
+      for (; n - i >= kPer; i += kPer) block_values(philox::block(key, (e0 + uint64_t(i)) >> kShift), out + i);
+    }
     while (i < n) {
       uint64_t e = e0 + uint64_t(i);
       int w = int(e & (kPer - 1));
