@@ -15,6 +15,30 @@
 // cosine branch for even e, sine branch for odd e). Float64 draws use a block
 // of two elements: b = e / 2, words {2*(e%2), 2*(e%2)+1} form 64 bits.
 // Nothing depends on which device, thread or shard computes element e.
+//
+// The values, per distribution (kernels/random_math.h is the one definition;
+// C = float for float32/float16/bfloat16, double for float64; 16-bit results
+// round once on store):
+//   uniform [lo, hi): lo + u01 * (hi - lo) in C (float64: u01_double of the
+//     element's 64 bits); a result that rounds to >= hi (or below lo) is
+//     replaced by the largest (smallest) value of the dtype inside the range.
+//   normal: mean + std * z, z by Box-Muller from the pair of words
+//     (p, p+1) = (2*(w/2), 2*(w/2)+1): u1 = u01_open0(word p),
+//     u2 = u01(word p+1), r = sqrt(-2 log u1), z = r * cospi(2 u2) for even e,
+//     r * sinpi(2 u2) for odd e. Float64: u1 = u01_double_open0(words 0, 1),
+//     u2 = u01_double(words 2, 3) of block e / 2; cosine for even e, sine for odd.
+//   trunc_normal (mean, std, [a, b]), by the inverse CDF, no rejection:
+//     u = ((x >> 9) * 2 + 1) * 2^-24 in (0, 1) (float64: ((m >> 1) * 2 + 1) * 2^-53
+//     with m the top 53 of the element's 64 bits), v = vlo + u * (vhi - vlo)
+//     with vlo/vhi = erf((a|b - mean) / (std sqrt 2)) (= 2 Phi - 1, computed
+//     once in double), value = mean + std * sqrt(2) * erfinv(v) clamped to [a, b].
+//   bernoulli(p), the dropout mask and randint always use one word per element
+//   (b = e / 4, w = e % 4), whatever the output dtype:
+//     bernoulli: (x >> 8) < ceil(p * 2^24)  (i.e. u01(x) < p);
+//     dropout(p): keep where (x >> 8) < ceil((1 - p) * 2^24) (= bernoulli(1 - p));
+//     randint [lo, hi): lo + bounded(x, hi - lo), hi - lo <= 2^32 - 1; each
+//     value has probability floor or ceil of 2^32 / range, over 2^32: within
+//     2^-32 of 1/range (relative bias below range / 2^32).
 #include <cstdint>
 
 #include "runtime/macros.h"

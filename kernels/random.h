@@ -1,0 +1,50 @@
+#pragma once
+// Random kernels: fill a tensor with draws from a distribution, and dropout.
+//
+// A kernel fills a *block* of a global tensor: the local tensor `out` (any
+// strides, e.g. a transposed view or one shard) holds the elements
+// [offset, offset + out.shape) of a tensor of shape `global_shape`. Every
+// element's value is a function of (key, distribution, its global row-major
+// linear index) alone (runtime/philox.h, kernels/random_math.h), so any
+// decomposition into blocks, any thread count and CPU or CUDA give the same
+// bits (DESIGN.md §4 level 1).
+#include <cstdint>
+
+#include "kernels/random_math.h"
+#include "kernels/registry.h"
+#include "runtime/tensor.h"
+
+namespace tessel::kernels {
+
+// Where a local tensor sits in its global tensor. An empty `global_shape`
+// means the local tensor is the whole global tensor (offset all zeros).
+struct GlobalBlock {
+  Dims global_shape;
+  Dims offset;
+  bool is_whole() const { return global_shape.empty() && offset.empty(); }
+};
+
+// Throws tessel::Error naming `op` unless `block` is a valid placement of a
+// tensor of shape `local` (same rank, 0 <= offset, offset + local <= global).
+void check_global_block(const char* op, const Dims& local, const GlobalBlock& block);
+
+// The iteration geometry of `out` (and `in`, same shape, for dropout) placed
+// at `block`, with size-1 dims dropped and jointly contiguous dims merged.
+RandomGeometry make_random_geometry(const Tensor& out, const GlobalBlock& block, const Tensor* in = nullptr);
+
+// out[...] = draws of params.dist (out: floating for uniform/normal/
+// trunc_normal; any dtype for bernoulli; numeric for randint).
+extern KernelTable<void(const Tensor& out, const RandomParams& params, const GlobalBlock& block)> random_fill;
+
+// out = keep ? in * scale : 0 with keep = ((bits(e) >> 8) < keep_threshold)
+// in the narrow layout (exactly the mask random_fill draws for Bernoulli with
+// the same threshold). in and out: same shape and floating dtype, any strides
+// (may be the same tensor). Used for dropout's forward and its backward.
+extern KernelTable<void(const Tensor& in, const Tensor& out, PhiloxKey key, uint32_t keep_threshold, double scale,
+                        const GlobalBlock& block)>
+    dropout;
+
+// ceil(p * 2^24): the Bernoulli threshold for probability p in [0, 1].
+uint32_t bernoulli_threshold(double p);
+
+}  // namespace tessel::kernels
