@@ -7,4 +7,8 @@
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/shape.h"
 #include "autograd/ops/unary.h"
+#include "autograd/ops/softmax.h"
+#include "autograd/ops/norm.h"
+#include "autograd/ops/loss.h"
+#include "autograd/ops/rope.h"
 #include "runtime/tensor.h"
