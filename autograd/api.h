@@ -13,4 +13,8 @@
 #include "autograd/ops/shape.h"
 #include "autograd/ops/sort.h"
 #include "autograd/ops/unary.h"
+#include "autograd/ops/softmax.h"
+#include "autograd/ops/norm.h"
+#include "autograd/ops/loss.h"
+#include "autograd/ops/rope.h"
 #include "runtime/tensor.h"

@@ -1,0 +1,99 @@
+#include "autograd/ops/norm.h"
+
+#include "autograd/function.h"
+#include "autograd/ops/common.h"
+#include "kernels/norm.h"
+#include "runtime/numerics.h"
+
+namespace tessel {
+namespace {
+
+// Validates the arguments and returns N (the normalised size).
+int64_t check_norm(const char* op, const Tensor& x, const Dims& nshape, const Tensor& w, const Tensor& b,
+                   double eps) {
+  detail::check_floating(op, x);
+  TESSEL_CHECK(!nshape.empty(), op, "normalized_shape must not be empty (input {})", x.desc());
+  TESSEL_CHECK(nshape.size() <= x.dim(), op, "normalized_shape {} has more dims than the input {}", nshape, x.desc());
+  for (int i = 0; i < nshape.size(); ++i)
+    TESSEL_CHECK(x.shape()[x.dim() - nshape.size() + i] == nshape[i], op,
+                 "input {} does not end with normalized_shape {}", x.desc(), nshape);
+  for (const Tensor* t : {&w, &b}) {
+    if (!t->defined()) continue;
+    const char* what = t == &w ? "weight" : "bias";
+    TESSEL_CHECK(t->shape() == nshape, op, "{} {} must have shape normalized_shape {}", what, t->desc(), nshape);
+    TESSEL_CHECK(t->dtype() == x.dtype(), op, "{} {} must have the input's dtype ({})", what, t->desc(),
+                 dtype_name(x.dtype()));
+    detail::check_same_device(op, x, *t);
+  }
+  TESSEL_CHECK(eps >= 0, op, "eps must be non-negative, got {}", eps);
+  return numel_of(nshape);
+}
+
+// Contiguous [rows, n] (or [n]) view of t, copying when t is not contiguous.
+Tensor flat(const Tensor& t, const Dims& shape) {
+  if (!t.defined()) return t;
+  return raw::try_view(detail::contiguous_raw(t), shape);
+}
+
+struct NormOp {
+  static constexpr const char* kName = "layer_norm";
+  bool rms;
+  double eps;
+  int chunks;
+  Dims nshape;
+  int64_t m = 0, n = 0;
+  Dims x_shape;
+  SavedTensor x2, w2, mean, rstd;
+  const char* name() const { return rms ? "rms_norm" : "layer_norm"; }
+
+  Tensor forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+    x_shape = x.shape();
+    n = numel_of(nshape);
+    m = 1;
+    for (int d = 0; d < x.dim() - nshape.size(); ++d) m *= x.shape()[d];
+    Tensor xf = flat(x, {m, n}), wf = flat(w, {n}), bf = flat(b, {n});
+    Tensor y = raw::empty({m, n}, x.dtype(), x.device());
+    const DType acc = accumulate_dtype(x.dtype());
+    Tensor rs = raw::empty({m}, acc, x.device());
+    if (rms) {
+      kernels::rms_norm_forward(x.device(), xf, wf, eps, y, rs, chunks);
+    } else {
+      Tensor mu = raw::empty({m}, acc, x.device());
+      kernels::layer_norm_forward(x.device(), xf, wf, bf, eps, y, mu, rs, chunks);
+      mean = mu;
+    }
+    x2 = xf;
+    w2 = wf;
+    rstd = rs;
+    return raw::try_view(y, x_shape);
+  }
+
+  std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
+    const Tensor& xf = x2.get();
+    const Tensor& wf = w2.get();
+    Tensor g = flat(detail::cast_raw(grads[0], xf.dtype()), {m, n});
+    Tensor dx, dw, db;
+    if (ctx.needs(0)) dx = raw::empty({m, n}, xf.dtype(), xf.device());
+    if (ctx.needs(1)) dw = raw::empty({n}, xf.dtype(), xf.device());
+    if (ctx.needs(2)) db = raw::empty({n}, xf.dtype(), xf.device());
+    if (rms) kernels::rms_norm_backward(xf.device(), g, xf, wf, rstd.get(), dx, dw, chunks);
+    else kernels::layer_norm_backward(xf.device(), g, xf, wf, mean.get(), rstd.get(), dx, dw, db, chunks);
+    return {dx.defined() ? raw::try_view(dx, x_shape) : dx, dw.defined() ? raw::try_view(dw, nshape) : dw,
+            db.defined() ? raw::try_view(db, nshape) : db};
+  }
+};
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Dims& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  check_norm("layer_norm", x, normalized_shape, weight, bias, eps);
+  return call(NormOp{false, eps, numerics::reduction_chunks(), normalized_shape}, x, weight, bias);
+}
+
+Tensor rms_norm(const Tensor& x, const Dims& normalized_shape, const Tensor& weight, double eps) {
+  check_norm("rms_norm", x, normalized_shape, weight, Tensor(), eps);
+  return call(NormOp{true, eps, numerics::reduction_chunks(), normalized_shape}, x, weight, Tensor());
+}
+
+}  // namespace tessel
