@@ -12,5 +12,6 @@ CLI::App* add_command(CLI::App& app, const std::string& name, const std::string&
 int run_selected(CLI::App& app);
 
 void register_info(CLI::App& app);
+void register_train(CLI::App& app);
 
 }  // namespace tessel::cli

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tessel: a distributed tensor runtime with bitwise-reproducible training"};
   app.require_subcommand(1);
   tessel::cli::register_info(app);
+  tessel::cli::register_train(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
