@@ -12,17 +12,14 @@
 
 #include "kernels/random_math.h"
 #include "kernels/registry.h"
+#include "runtime/global_block.h"
 #include "runtime/tensor.h"
 
 namespace tessel::kernels {
 
 // Where a local tensor sits in its global tensor. An empty `global_shape`
 // means the local tensor is the whole global tensor (offset all zeros).
-struct GlobalBlock {
-  Dims global_shape;
-  Dims offset;
-  bool is_whole() const { return global_shape.empty() && offset.empty(); }
-};
+using ::tessel::GlobalBlock;  // runtime/global_block.h
 
 // Throws tessel::Error naming `op` unless `block` is a valid placement of a
 // tensor of shape `local` (same rank, 0 <= offset, offset + local <= global).

@@ -5,7 +5,7 @@
 // hidden global generator state. An element's value depends only on the key,
 // the distribution and the element's *global* coordinates (runtime/philox.h),
 // so the optional trailing `block` — where this local tensor sits inside a
-// larger global tensor (kernels::GlobalBlock{global_shape, offset}) — makes a
+// larger global tensor (GlobalBlock{global_shape, offset}) — makes a
 // shard draw exactly the slice of the full tensor's values, on any device.
 //
 // Derive streams from names every rank shares, never from per-rank counters:
@@ -20,7 +20,7 @@
 
 namespace tessel {
 
-using kernels::GlobalBlock;
+// GlobalBlock: runtime/global_block.h
 
 // A stream id from a path (a module or parameter name) and counters (step,
 // call index, ...): hash_string(path) folded with combine_stream, in order.
