@@ -54,7 +54,43 @@ Tensor& Module::buffer(const std::string& name, Tensor& slot, Tensor value, bool
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   check_name(name);
   TESSEL_CHECK(m != nullptr, type_name_, "submodule '{}' is null", name);
+  TESSEL_CHECK(m->parent_ == nullptr, type_name_,
+               "submodule '{}' ({}) already has a parent at '{}'; a module has one path (share tensors, not modules)",
+               name, m->type_name_, m->path());
+  for (const Module* a = this; a != nullptr; a = a->parent_)
+    TESSEL_CHECK(a != m.get(), type_name_, "submodule '{}' would make a cycle (it is this module or an ancestor)", name);
+  m->parent_ = this;
+  m->clear_paths();  // recomputed from the new root on the next path() call
   children_.emplace_back(name, std::move(m));
+}
+
+Module::~Module() {
+  for (auto& c : children_)
+    if (c.second->parent_ == this) c.second->parent_ = nullptr;
+}
+
+// ---- paths ---------------------------------------------------------------------------------
+const std::string& Module::path() const {
+  if (!path_assigned_) const_cast<Module*>(this)->assign_paths();
+  return path_;
+}
+
+void Module::assign_paths() {
+  Module* root = this;
+  while (root->parent_ != nullptr) root = root->parent_;
+  root->assign_paths_from("");
+}
+
+void Module::assign_paths_from(const std::string& path) {
+  path_ = path;
+  path_assigned_ = true;
+  for (auto& [name, child] : children_) child->assign_paths_from(path.empty() ? name : path + "." + name);
+}
+
+void Module::clear_paths() {
+  path_assigned_ = false;
+  path_.clear();
+  for (auto& c : children_) c.second->clear_paths();
 }
 
 // ---- introspection ---------------------------------------------------------------------
@@ -192,6 +228,20 @@ void Module::reset_parameters(uint64_t seed) {
   }
 }
 
+void Module::set_init(const std::string& param_path, InitFn init) {
+  size_t dot = param_path.rfind('.');
+  Module& owner = dot == std::string::npos ? *this : submodule(param_path.substr(0, dot));
+  std::string name = dot == std::string::npos ? param_path : param_path.substr(dot + 1);
+  for (auto& p : owner.params_) {
+    if (p.name == name) {
+      TESSEL_CHECK(init != nullptr, "set_init", "null init for '{}'", param_path);
+      p.init = std::move(init);
+      return;
+    }
+  }
+  TESSEL_FAIL("set_init", "{} has no parameter '{}'", owner.type_name_, param_path);
+}
+
 void Module::materialize(Device device) {
   for (auto& [path, m] : named_modules()) {
     for (auto& p : m->params_) {
@@ -230,8 +280,8 @@ void Module::zero_grad() {
 
 std::string Module::describe(int indent) const {
   std::string pad(size_t(indent) * 2, ' ');
-  std::string s = type_name_ + "(";
-  bool first = true;
+  std::string s = type_name_ + "(" + extra_repr();
+  bool first = s.back() == '(';
   for (const auto& p : params_) {
     s += fmt::format("{}{}={}", first ? "" : ", ", p.name, p.tensor->shape().str());
     first = false;
@@ -268,6 +318,11 @@ InitFn kaiming_uniform(double a) {
 }
 InitFn xavier_uniform(double gain) {
   return [=](const Tensor& t, PhiloxKey k, const GlobalBlock& b) { xavier_uniform_(t, k, gain, b); };
+}
+InitFn uniform_fan_in(int64_t fan_in) {
+  TESSEL_CHECK(fan_in > 0, "init::uniform_fan_in", "fan_in must be positive, got {}", fan_in);
+  const double bound = 1.0 / std::sqrt(double(fan_in));
+  return uniform(-bound, bound);
 }
 }  // namespace init
 

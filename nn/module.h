@@ -20,6 +20,14 @@
 // another device, or (later) sharded, initialises to the same bits as an eager
 // build. Modules are held by std::shared_ptr and never copied or moved after
 // construction (the registry points at their member tensors).
+//
+// Paths. Each module knows its dotted path from the root of its tree
+// (path(): "layers.3.attn", "" for the root). Paths are assigned by the root's
+// assign_paths() (make_model does it after construction) and lazily on the
+// first path() call when unset; attaching a subtree under a new parent clears
+// its paths so they are recomputed. A module has one parent: adding the same
+// module under two parents is refused, because path-keyed randomness (dropout
+// masks, parameter init) needs one name per site.
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,7 +89,7 @@ struct NamedTensor {
 class Module {
  public:
   explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
-  virtual ~Module() = default;
+  virtual ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -99,6 +107,16 @@ class Module {
   // A module by dotted path ("layers.3.attn"); throws if absent.
   Module& submodule(const std::string& path);
 
+  // ---- paths ----------------------------------------------------------------------
+  // Dotted path from the root of this module's tree ("" for the root).
+  // Assigned lazily (from the root) when unset.
+  const std::string& path() const;
+  // Assigns the path of every module in the tree containing this one, from
+  // its root. make_model calls it; calling it again is harmless.
+  void assign_paths();
+  // The parent module (null for a root).
+  Module* parent() const { return parent_; }
+
   // ---- state -------------------------------------------------------------------
   void train(bool on = true);
   void eval() { train(false); }
@@ -114,6 +132,10 @@ class Module {
   // ---- materialisation and initialisation ----------------------------------------
   // Runs every parameter's init with key {seed, stream_for(path)}.
   void reset_parameters(uint64_t seed);
+  // Replaces the init of a registered parameter, by dotted path relative to
+  // this module ("weight", "layers.0.mlp.proj.weight"): e.g. GPT-2's
+  // normal(0, 0.02) in place of a Linear's default. Throws if absent.
+  void set_init(const std::string& param_path, InitFn init);
   // Replaces every Meta parameter and buffer with uninitialised memory on
   // `device` (then call reset_parameters). Buffers are re-created by
   // init_buffers().
@@ -124,7 +146,11 @@ class Module {
   // Called after materialize(): modules with computed buffers (RoPE tables) fill them.
   virtual void init_buffers() {}
 
-  std::string describe(int indent = 0) const;  // tree of modules with shapes
+  // Tree of modules with their options (extra_repr) and parameter shapes:
+  //   Linear(in_features=4, out_features=8, bias=true, weight=[8, 4], bias=[8])
+  std::string describe(int indent = 0) const;
+  // Options shown by describe() ("in_features=4, out_features=8"); "" by default.
+  virtual std::string extra_repr() const { return ""; }
 
  protected:
   // Creates `slot` as an uninitialised leaf requiring grad (on the
@@ -146,13 +172,27 @@ class Module {
                        std::vector<NamedTensor>& out) const;
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) const;
   void check_name(const std::string& name) const;
+  void assign_paths_from(const std::string& path);
+  void clear_paths();
 
   std::string type_name_;
   bool training_ = true;
   std::vector<ParameterSlot> params_;
   std::vector<BufferSlot> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  Module* parent_ = nullptr;            // cleared by the parent's destructor
+  mutable std::string path_;            // valid when path_assigned_
+  mutable bool path_assigned_ = false;
 };
+
+// Builds a model (or any module tree) and assigns its paths:
+//   auto model = nn::make_model<GPT>(config);  model->reset_parameters(seed);
+template <class M, class... Args>
+std::shared_ptr<M> make_model(Args&&... args) {
+  auto m = std::make_shared<M>(std::forward<Args>(args)...);
+  m->assign_paths();
+  return m;
+}
 
 // Init functions for ParameterSlot::init.
 namespace init {
@@ -165,6 +205,9 @@ InitFn trunc_normal(double mean, double std, double a, double b);
 // PyTorch's nn.Linear default: kaiming_uniform(a = sqrt 5) for the weight.
 InitFn kaiming_uniform(double a);
 InitFn xavier_uniform(double gain = 1.0);
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)): PyTorch's nn.Linear bias default (fan_in
+// given explicitly, since a bias has no input dimension of its own).
+InitFn uniform_fan_in(int64_t fan_in);
 }  // namespace init
 
 // stream_for(path) used by reset_parameters (exposed for tests/tools).

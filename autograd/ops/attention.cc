@@ -48,7 +48,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     scores = masked_fill(scores, logical_not(opts.mask), -INFINITY);
   }
   Tensor p = softmax(scores, -1);
-  if (opts.dropout_p > 0.0) p = dropout(p, opts.dropout_p, opts.dropout_key, /*training=*/true);
+  if (opts.dropout_p > 0.0) p = dropout(p, opts.dropout_p, opts.dropout_key, /*training=*/true, opts.dropout_block);
   return matmul(p, vv);
 }
 

@@ -2,6 +2,7 @@
 // Scaled dot-product attention.
 #include <optional>
 
+#include "runtime/global_block.h"
 #include "runtime/philox.h"
 #include "runtime/tensor.h"
 
@@ -12,6 +13,7 @@ struct AttentionOptions {
   std::optional<double> scale;  // default 1/sqrt(head_dim)
   double dropout_p = 0.0;       // dropout on the attention probabilities
   PhiloxKey dropout_key{};      // required when dropout_p > 0
+  GlobalBlock dropout_block;    // where the [B, H, Tq, Tk] probabilities sit in the global ones (empty: whole)
   Tensor mask;                  // optional bool mask broadcastable to [B, H, T_q, T_k]; true = attend
 };
 

@@ -1,0 +1,63 @@
+#pragma once
+// UnaryModule (a module with Tensor forward(const Tensor&)), ModuleList and
+// Sequential.
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace tessel::nn {
+
+// A module mapping one tensor to one tensor: what Sequential chains.
+class UnaryModule : public Module {
+ public:
+  using Module::Module;
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+};
+
+// Submodules named "0", "1", ... in order (paths "layers.3.attn...").
+// Has no forward: the owner iterates.
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  explicit ModuleList(const std::vector<std::shared_ptr<Module>>& modules);
+
+  void push_back(std::shared_ptr<Module> m);
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  // Bounds-checked (tessel::Error naming the index and the size).
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  // The module at i as an M (throws if it is not one).
+  template <class M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    if (!m) type_error(i);
+    return m;
+  }
+  std::vector<std::shared_ptr<Module>>::const_iterator begin() const { return items_.begin(); }
+  std::vector<std::shared_ptr<Module>>::const_iterator end() const { return items_.end(); }
+
+ private:
+  [[noreturn]] void type_error(size_t i) const;
+  std::vector<std::shared_ptr<Module>> items_;
+};
+
+// Applies its modules in order: forward(x) = m_n(...m_1(m_0(x))). Children
+// are named "0", "1", ...
+class Sequential : public UnaryModule {
+ public:
+  Sequential() : UnaryModule("Sequential") {}
+  explicit Sequential(const std::vector<std::shared_ptr<UnaryModule>>& modules);
+
+  void push_back(std::shared_ptr<UnaryModule> m);
+  size_t size() const { return items_.size(); }
+  const std::shared_ptr<UnaryModule>& operator[](size_t i) const;
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::vector<std::shared_ptr<UnaryModule>> items_;
+};
+
+}  // namespace tessel::nn
