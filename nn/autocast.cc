@@ -8,8 +8,9 @@ namespace {
 thread_local std::optional<DType> t_compute;
 }  // namespace
 
-AutocastScope::AutocastScope(DType compute) : prev_(t_compute) {
-  TESSEL_CHECK(is_floating(compute), "AutocastScope", "needs a floating compute dtype, got {}", dtype_name(compute));
+AutocastScope::AutocastScope(std::optional<DType> compute) : prev_(t_compute) {
+  TESSEL_CHECK(!compute || is_floating(*compute), "AutocastScope", "needs a floating compute dtype, got {}",
+               dtype_name(*compute));
   t_compute = compute;
 }
 

@@ -20,8 +20,9 @@
 //   |   its softmax and probability dropout       | float32 arithmetic, probabilities stored in c |
 //   | GELU / SiLU / swiglu / Dropout              | their input's dtype (c after a Linear), float32 arithmetic |
 //   | LayerNorm / RMSNorm                         | float32 (16-bit inputs cast up; output float32) |
-//   | MoE router softmax, top-k, routing weights, |                                           |
-//   |   combine of expert outputs, aux loss       | float32 (router logits cast up)           |
+//   | MoE router (gate Linear, softmax, top-k),   | float32: the router runs outside autocast |
+//   |   routing weights, combine, aux loss        |   (Switch Transformer's selective precision: |
+//   |                                             |   routing must not flip with the dtype)   |
 //   | Embedding                                   | the weight's dtype (float32)              |
 //   | losses (cross_entropy on the caller's side) | call cast_up(logits) first: float32       |
 //
@@ -37,10 +38,11 @@
 namespace tessel::nn {
 
 // Sets the compute dtype (a floating dtype) for its lifetime on this thread;
-// nests, restoring the previous setting.
+// nests, restoring the previous setting. AutocastScope off(std::nullopt)
+// switches autocast off inside an autocast region.
 class AutocastScope {
  public:
-  explicit AutocastScope(DType compute);
+  explicit AutocastScope(std::optional<DType> compute);
   ~AutocastScope();
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;

@@ -39,9 +39,14 @@ Tensor MoE::forward(const Tensor& x) {
   const int64_t N = xf.size(0);
   TESSEL_CHECK(N > 0, "MoE", "'{}': no tokens in input {}", path(), x.desc());
 
-  // Route: softmax over all experts in float32 (at least), top-k, renormalise.
-  Tensor probs = softmax(cast_up(gate->forward(xf)), -1);  // [N, E]
-  auto [top_p, top_i] = topk(probs, K, -1);                // [N, K]
+  // Route in float32 at least, outside autocast: softmax over all experts, top-k, renormalise.
+  Tensor logits;
+  {
+    AutocastScope off(std::nullopt);
+    logits = gate->forward(cast_up(xf));  // [N, E]
+  }
+  Tensor probs = softmax(logits, -1);
+  auto [top_p, top_i] = topk(probs, K, -1);  // [N, K]
   Tensor weights = div(top_p, sum(top_p, {-1}, /*keepdim=*/true)).reshape({N * K});
 
   // Token-slots per expert, in token order.

@@ -18,7 +18,7 @@ struct MoEConfig {
 };
 
 // forward(x [..., C]) -> [..., C]. With the N tokens of x as rows:
-//   probs   = softmax(gate(x)) over all E experts         [N, E]  (float32, logits cast up)
+//   probs   = softmax(gate(x)) over all E experts         [N, E]  (float32 at least, never autocast)
 //   top-k   = topk(probs, k) (ties: lower expert index first)
 //   weights = top-k probs / their sum (renormalised over the k)
 //   out[n]  = sum over n's k experts e of weights[n, e] * experts[e](x[n])
@@ -27,7 +27,9 @@ struct MoEConfig {
 // expert-major) into zeros: a canonical, thread-count-independent sum per
 // token (kernels/cpu/segment_sum.h). Experts that get no token are not run
 // (their parameters get no gradient in that step). Under autocast the experts
-// run in the compute dtype and the combine in float32.
+// run in the compute dtype; the router (x cast up, gate, softmax, top-k) runs
+// in float32 outside autocast so routing decisions do not depend on the
+// compute dtype, and the combine is float32.
 //
 // Load-balancing loss (Switch Transformer / Mixtral), computed every forward:
 //   aux = E * sum_e f_e * P_e

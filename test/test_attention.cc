@@ -74,3 +74,20 @@ TEST_CASE("gradients of attention (GQA, causal)") {
       [](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2]); },
       {grad_input({1, 4, 5, 3}, 10), grad_input({1, 2, 5, 3}, 11), grad_input_noncontig({1, 2, 5, 3}, 12)});
 }
+
+TEST_CASE("attention dropout with a GlobalBlock: a batch slice gets its slice of the full-batch result") {
+  Tensor q = uniform({4, 2, 5, 8}, 21), k = uniform({4, 2, 5, 8}, 22), v = uniform({4, 2, 5, 8}, 23);
+  AttentionOptions o;
+  o.dropout_p = 0.4;
+  o.dropout_key = PhiloxKey{3, 5};
+  Tensor full = scaled_dot_product_attention(q, k, v, o);
+  for (int64_t off : {0, 1, 3}) {
+    AttentionOptions s = o;
+    s.dropout_block = GlobalBlock{{4, 2, 5, 5}, {off, 0, 0, 0}};
+    Tensor part = scaled_dot_product_attention(q.narrow(0, off, 1), k.narrow(0, off, 1), v.narrow(0, off, 1), s);
+    CHECK(bitwise_equal(part, full.narrow(0, off, 1)));
+  }
+  // Without the block, a slice draws the mask of batch row 0 instead.
+  Tensor unplaced = scaled_dot_product_attention(q.narrow(0, 3, 1), k.narrow(0, 3, 1), v.narrow(0, 3, 1), o);
+  CHECK_FALSE(bitwise_equal(unplaced, full.narrow(0, 3, 1)));
+}
