@@ -15,7 +15,9 @@ namespace tessel::nn {
 // One instance is meant to be used once per forward: the mask depends on the
 // module's path and the step, not on a call counter, so calling the same
 // Dropout twice in one step on same-shaped inputs draws the same mask. Use one
-// Dropout module per site.
+// Dropout module per site. Dim 0 of the input must be the batch dimension the
+// forward context describes (not a flattened [B*T, C] under a micro-batch
+// context).
 class Dropout : public UnaryModule {
  public:
   explicit Dropout(double p = 0.5);

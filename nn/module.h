@@ -24,8 +24,9 @@
 // Paths. Each module knows its dotted path from the root of its tree
 // (path(): "layers.3.attn", "" for the root). Paths are assigned by the root's
 // assign_paths() (make_model does it after construction) and lazily on the
-// first path() call when unset; attaching a subtree under a new parent clears
-// its paths so they are recomputed. A module has one parent: adding the same
+// first path() call when unset (not thread-safe: build with make_model before
+// sharing a model between threads); attaching a subtree under a new parent
+// clears its paths so they are recomputed. A module has one parent: adding the same
 // module under two parents is refused, because path-keyed randomness (dropout
 // masks, parameter init) needs one name per site.
 #include <functional>
