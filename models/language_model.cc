@@ -1,0 +1,29 @@
+#include "models/language_model.h"
+
+#include "autograd/api.h"
+#include "models/gpt.h"
+#include "models/llama.h"
+#include "nn/autocast.h"
+
+namespace tessel::models {
+
+Tensor LanguageModel::loss(const Tensor& logits, const Tensor& targets) {
+  const int64_t V = logits.size(-1);
+  Tensor l = cross_entropy(nn::cast_up(logits).reshape({-1, V}), targets.reshape({-1}));
+  Tensor aux = aux_loss();
+  if (aux.defined() && is_training()) l = l + aux * config.aux_loss_coef;
+  return l;
+}
+
+std::shared_ptr<LanguageModel> build_model(const ModelConfig& config) {
+  if (config.arch == Arch::NanoGPT) return nn::make_model<GPT>(config);
+  return nn::make_model<Llama>(config);
+}
+
+std::shared_ptr<LanguageModel> make_language_model(const ModelConfig& config, uint64_t seed) {
+  auto m = build_model(config);
+  m->reset_parameters(seed);
+  return m;
+}
+
+}  // namespace tessel::models

@@ -1,0 +1,39 @@
+#pragma once
+// The interface every reference model implements, and the factory.
+#include <memory>
+
+#include "models/config.h"
+#include "nn/module.h"
+#include "runtime/tensor.h"
+
+namespace tessel::models {
+
+class LanguageModel : public nn::Module {
+ public:
+  LanguageModel(std::string type_name, ModelConfig config)
+      : nn::Module(std::move(type_name)), config(std::move(config)) {}
+
+  // ids [B, T] (int64, T <= max_seq_len) -> logits [B, T, vocab] (float32
+  // under bf16 autocast too).
+  virtual Tensor forward(const Tensor& ids) = 0;
+  // Mean next-token cross-entropy of logits [B, T, V] against targets [B, T],
+  // plus any auxiliary loss the last forward produced (Mixtral's router
+  // load-balancing loss times aux_loss_coef).
+  virtual Tensor loss(const Tensor& logits, const Tensor& targets);
+  // The auxiliary loss of the last forward (undefined when none).
+  virtual Tensor aux_loss() const { return Tensor(); }
+  // Tokens routed to each expert in the last forward, summed over layers (MoE only).
+  virtual std::vector<int64_t> expert_counts() const { return {}; }
+
+  const ModelConfig config;
+};
+
+// Builds a model on the current nn::ConstructionScope device (Meta for
+// planning) with paths assigned; parameters are uninitialised until
+// reset_parameters(seed).
+std::shared_ptr<LanguageModel> build_model(const ModelConfig& config);
+
+// Convenience for eager use: build on CPU and initialise from `seed`.
+std::shared_ptr<LanguageModel> make_language_model(const ModelConfig& config, uint64_t seed);
+
+}  // namespace tessel::models
