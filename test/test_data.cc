@@ -200,4 +200,11 @@ TEST_CASE("the default corpus (Debian fortunes) loads, skipping index files", "[
   CHECK(c.split.heldout.size == bytes / 10);
   DataLoader loader(c.split.train, 64, 8, 1);
   CHECK(loader.global_batch(0).inputs.shape() == Dims{8, 64});
+  // The whole corpus (English, some Latin-1 bytes that are not UTF-8) round-trips
+  // through the byte-level BPE of test/data.
+  auto bpe = Gpt2BpeTokenizer::load(data_path("bpe_vocab.json"), data_path("bpe_merges.txt"));
+  const std::string text = load_corpus_text(kDefaultCorpus);
+  const std::vector<int32_t> ids = bpe->encode(text);
+  CHECK(ids.size() < text.size());  // merges happened
+  CHECK(bpe->decode(ids) == text);
 }

@@ -264,3 +264,48 @@ TEST_CASE("a run that fails validation creates nothing", "[config]") {
   CHECK(std::filesystem::exists(c.out_dir + "/config.json"));
   CHECK_FALSE(std::filesystem::exists(c.out_dir + "/config.json.tmp"));
 }
+
+TEST_CASE("AtomicFile: a file is either the previous complete version or the new one", "[config][atomic]") {
+  namespace fs = std::filesystem;
+  const std::string dir = tessel::testing::scratch_dir("atomic");
+  const std::string path = dir + "/state.json";
+  write_file_atomic(path, "v1");
+  CHECK(read_file(path) == "v1");
+  {
+    AtomicFile f(path);
+    f.write("v2, half written");
+    CHECK(fs::exists(path + ".tmp"));
+    CHECK(read_file(path) == "v1");  // untouched until commit
+  }  // destroyed without commit (an error path)
+  CHECK(read_file(path) == "v1");
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  try {
+    AtomicFile f(path);
+    f.write("partial");
+    throw std::runtime_error("training diverged");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(read_file(path) == "v1");
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  {
+    AtomicFile f(path);
+    f.write("v");
+    f.write("3");
+    f.commit();
+    CHECK_THROWS_WITH(f.commit(), Catch::Contains("already committed"));
+  }
+  CHECK(read_file(path) == "v3");
+  CHECK_THROWS_WITH(write_file_atomic(dir + "/missing/x.json", "x"), Catch::Contains("missing/x.json.tmp"));
+  CHECK_THROWS_WITH(read_file(dir + "/nothing"), Catch::Contains("nothing") && Catch::Contains("no such file"));
+
+  // OutputDir touches nothing until written to; leftover temporaries can be swept.
+  OutputDir out(dir + "/nested/run");
+  CHECK_FALSE(out.exists());
+  CHECK_FALSE(fs::exists(dir + "/nested"));
+  out.write("config.json", "{}");
+  CHECK(read_file(out.path("config.json")) == "{}");
+  std::ofstream(out.path("ckpt.safetensors.tmp")) << "crashed";
+  CHECK(out.remove_temporaries() == 1);
+  CHECK_FALSE(fs::exists(out.path("ckpt.safetensors.tmp")));
+  CHECK(fs::exists(out.path("config.json")));
+}
