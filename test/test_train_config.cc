@@ -196,6 +196,18 @@ TEST_CASE("flags override the file, whatever their position", "[config]") {
   CHECK(d.top_k == 5);
 }
 
+TEST_CASE("add_train_options works on a subcommand (tessel train ...)", "[config]") {
+  const std::string path = write_toml("sub.toml", "steps = 500\nseq_len = 32\n");
+  TrainConfig cfg;
+  CLI::App app{"tessel"};
+  CLI::App* train = app.add_subcommand("train", "train a model");
+  add_train_options(*train, cfg);
+  std::vector<const char*> argv = {"tessel", "train", "--steps", "3", "--config", path.c_str()};
+  app.parse(int(argv.size()), argv.data());
+  CHECK(cfg.steps == 3);
+  CHECK(cfg.seq_len == 32);
+}
+
 TEST_CASE("bad flags and bad files through the CLI are clear errors", "[config]") {
   CHECK_THAT(parse_error({"--steps", "abc"}), Catch::Contains("--steps") && Catch::Contains("abc"));
   CHECK_THAT(parse_error({"--lr", "fast"}), Catch::Contains("--lr") && Catch::Contains("fast"));
