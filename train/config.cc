@@ -1,0 +1,270 @@
+#include "train/config.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace tessel::train {
+
+namespace {
+
+constexpr const char* kOp = "config";
+
+using Member = std::variant<std::string TrainConfig::*, int64_t TrainConfig::*, uint64_t TrainConfig::*,
+                            double TrainConfig::*, std::array<double, 2> TrainConfig::*>;
+
+struct Field {
+  const char* key;   // TOML key; the flag is "--" + key with '_' -> '-'
+  Member member;
+  const char* help;
+};
+
+// One table drives the TOML reader, the flags and to_json.
+const std::vector<Field>& fields() {
+  using C = TrainConfig;
+  static const std::vector<Field> f = {
+      {"model", &C::model, "model family"},
+      {"model_config", &C::model_config, "size preset of the model family"},
+      {"dtype", &C::dtype, "parameter dtype: float32 | bfloat16"},
+      {"steps", &C::steps, "training steps"},
+      {"batch_size", &C::batch_size, "sequences per step (global batch)"},
+      {"seq_len", &C::seq_len, "tokens per sequence"},
+      {"micro_batches", &C::micro_batches, "gradient-accumulation micro-batches per step"},
+      {"lr", &C::lr, "peak learning rate"},
+      {"min_lr", &C::min_lr, "minimum learning rate"},
+      {"warmup_steps", &C::warmup_steps, "linear warmup steps"},
+      {"weight_decay", &C::weight_decay, "AdamW weight decay"},
+      {"betas", &C::betas, "AdamW betas: b1,b2"},
+      {"grad_clip", &C::grad_clip, "max global gradient norm (0: off)"},
+      {"seed", &C::seed, "seed for initialisation, data and sampling"},
+      {"eval_every", &C::eval_every, "steps between held-out evaluations (0: never)"},
+      {"eval_batches", &C::eval_batches, "batches per evaluation"},
+      {"log_every", &C::log_every, "steps between log lines"},
+      {"data", &C::data, "a text file or a folder of text files"},
+      {"heldout_percent", &C::heldout_percent, "held-out share of the corpus (the last N%)"},
+      {"tokenizer", &C::tokenizer, "byte | gpt2"},
+      {"vocab", &C::vocab, "gpt2 tokenizer: vocab.json"},
+      {"merges", &C::merges, "gpt2 tokenizer: merges.txt"},
+      {"out_dir", &C::out_dir, "output directory"},
+      {"metrics", &C::metrics, "metrics JSONL path (default <out_dir>/metrics.jsonl)"},
+      {"sample_length", &C::sample_length, "tokens to sample after training (0: none)"},
+      {"temperature", &C::temperature, "sampling temperature (0: greedy)"},
+      {"top_k", &C::top_k, "sample among the k most likely tokens (0: all)"},
+  };
+  return f;
+}
+
+std::string flag_name(const char* key) {
+  std::string s = std::string("--") + key;
+  for (char& c : s)
+    if (c == '_') c = '-';
+  return s;
+}
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+const char* toml_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a floating-point number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+std::optional<double> toml_number(const toml::node& n) {
+  if (auto v = n.value_exact<double>()) return *v;
+  if (auto v = n.value_exact<int64_t>()) return double(*v);
+  return std::nullopt;
+}
+
+}  // namespace
+
+void TrainConfig::load_toml(const std::string& path) {
+  std::error_code ec;
+  TESSEL_CHECK(std::filesystem::is_regular_file(path, ec), kOp, "config file '{}' does not exist", path);
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    TESSEL_FAIL(kOp, "{}:{}:{}: TOML syntax error: {}", path, e.source().begin.line, e.source().begin.column,
+                e.description());
+  }
+  for (auto&& [k, node] : table) {
+    const std::string key(k.str());
+    const Field* field = nullptr;
+    for (const Field& f : fields())
+      if (key == f.key) field = &f;
+    const auto line = node.source().begin.line;
+    TESSEL_CHECK(field != nullptr, kOp, "unknown key '{}' in '{}' (line {})", key, path, line);
+    auto wrong = [&](const char* expected) {
+      TESSEL_FAIL(kOp, "key '{}' in '{}' (line {}) must be {}, got {}", key, path, line, expected,
+                  toml_type_name(node));
+    };
+    std::visit(Overloaded{
+                   [&](std::string TrainConfig::*m) {
+                     auto v = node.value_exact<std::string>();
+                     if (!v) wrong("a string");
+                     this->*m = *v;
+                   },
+                   [&](int64_t TrainConfig::*m) {
+                     auto v = node.value_exact<int64_t>();
+                     if (!v) wrong("an integer");
+                     this->*m = *v;
+                   },
+                   [&](uint64_t TrainConfig::*m) {
+                     auto v = node.value_exact<int64_t>();
+                     if (!v) wrong("a non-negative integer");
+                     TESSEL_CHECK(*v >= 0, kOp, "key '{}' in '{}' (line {}) must be a non-negative integer, got {}",
+                                  key, path, line, *v);
+                     this->*m = uint64_t(*v);
+                   },
+                   [&](double TrainConfig::*m) {
+                     auto v = toml_number(node);
+                     if (!v) wrong("a number");
+                     this->*m = *v;
+                   },
+                   [&](std::array<double, 2> TrainConfig::*m) {
+                     const toml::array* arr = node.as_array();
+                     if (!arr || arr->size() != 2) wrong("an array of two numbers");
+                     for (size_t i = 0; i < 2; ++i) {
+                       auto v = toml_number(*arr->get(i));
+                       if (!v) wrong("an array of two numbers");
+                       (this->*m)[i] = *v;
+                     }
+                   },
+               },
+               field->member);
+  }
+}
+
+TrainConfig TrainConfig::from_toml(const std::string& path) {
+  TrainConfig c;
+  c.load_toml(path);
+  return c;
+}
+
+void TrainConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    TESSEL_CHECK(v > 0, kOp, "{} must be positive, got {}", name, v);
+  };
+  auto non_negative = [](const char* name, double v) {
+    TESSEL_CHECK(std::isfinite(v) && v >= 0, kOp, "{} must be a finite number >= 0, got {}", name, v);
+  };
+  auto one_of = [](const char* name, const std::string& v, std::initializer_list<const char*> allowed) {
+    for (const char* a : allowed)
+      if (v == a) return;
+    TESSEL_FAIL(kOp, "{} must be one of {}, got '{}'", name, fmt::join(allowed, " | "), v);
+  };
+  auto non_empty = [](const char* name, const std::string& v) {
+    TESSEL_CHECK(!v.empty(), kOp, "{} must not be empty", name);
+  };
+  non_empty("model", model);
+  non_empty("model_config", model_config);
+  one_of("dtype", dtype, {"float32", "bfloat16"});
+  positive("steps", steps);
+  positive("batch_size", batch_size);
+  positive("seq_len", seq_len);
+  positive("micro_batches", micro_batches);
+  TESSEL_CHECK(batch_size % micro_batches == 0, kOp, "batch_size ({}) must be divisible by micro_batches ({})",
+               batch_size, micro_batches);
+  non_negative("lr", lr);
+  non_negative("min_lr", min_lr);
+  TESSEL_CHECK(min_lr <= lr, kOp, "min_lr ({}) must not exceed lr ({})", min_lr, lr);
+  TESSEL_CHECK(warmup_steps >= 0, kOp, "warmup_steps must be >= 0, got {}", warmup_steps);
+  non_negative("weight_decay", weight_decay);
+  for (int i = 0; i < 2; ++i) {
+    TESSEL_CHECK(betas[i] >= 0 && betas[i] < 1, kOp, "betas[{}] must be in [0, 1), got {}", i, betas[i]);
+  }
+  non_negative("grad_clip", grad_clip);
+  TESSEL_CHECK(eval_every >= 0, kOp, "eval_every must be >= 0, got {}", eval_every);
+  if (eval_every > 0) {
+    positive("eval_batches", eval_batches);
+    TESSEL_CHECK(heldout_percent > 0, kOp, "heldout_percent must be > 0 when eval_every > 0 (got {})",
+                 heldout_percent);
+  }
+  positive("log_every", log_every);
+  non_empty("data", data);
+  TESSEL_CHECK(heldout_percent >= 0 && heldout_percent < 100, kOp, "heldout_percent must be in [0, 100), got {}",
+               heldout_percent);
+  one_of("tokenizer", tokenizer, {"byte", "gpt2"});
+  if (tokenizer == "gpt2") {
+    TESSEL_CHECK(!vocab.empty(), kOp, "vocab must name a vocab.json file when tokenizer = gpt2");
+    TESSEL_CHECK(!merges.empty(), kOp, "merges must name a merges.txt file when tokenizer = gpt2");
+  }
+  non_empty("out_dir", out_dir);
+  TESSEL_CHECK(sample_length >= 0, kOp, "sample_length must be >= 0, got {}", sample_length);
+  non_negative("temperature", temperature);
+  TESSEL_CHECK(top_k >= 0, kOp, "top_k must be >= 0, got {}", top_k);
+}
+
+std::string TrainConfig::to_json(int indent) const {
+  nlohmann::ordered_json j;
+  for (const Field& f : fields()) {
+    std::visit([&](auto m) { j[f.key] = this->*m; }, f.member);
+  }
+  return j.dump(indent);
+}
+
+std::string TrainConfig::metrics_path() const {
+  if (!metrics.empty()) return metrics;
+  return (std::filesystem::path(out_dir) / "metrics.jsonl").string();
+}
+
+DType TrainConfig::param_dtype() const {
+  if (dtype == "bfloat16") return DType::BFloat16;
+  TESSEL_CHECK(dtype == "float32", kOp, "dtype must be one of float32 | bfloat16, got '{}'", dtype);
+  return DType::Float32;
+}
+
+void add_train_options(CLI::App& app, TrainConfig& cfg) {
+  // Defined first so that its callback (loading the file) runs before the
+  // flags' callbacks: CLI11 runs option callbacks in definition order after
+  // parsing, whatever the order on the command line.
+  app.add_option_function<std::string>(
+         "--config",
+         [&cfg](const std::string& path) {
+           try {
+             cfg.load_toml(path);
+           } catch (const Error& e) {
+             throw CLI::FileError(e.what());
+           }
+         },
+         "TOML file with training settings (flags override it)")
+      ->type_name("FILE");
+  for (const Field& f : fields()) {
+    const std::string flag = flag_name(f.key);
+    std::visit(Overloaded{
+                   [&](std::array<double, 2> TrainConfig::*m) {
+                     app.add_option_function<std::vector<double>>(
+                            flag, [&cfg, m](const std::vector<double>& v) { (cfg.*m) = {v[0], v[1]}; }, f.help)
+                         ->expected(2)
+                         ->delimiter(',');
+                   },
+                   [&](auto m) {
+                     using T = std::remove_reference_t<decltype(cfg.*m)>;
+                     app.add_option_function<T>(
+                         flag, [&cfg, m](const T& v) { cfg.*m = v; }, f.help);
+                   },
+               },
+               f.member);
+  }
+}
+
+}  // namespace tessel::train

@@ -1,0 +1,79 @@
+#pragma once
+// TrainConfig: every setting of a training run, from (in increasing
+// precedence) the defaults below, a TOML file, and command-line flags.
+//
+// TOML keys are the field names (steps = 1000, lr = 6e-4, betas = [0.9, 0.95]);
+// flags are the same names with dashes (--steps 1000, --lr 6e-4,
+// --betas 0.9,0.95), plus --config FILE for the TOML file. Unknown keys in
+// the file, values of the wrong type and non-numeric flags are errors that
+// name the key (and the file); validate() names the offending field.
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "runtime/dtype.h"
+
+namespace CLI {
+class App;
+}
+
+namespace tessel::train {
+
+struct TrainConfig {
+  // model
+  std::string model = "nanogpt";      // model family
+  std::string model_config = "tiny";  // size preset of that family
+  std::string dtype = "float32";      // float32 | bfloat16
+  // schedule and optimiser
+  int64_t steps = 1000;
+  int64_t batch_size = 32;     // sequences per step (the global batch)
+  int64_t seq_len = 64;        // tokens per sequence
+  int64_t micro_batches = 1;   // gradient-accumulation steps per step (divides batch_size)
+  double lr = 6e-4;            // peak learning rate
+  double min_lr = 6e-5;        // floor of the decay
+  int64_t warmup_steps = 100;
+  double weight_decay = 0.1;
+  std::array<double, 2> betas = {0.9, 0.95};
+  double grad_clip = 1.0;      // max global grad norm; 0 = off
+  uint64_t seed = 1;
+  // evaluation and logging
+  int64_t eval_every = 100;    // steps between held-out evaluations; 0 = never
+  int64_t eval_batches = 10;
+  int64_t log_every = 10;
+  // data
+  std::string data = "/usr/share/games/fortunes";  // a text file or a folder of text files
+  double heldout_percent = 10;                     // the last N% of the tokens
+  std::string tokenizer = "byte";                  // byte | gpt2
+  std::string vocab;                               // gpt2: vocab.json
+  std::string merges;                              // gpt2: merges.txt
+  // outputs
+  std::string out_dir = "runs/latest";
+  std::string metrics;  // JSONL path; empty: <out_dir>/metrics.jsonl
+  // sampling after training
+  int64_t sample_length = 200;  // tokens; 0 = no sample
+  double temperature = 0.8;     // 0 = greedy
+  int64_t top_k = 40;           // 0 = no top-k filter
+
+  // Overwrites the fields present in a TOML file. Throws tessel::Error
+  // naming the file (and line) on a syntax error, an unknown key, or a value
+  // of the wrong type.
+  void load_toml(const std::string& path);
+  static TrainConfig from_toml(const std::string& path);
+  // Throws tessel::Error naming the first invalid field and its value.
+  void validate() const;
+  // Every field, in declaration order, as a JSON object.
+  std::string to_json(int indent = 2) const;
+
+  std::string metrics_path() const;  // metrics, or <out_dir>/metrics.jsonl
+  DType param_dtype() const;         // dtype as a DType
+};
+
+// Adds --config FILE and one flag per field to `app`. After app.parse(),
+// `cfg` holds defaults < file < flags (the file is loaded first whatever
+// its position on the command line). A bad file raises a CLI::ParseError
+// carrying the tessel::Error message (so CLI11 reports it like any flag
+// error); validation is left to the caller (cfg.validate()), which should
+// run before anything is created on disk.
+void add_train_options(CLI::App& app, TrainConfig& cfg);
+
+}  // namespace tessel::train
