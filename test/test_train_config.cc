@@ -171,13 +171,13 @@ TEST_CASE("TOML errors name the key and the file", "[config]") {
 TEST_CASE("flags override the file, whatever their position", "[config]") {
   const std::string path = write_toml("base.toml", "steps = 500\nlr = 0.001\nbatch_size = 16\nbetas = [0.8, 0.99]\n");
   // File only.
-  TrainConfig a = parse({"--config", path});
+  TrainConfig a = parse({"--config-file", path});
   CHECK(a.steps == 500);
   CHECK(a.lr == 0.001);
   CHECK(a.seq_len == TrainConfig().seq_len);  // neither: default
   // Flag after the file, and flag before the file: the flag wins both times.
-  TrainConfig b = parse({"--config", path, "--steps", "20", "--betas", "0.5,0.6"});
-  TrainConfig c = parse({"--steps", "20", "--betas", "0.5,0.6", "--config", path});
+  TrainConfig b = parse({"--config-file", path, "--steps", "20", "--betas", "0.5,0.6"});
+  TrainConfig c = parse({"--steps", "20", "--betas", "0.5,0.6", "--config-file", path});
   for (const TrainConfig* t : {&b, &c}) {
     CHECK(t->steps == 20);
     CHECK(t->betas[0] == 0.5);
@@ -194,6 +194,11 @@ TEST_CASE("flags override the file, whatever their position", "[config]") {
   CHECK(d.seed == 9);
   CHECK(d.out_dir == "runs/y");
   CHECK(d.top_k == 5);
+  // The issue's spellings: --config NAME (model preset) and --out DIR.
+  TrainConfig e = parse({"--model", "llama", "--config", "small", "--out", "runs/z"});
+  CHECK(e.model == "llama");
+  CHECK(e.model_config == "small");
+  CHECK(e.out_dir == "runs/z");
 }
 
 TEST_CASE("add_train_options works on a subcommand (tessel train ...)", "[config]") {
@@ -202,7 +207,7 @@ TEST_CASE("add_train_options works on a subcommand (tessel train ...)", "[config
   CLI::App app{"tessel"};
   CLI::App* train = app.add_subcommand("train", "train a model");
   add_train_options(*train, cfg);
-  std::vector<const char*> argv = {"tessel", "train", "--steps", "3", "--config", path.c_str()};
+  std::vector<const char*> argv = {"tessel", "train", "--steps", "3", "--config-file", path.c_str()};
   app.parse(int(argv.size()), argv.data());
   CHECK(cfg.steps == 3);
   CHECK(cfg.seq_len == 32);
@@ -214,7 +219,7 @@ TEST_CASE("bad flags and bad files through the CLI are clear errors", "[config]"
   CHECK_THAT(parse_error({"--betas", "0.9"}), Catch::Contains("--betas"));
   CHECK_THAT(parse_error({"--stepz", "3"}), Catch::Contains("--stepz"));
   const std::string bad = write_toml("cli_bad.toml", "stepz = 3\n");
-  CHECK_THAT(parse_error({"--config", bad}), Catch::Contains("unknown key 'stepz'") && Catch::Contains("cli_bad.toml"));
+  CHECK_THAT(parse_error({"--config-file", bad}), Catch::Contains("unknown key 'stepz'") && Catch::Contains("cli_bad.toml"));
 }
 
 TEST_CASE("validate names the offending field", "[config]") {

@@ -238,7 +238,7 @@ void add_train_options(CLI::App& app, TrainConfig& cfg) {
   // flags' callbacks: CLI11 runs option callbacks in definition order after
   // parsing, whatever the order on the command line.
   app.add_option_function<std::string>(
-         "--config",
+         "--config-file",
          [&cfg](const std::string& path) {
            try {
              cfg.load_toml(path);
@@ -249,7 +249,10 @@ void add_train_options(CLI::App& app, TrainConfig& cfg) {
          "TOML file with training settings (flags override it)")
       ->type_name("FILE");
   for (const Field& f : fields()) {
-    const std::string flag = flag_name(f.key);
+    // The spelling: --config NAME is the model preset, --out DIR the output folder.
+    std::string flag = flag_name(f.key);
+    if (f.key == std::string("model_config")) flag = "--config," + flag;
+    if (f.key == std::string("out_dir")) flag = "--out," + flag;
     std::visit(Overloaded{
                    [&](std::array<double, 2> TrainConfig::*m) {
                      app.add_option_function<std::vector<double>>(

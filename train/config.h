@@ -4,7 +4,8 @@
 //
 // TOML keys are the field names (steps = 1000, lr = 6e-4, betas = [0.9, 0.95]);
 // flags are the same names with dashes (--steps 1000, --lr 6e-4,
-// --betas 0.9,0.95), plus --config FILE for the TOML file. Unknown keys in
+// --betas 0.9,0.95), plus --config-file FILE for the TOML file; --config NAME
+// is the model preset (model_config) and --out DIR the output folder (out_dir). Unknown keys in
 // the file, values of the wrong type and non-numeric flags are errors that
 // name the key (and the file); validate() names the offending field.
 #include <array>
@@ -68,7 +69,7 @@ struct TrainConfig {
   DType param_dtype() const;         // dtype as a DType
 };
 
-// Adds --config FILE and one flag per field to `app`. After app.parse(),
+// Adds --config-file FILE and one flag per field to `app`. After app.parse(),
 // `cfg` holds defaults < file < flags (the file is loaded first whatever
 // its position on the command line). A bad file raises a CLI::ParseError
 // carrying the tessel::Error message (so CLI11 reports it like any flag
