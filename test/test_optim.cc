@@ -202,8 +202,8 @@ TEST_CASE("AdamW trajectory: the documented float formula bit for bit, PyTorch's
     opt.step();
 
     const float beta1 = float(b1), beta2 = float(b2), omb1 = float(1 - b1), omb2 = float(1 - b2);
-    const float decay = float(1 - lr * wd), step_size = float(lr / (1 - std::pow(b1, t)));
-    const float bc2_sqrt = float(std::sqrt(1 - std::pow(b2, t))), epsf = float(eps);
+    const float decay = float(1 - lr * wd), step_size = float(lr / (1 - kernels::ipow(b1, t)));
+    const float bc2_sqrt = float(std::sqrt(1 - kernels::ipow(b2, t))), epsf = float(eps);
     for (size_t i = 0; i < 5; ++i) {
       mf[i] = beta1 * mf[i] + omb1 * g[i];
       vf[i] = beta2 * vf[i] + omb2 * (g[i] * g[i]);
