@@ -1,0 +1,75 @@
+#include "nn/clip.h"
+
+#include <cmath>
+
+#include "autograd/api.h"
+#include "kernels/canonical.h"
+#include "kernels/elementwise.h"
+#include "kernels/optim.h"
+#include "runtime/numerics.h"
+
+namespace tessel::nn {
+namespace {
+
+// Steps 1-3 of clip.h: the float32 total norm of the defined gradients.
+float total_norm(const std::vector<Tensor>& params, const char* op) {
+  int64_t count = 0;
+  Device device = kCPU;
+  for (const Tensor& p : params) {
+    TESSEL_CHECK(p.defined(), op, "parameter {} is undefined", count);
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    TESSEL_CHECK(g.dtype() == DType::Float32 || is_half(g.dtype()), op,
+                 "gradients must be float32, bfloat16 or float16; got {}", g.desc());
+    if (count == 0) device = g.device();
+    TESSEL_CHECK(g.device() == device, op, "gradients on different devices: {} and {}", device.str(),
+                 g.device().str());
+    ++count;
+  }
+  if (count == 0) return 0.0f;
+  int64_t padded = 1;
+  while (padded < count) padded *= 2;
+  // One slot per parameter, padded with +0 to a power of two; the tree runs in place.
+  Tensor sums = raw::empty({padded}, DType::Float32, device);
+  if (padded > count) kernels::fill(device, raw::narrow(sums, 0, count, padded - count), Scalar(0.0));
+  const int v = numerics::reduction_chunks();
+  int64_t i = 0;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (!g.is_contiguous()) g = g.contiguous();
+    kernels::sum_squares(device, g, v, raw::select(sums, 0, i++));
+  }
+  if (device.is_meta()) return 0.0f;
+  Tensor host = device.type == DeviceType::CPU ? sums : sums.to(kCPU);
+  float* s = host.data<float>();
+  const float total_sq = kernels::tree_combine(s, int(padded), kernels::SumCombine<float>());
+  return std::sqrt(total_sq);
+}
+
+}  // namespace
+
+double grad_norm(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  return double(total_norm(params, "grad_norm"));
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, bool error_if_nonfinite) {
+  TESSEL_CHECK(max_norm >= 0, "clip_grad_norm_", "invalid max_norm = {} (must be >= 0)", max_norm);
+  NoGradGuard no_grad;
+  const float total = total_norm(params, "clip_grad_norm_");
+  TESSEL_CHECK(!error_if_nonfinite || std::isfinite(total), "clip_grad_norm_",
+               "the total norm of the gradients is {} (error_if_nonfinite)", total);
+  const float scale = float(max_norm) / (total + 1e-6f);
+  if (scale < 1.0f) {
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      kernels::scale_inplace(g.device(), g, scale);
+      g.bump_version();
+    }
+  }
+  return double(total);
+}
+
+}  // namespace tessel::nn
