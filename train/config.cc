@@ -33,7 +33,13 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       {"model", &C::model, "model family"},
       {"model_config", &C::model_config, "size preset of the model family"},
-      {"dtype", &C::dtype, "parameter dtype: float32 | bfloat16"},
+      {"n_layer", &C::n_layer, "override the preset's layer count (0: preset)"},
+      {"dim", &C::dim, "override the preset's model width (0: preset)"},
+      {"n_head", &C::n_head, "override the preset's attention heads (0: preset)"},
+      {"n_kv_head", &C::n_kv_head, "override the preset's key/value heads (0: preset)"},
+      {"hidden", &C::hidden, "override the preset's MLP width (0: preset)"},
+      {"dropout", &C::dropout, "override the preset's dropout (-1: preset)"},
+      {"dtype", &C::dtype, "compute dtype: float32 | bfloat16 (master weights stay float32)"},
       {"steps", &C::steps, "training steps"},
       {"batch_size", &C::batch_size, "sequences per step (global batch)"},
       {"seq_len", &C::seq_len, "tokens per sequence"},
@@ -175,6 +181,11 @@ void TrainConfig::validate() const {
   auto non_empty = [](const char* name, const std::string& v) {
     TESSEL_CHECK(!v.empty(), kOp, "{} must not be empty", name);
   };
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"n_layer", n_layer}, {"dim", dim}, {"n_head", n_head},
+                         {"n_kv_head", n_kv_head}, {"hidden", hidden}})
+    TESSEL_CHECK(v >= 0, kOp, "{} must be >= 0 (0 keeps the preset), got {}", name, v);
+  TESSEL_CHECK(dropout == -1 || (dropout >= 0 && dropout < 1), kOp,
+               "dropout must be in [0, 1) (or -1 to keep the preset), got {}", dropout);
   non_empty("model", model);
   non_empty("model_config", model_config);
   one_of("dtype", dtype, {"float32", "bfloat16"});

@@ -24,7 +24,14 @@ struct TrainConfig {
   // model
   std::string model = "nanogpt";      // model family
   std::string model_config = "tiny";  // size preset of that family
-  std::string dtype = "float32";      // float32 | bfloat16
+  // Overrides of the preset's shape (0 / -1: keep the preset's value).
+  int64_t n_layer = 0;
+  int64_t dim = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_head = 0;
+  int64_t hidden = 0;
+  double dropout = -1;
+  std::string dtype = "float32";      // compute dtype: float32 | bfloat16 (master weights stay float32)
   // schedule and optimiser
   int64_t steps = 1000;
   int64_t batch_size = 32;     // sequences per step (the global batch)

@@ -1,0 +1,49 @@
+#pragma once
+// The single-device trainer behind `tessel train`.
+//
+// One step: for each micro-batch m of M (the global batch split into
+// contiguous sample ranges by the deterministic loader), forward under a
+// ForwardScope {seed, step, first sample, global batch} (so dropout masks are
+// slices of the full-batch masks), loss / M, backward; then global grad-norm
+// clipping, the learning rate from the warmup + cosine schedule, AdamW, zero
+// grads. Every run is a pure function of the TrainConfig: same config, same
+// bits (metrics' param_hash proves it).
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "models/language_model.h"
+#include "train/config.h"
+#include "train/metrics.h"
+#include "train/tokenizer.h"
+
+namespace tessel::train {
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_loss = 0;       // last step's training loss
+  double heldout_loss = 0;     // at the end (eval_batches batches)
+  double unigram_entropy = 0;  // of the training tokens, nats/token
+  std::string param_hash;
+  double tokens_per_s = 0;
+  std::string greedy_sample, sampled_text;
+};
+
+struct TrainHooks {
+  // Called after every step with its metrics (tests, custom logging).
+  std::function<void(const StepMetrics&)> on_step;
+  bool quiet = false;  // no progress bar / console report
+};
+
+// Validates everything (config, tokenizer files, model preset, corpus) before
+// creating anything on disk; then trains, writing <out_dir>/config.json,
+// metrics (JSONL), loss.svg and sample.txt (all atomically or line-flushed).
+TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks = {});
+
+// Mean cross-entropy over `batches` held-out batches (no grad, eval mode).
+double evaluate(models::LanguageModel& model, const class DataLoader& heldout, int64_t batches, uint64_t seed);
+
+// Entropy of the unigram token distribution of `tokens` (nats).
+double unigram_entropy(const int32_t* tokens, int64_t n, int64_t vocab);
+
+}  // namespace tessel::train
