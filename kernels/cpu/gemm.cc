@@ -1,0 +1,357 @@
+// GEMM driver: blocking, threading and the canonical chunk tree (kernels/gemm.h).
+//
+// Structure (BLIS-like, reordered so the chunk tree stays local):
+//   * C is cut into units of whole MR x NR tiles (at most mc_max x nc_max).
+//     Units are independent; parallel_for hands contiguous runs of units
+//     (over all batch entries) to the threads. Each unit is computed over
+//     all of K by one thread, so no reduction ever crosses threads.
+//   * K is cut into blocks (make_plan): runs of whole chunks up to kc_max
+//     long, or, for chunks longer than kc_max, equal pieces of one chunk.
+//   * Per block the thread packs its unit's A rows (MR-row panels) and B
+//     columns (NR-column panels) into thread-local buffers, then for each
+//     NR panel (B panel stays in L1/L2) and each MR panel (A block in L2) runs
+//     the micro-kernel once per segment (the block's part of one chunk).
+//   * Each tile owns a small tree stack (log2 V slots + one partial-sum slot)
+//     in a thread-local buffer laid out [slot][tile], so the slots touched in
+//     one block are contiguous; a finished chunk is merged into it in the
+//     kernel epilogue, and the root is written to C.
+// None of this changes what is computed per element, only when.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm_internal.h"
+#include "kernels/gemm.h"
+#include "runtime/error.h"
+#include "runtime/numerics.h"
+#include "runtime/threadpool.h"
+
+namespace tessel::kernels::cpu {
+namespace gemm_detail {
+namespace {
+
+// ---------------------------------------------------------------------------
+// K plan: segments (a k range inside one chunk) grouped into blocks.
+// ---------------------------------------------------------------------------
+struct Segment {
+  int64_t k0, len;
+  int chunk;
+  bool first, last;  // first / last piece of its chunk
+};
+struct Block {
+  int64_t k0, klen;
+  int seg_begin, seg_end;
+};
+struct Plan {
+  std::vector<Segment> segs;
+  std::vector<Block> blocks;
+  int levels = 0;
+  bool has_partials = false;
+};
+
+void make_plan(int64_t K, int V, int64_t kc_max, Plan* plan) {
+  plan->segs.clear();
+  plan->blocks.clear();
+  plan->levels = 0;
+  while ((1 << plan->levels) < V) ++plan->levels;
+  plan->has_partials = false;
+  for (int c = 0; c < V; ++c) {
+    const int64_t b = numerics::chunk_begin(K, V, c), e = numerics::chunk_end(K, V, c), len = e - b;
+    const int64_t pieces = len == 0 ? 1 : (len + kc_max - 1) / kc_max;
+    if (pieces > 1) plan->has_partials = true;
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t p0 = b + len * p / pieces, p1 = b + len * (p + 1) / pieces;
+      Segment s{p0, p1 - p0, c, p == 0, p == pieces - 1};
+      if (plan->blocks.empty() || plan->blocks.back().klen + s.len > kc_max) {
+        plan->blocks.push_back(Block{p0, 0, int(plan->segs.size()), int(plan->segs.size())});
+      }
+      Block& blk = plan->blocks.back();
+      blk.klen += s.len;
+      blk.seg_end++;
+      plan->segs.push_back(s);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Thread-local, grow-only, 64-byte aligned scratch.
+// ---------------------------------------------------------------------------
+class Scratch {
+ public:
+  ~Scratch() { std::free(data_); }
+  template <class T>
+  T* get(size_t n) {
+    size_t bytes = n * sizeof(T);
+    if (bytes > cap_) {
+      std::free(data_);
+      cap_ = (bytes + 4095) & ~size_t(4095);
+      data_ = std::aligned_alloc(64, cap_);
+      if (!data_) {
+        cap_ = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t cap_ = 0;
+};
+
+struct ThreadScratch {
+  Scratch a, b, stack;
+};
+ThreadScratch& thread_scratch() {
+  thread_local ThreadScratch s;
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Unit grid.
+// ---------------------------------------------------------------------------
+struct Grid {
+  int64_t mtiles, ntiles;  // tiles of C
+  int64_t gm, gn;          // units along M and N
+  int64_t unit_rows_max, unit_cols_max;
+};
+
+Grid make_grid(int64_t M, int64_t N, int64_t batch, int mr, int nr, int64_t mc_max, int64_t nc_max, int threads) {
+  Grid g;
+  g.mtiles = (M + mr - 1) / mr;
+  g.ntiles = (N + nr - 1) / nr;
+  const int64_t mt_max = std::max<int64_t>(1, mc_max / mr), nt_max = std::max<int64_t>(1, nc_max / nr);
+  g.gm = std::max<int64_t>(1, (g.mtiles + mt_max - 1) / mt_max);
+  g.gn = std::max<int64_t>(1, (g.ntiles + nt_max - 1) / nt_max);
+  // Enough units to keep every thread busy: split further until the count is
+  // a multiple of the thread count or large enough that the imbalance is small.
+  for (;;) {
+    const int64_t units = batch * g.gm * g.gn;
+    if (threads <= 1 || units >= 8 * threads || units % threads == 0) break;
+    const int64_t rows = (g.mtiles + g.gm - 1) / g.gm * mr, cols = (g.ntiles + g.gn - 1) / g.gn * nr;
+    const bool can_m = g.gm < g.mtiles, can_n = g.gn < g.ntiles;
+    if (!can_m && !can_n) break;
+    if (can_m && (rows >= cols || !can_n)) {
+      g.gm++;
+    } else {
+      g.gn++;
+    }
+  }
+  g.unit_rows_max = (g.mtiles + g.gm - 1) / g.gm * mr;
+  g.unit_cols_max = (g.ntiles + g.gn - 1) / g.gn * nr;
+  return g;
+}
+
+// ---------------------------------------------------------------------------
+// One unit: rows [i0, i0+rows), columns [j0, j0+cols) of C, all of K.
+// ---------------------------------------------------------------------------
+template <class T>
+void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, int64_t i0, int64_t rows, int64_t j0,
+              int64_t cols, T* apack, T* bpack, T* stack) {
+  const int MR = isa.mr, NR = isa.nr;
+  const int64_t mtl = (rows + MR - 1) / MR, ntl = (cols + NR - 1) / NR;
+  const int64_t tile_elems = int64_t(MR) * NR;
+  const int64_t slot_stride = mtl * ntl * tile_elems;
+  T* partial_slot = stack + plan.levels * slot_stride;
+
+  TileJob<T> job;
+  job.slot_stride = slot_stride;
+  job.levels = plan.levels;
+  job.ldc = g.c_row_stride;
+  job.accumulate = g.accumulate;
+
+  for (const Block& blk : plan.blocks) {
+    if (blk.klen > 0) {
+      isa.pack_a(g.A + i0 * g.a_row_stride + blk.k0 * g.a_col_stride, g.a_row_stride, g.a_col_stride, rows,
+                 blk.klen, apack);
+      isa.pack_b(g.B + blk.k0 * g.b_row_stride + j0 * g.b_col_stride, g.b_row_stride, g.b_col_stride, blk.klen,
+                 cols, bpack);
+    }
+    for (int64_t jt = 0; jt < ntl; ++jt) {
+      const T* bp = bpack + jt * blk.klen * NR;
+      job.nr = int(std::min<int64_t>(NR, cols - jt * NR));
+      for (int64_t it = 0; it < mtl; ++it) {
+        const T* ap = apack + it * blk.klen * MR;
+        const int64_t tile = jt * mtl + it;
+        T* partial = partial_slot + tile * tile_elems;
+        job.stack = stack + tile * tile_elems;
+        job.c = g.C + (i0 + it * MR) * g.c_row_stride + j0 + jt * NR;
+        job.mr = int(std::min<int64_t>(MR, rows - it * MR));
+        for (int s = blk.seg_begin; s < blk.seg_end; ++s) {
+          const Segment& seg = plan.segs[s];
+          const int64_t off = seg.k0 - blk.k0;
+          job.init = seg.first ? nullptr : partial;
+          job.partial = seg.last ? nullptr : partial;
+          job.chunk = seg.chunk;
+          isa.kernel(seg.len, ap + off * MR, bp + off * NR, job);
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void check_args(const char* op, const GemmArgsT<T>& g) {
+  TESSEL_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0, op, "negative size M={} N={} K={}", g.M, g.N, g.K);
+  TESSEL_CHECK(g.chunks >= 1 && g.chunks <= 1024 && (g.chunks & (g.chunks - 1)) == 0, op,
+               "chunks (V) must be a power of two in [1, 1024], got {}", g.chunks);
+  TESSEL_CHECK(g.M == 0 || g.N == 0 || g.C != nullptr, op, "C is null (M={} N={})", g.M, g.N);
+  TESSEL_CHECK(g.M == 0 || g.N == 0 || g.K == 0 || (g.A != nullptr && g.B != nullptr), op,
+               "A or B is null (M={} N={} K={})", g.M, g.N, g.K);
+}
+
+template <class T>
+void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch, int64_t a_bs, int64_t b_bs,
+                 int64_t c_bs) {
+  if (args.M == 0 || args.N == 0 || batch == 0) return;
+  thread_local Plan plan;
+  make_plan(args.K, args.chunks, isa.kc_max, &plan);
+  const int threads = num_threads();
+  const Grid grid = make_grid(args.M, args.N, batch, isa.mr, isa.nr, isa.mc_max, isa.nc_max, threads);
+  const int64_t units_per_gemm = grid.gm * grid.gn;
+  const int64_t kc = std::min<int64_t>(isa.kc_max, std::max<int64_t>(args.K, 1));
+  const int64_t apack_elems = grid.unit_rows_max * kc + kPackSlack;
+  const int64_t bpack_elems = kc * grid.unit_cols_max + kPackSlack;
+  const int64_t stack_elems = (plan.levels + 1) * grid.unit_rows_max * grid.unit_cols_max;
+  const Plan& p = plan;  // the caller's plan, read by all workers
+
+  parallel_for(batch * units_per_gemm, 1, [&](int64_t u0, int64_t u1) {
+    ThreadScratch& ts = thread_scratch();
+    T* apack = ts.a.get<T>(apack_elems);
+    T* bpack = ts.b.get<T>(bpack_elems);
+    T* stack = ts.stack.get<T>(stack_elems);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t bi = u / units_per_gemm, r = u % units_per_gemm;
+      // Consecutive units share the column range (and so the B columns).
+      const int64_t un = r / grid.gm, um = r % grid.gm;
+      const int64_t t0 = grid.mtiles * um / grid.gm, t1 = grid.mtiles * (um + 1) / grid.gm;
+      const int64_t s0 = grid.ntiles * un / grid.gn, s1 = grid.ntiles * (un + 1) / grid.gn;
+      const int64_t i0 = t0 * isa.mr, rows = std::min(t1 * isa.mr, args.M) - i0;
+      const int64_t j0 = s0 * isa.nr, cols = std::min(s1 * isa.nr, args.N) - j0;
+      if (rows <= 0 || cols <= 0) continue;
+      GemmArgsT<T> g = args;
+      g.A += bi * a_bs;
+      g.B += bi * b_bs;
+      g.C += bi * c_bs;
+      run_unit(isa, g, p, i0, rows, j0, cols, apack, bpack, stack);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// ISA selection.
+// ---------------------------------------------------------------------------
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+GemmIsa initial_isa() {
+  if (const char* env = std::getenv("TESSEL_GEMM_ISA")) {
+    std::string s(env);
+    if (s == "avx2") return GemmIsa::Avx2;
+    if (s == "avx512") return GemmIsa::Avx512;
+    TESSEL_CHECK(s == "auto" || s.empty(), "TESSEL_GEMM_ISA", "expected avx2, avx512 or auto, got '{}'", s);
+  }
+  return GemmIsa::Auto;
+}
+
+std::atomic<GemmIsa>& forced_isa() {
+  static std::atomic<GemmIsa> isa{initial_isa()};
+  return isa;
+}
+
+const IsaImpl<float>& f32_impl() {
+  return gemm_active_isa() == GemmIsa::Avx512 ? avx512_f32() : avx2_f32();
+}
+
+// ---------------------------------------------------------------------------
+// The definition.
+// ---------------------------------------------------------------------------
+template <class T>
+void reference(const GemmArgsT<T>& g) {
+  const int V = g.chunks;
+  std::vector<T> part(V);
+  for (int64_t i = 0; i < g.M; ++i) {
+    for (int64_t j = 0; j < g.N; ++j) {
+      for (int c = 0; c < V; ++c) {
+        T acc = T(0);
+        for (int64_t k = numerics::chunk_begin(g.K, V, c); k < numerics::chunk_end(g.K, V, c); ++k)
+          acc = std::fma(g.A[i * g.a_row_stride + k * g.a_col_stride], g.B[k * g.b_row_stride + j * g.b_col_stride],
+                         acc);
+        part[c] = acc;
+      }
+      for (int w = 1; w < V; w *= 2)
+        for (int c = 0; c + w < V; c += 2 * w) part[c] = part[c] + part[c + w];
+      T& out = g.C[i * g.c_row_stride + j];
+      out = g.accumulate ? out + part[0] : part[0];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gemm_detail
+
+using namespace gemm_detail;
+
+GemmIsa gemm_force_isa(GemmIsa isa) {
+  TESSEL_CHECK(isa != GemmIsa::Avx512 || cpu_has_avx512(), "gemm_force_isa", "this CPU has no AVX-512F");
+  return forced_isa().exchange(isa);
+}
+
+GemmIsa gemm_active_isa() {
+  GemmIsa f = forced_isa().load(std::memory_order_relaxed);
+  if (f == GemmIsa::Avx512 && cpu_has_avx512()) return GemmIsa::Avx512;
+  if (f == GemmIsa::Avx2) return GemmIsa::Avx2;
+  return cpu_has_avx512() ? GemmIsa::Avx512 : GemmIsa::Avx2;
+}
+
+const char* gemm_isa_name(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::Auto: return "auto";
+    case GemmIsa::Avx2: return "avx2";
+    case GemmIsa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+void gemm_f32(const GemmArgs& args) {
+  check_args("gemm_f32", args);
+  gemm_driver(f32_impl(), args, 1, 0, 0, 0);
+}
+
+void gemm_f64(const GemmArgsF64& args) {
+  check_args("gemm_f64", args);
+  gemm_driver(avx2_f64(), args, 1, 0, 0, 0);
+}
+
+void gemm_batched_f32(const GemmArgs& args, int64_t batch, int64_t a_batch_stride, int64_t b_batch_stride,
+                      int64_t c_batch_stride) {
+  check_args("gemm_batched_f32", args);
+  TESSEL_CHECK(batch >= 0, "gemm_batched_f32", "negative batch {}", batch);
+  gemm_driver(f32_impl(), args, batch, a_batch_stride, b_batch_stride, c_batch_stride);
+}
+
+void gemm_batched_f64(const GemmArgsF64& args, int64_t batch, int64_t a_batch_stride, int64_t b_batch_stride,
+                      int64_t c_batch_stride) {
+  check_args("gemm_batched_f64", args);
+  TESSEL_CHECK(batch >= 0, "gemm_batched_f64", "negative batch {}", batch);
+  gemm_driver(avx2_f64(), args, batch, a_batch_stride, b_batch_stride, c_batch_stride);
+}
+
+void gemm_reference_f32(const GemmArgs& args) {
+  check_args("gemm_reference_f32", args);
+  reference(args);
+}
+
+void gemm_reference_f64(const GemmArgsF64& args) {
+  check_args("gemm_reference_f64", args);
+  reference(args);
+}
+
+}  // namespace tessel::kernels::cpu

@@ -1,0 +1,91 @@
+#pragma once
+// Internals shared by the GEMM driver (gemm.cc) and its per-ISA micro-kernels
+// (gemm_avx2.cc, gemm_avx512.cc). Declarations and plain data only: code that
+// is compiled with different -m flags must never be shared through inline
+// functions here (the linker could keep the AVX-512 copy for everyone).
+//
+// Blocking (see docs in gemm.cc): C is cut into "units" of MR x NR tiles; one
+// thread computes a unit over all of K, block by block. A K block is a run of
+// whole chunks (or one piece of a chunk longer than the block limit). For each
+// block the unit's rows of A and columns of B are packed into micro-panels:
+//   A: panel p holds rows [p*MR, p*MR+MR) as klen x MR (k-major, rows padded
+//      with zeros), B: panel q holds columns [q*NR, q*NR+NR) as klen x NR.
+// The micro-kernel runs one *segment* -- a k range inside one chunk -- of one
+// tile, then files the result: the chunk goes on on the next block (store the
+// partial sum), or the chunk is complete and is merged into the tile's tree
+// stack, or the tree is complete and the tile is written to C.
+#include <cstdint>
+
+namespace tessel::kernels::cpu::gemm_detail {
+
+// Where one segment of one tile starts from and what happens to its result.
+template <class T>
+struct TileJob {
+  // Start: nullptr -> +0 (a chunk's first segment), else continue the FMA
+  // chain from this MR x NR tile (row-major, NR wide), written by the
+  // previous segment of the same chunk.
+  const T* init = nullptr;
+  // Non-null: the chunk continues in a later block; store the sums here.
+  T* partial = nullptr;
+  // Else merge chunk `chunk` into the tree stack: slot l (an MR x NR tile at
+  // stack + l*slot_stride) holds the pending left subtree of size 2^l. While
+  // bit l of `chunk` is set: v = slot[l] + v, l++. If l reaches `levels`
+  // (= log2 V) the tree is done: write C (+ C_old if accumulate); else
+  // slot[l] = v.
+  T* stack = nullptr;
+  int64_t slot_stride = 0;
+  int chunk = 0;
+  int levels = 0;
+  // The tile of C: rows [0, mr), columns [0, nr) at c + i*ldc + j.
+  T* c = nullptr;
+  int64_t ldc = 0;
+  int mr = 0, nr = 0;
+  bool accumulate = false;
+};
+
+// kc = 0 is allowed (an empty chunk: the result is +0); a and b are not read.
+template <class T>
+using MicroKernel = void (*)(int64_t kc, const T* a, const T* b, const TileJob<T>& job);
+
+// Packs `rows` rows x `klen` columns of A (element (i,k) at src[i*rs + k*cs])
+// into ceil(rows/MR) panels of klen x MR. dst needs kPackSlack extra elements.
+template <class T>
+using PackA = void (*)(const T* src, int64_t rs, int64_t cs, int64_t rows, int64_t klen, T* dst);
+// Packs `klen` rows x `cols` columns of B (element (k,j) at src[k*rs + j*cs])
+// into ceil(cols/NR) panels of klen x NR. dst needs kPackSlack extra elements.
+template <class T>
+using PackB = void (*)(const T* src, int64_t rs, int64_t cs, int64_t klen, int64_t cols, T* dst);
+
+inline constexpr int64_t kPackSlack = 64;
+
+// One code path: tile shape, its micro-kernel and packers, and the blocking
+// limits tuned for it.
+template <class T>
+struct IsaImpl {
+  const char* name;
+  int mr, nr;
+  MicroKernel<T> kernel;
+  PackA<T> pack_a;
+  PackB<T> pack_b;
+  int64_t kc_max;     // longest K block
+  int64_t mc_max;     // rows of C per unit (multiple of mr)
+  int64_t nc_max;     // columns of C per unit (multiple of nr)
+};
+
+// Defined in gemm_avx2.cc (x86-64-v3) and gemm_avx512.cc (-mavx512f).
+const IsaImpl<float>& avx2_f32();
+const IsaImpl<float>& avx512_f32();
+const IsaImpl<double>& avx2_f64();
+
+// Packers (gemm_pack.cc, x86-64-v3), explicitly instantiated for the tile
+// shapes in use.
+template <int MR>
+void pack_a_f32(const float* src, int64_t rs, int64_t cs, int64_t rows, int64_t klen, float* dst);
+template <int NR>
+void pack_b_f32(const float* src, int64_t rs, int64_t cs, int64_t klen, int64_t cols, float* dst);
+template <int MR>
+void pack_a_f64(const double* src, int64_t rs, int64_t cs, int64_t rows, int64_t klen, double* dst);
+template <int NR>
+void pack_b_f64(const double* src, int64_t rs, int64_t cs, int64_t klen, int64_t cols, double* dst);
+
+}  // namespace tessel::kernels::cpu::gemm_detail
