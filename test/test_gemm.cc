@@ -98,13 +98,15 @@ std::vector<T> run_opt(const Problem<T>& p, bool acc, int V) {
   return C;
 }
 
-// Restores thread count and ISA after a test.
+// Restores thread count, ISA and blocking after a test.
 struct Restore {
   int threads = num_threads();
   GemmIsa isa = gemm_force_isa(GemmIsa::Auto);
+  GemmBlocking blocking = gemm_set_blocking(GemmBlocking{});
   ~Restore() {
     set_num_threads(threads);
     gemm_force_isa(isa);
+    gemm_set_blocking(blocking);
   }
 };
 
@@ -198,6 +200,40 @@ TEST_CASE("gemm_f32 equals the reference on shapes spanning several units and th
         Problem<float> p(s.m, s.n, s.k, Layout::RowMajor, Layout::ColMajor, rng);
         INFO("isa=" << gemm_isa_name(isa) << " threads=" << threads << " M=" << s.m << " N=" << s.n << " K=" << s.k);
         CHECK(same_bits(run_opt(p, true, s.v), run_ref(p, true, s.v)));
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm_f32 equals the reference under tiny blockings (chunks split across K blocks, many units)") {
+  Restore restore;
+  std::mt19937 rng(2024);
+  const std::vector<Shape> shapes = {{37, 101, 100, 4}, {50, 200, 333, 16}, {9, 60, 70, 1}, {20, 30, 5, 16}};
+  const GemmBlocking blockings[] = {
+      {16, 16, 96, 0},       // B packed per block per unit
+      {16, 16, 96, -1},      // B packed for all of K per column range
+      {7, 8, 48, 0},         // K blocks shorter than most chunks, one tile per unit
+      {100, 24, 200, -1},
+  };
+  for (GemmIsa isa : isas()) {
+    gemm_force_isa(isa);
+    for (const GemmBlocking& b : blockings) {
+      gemm_set_blocking(b);
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        for (const Shape& s : shapes) {
+          for (Layout la : kLayouts) {
+            Problem<float> p(s.m, s.n, s.k, la, Layout::RowMajor, rng);
+            INFO("isa=" << gemm_isa_name(isa) << " kc=" << b.kc << " mc=" << b.mc << " nc=" << b.nc
+                        << " whole_k=" << b.whole_k_pack_bytes << " threads=" << threads << " M=" << s.m
+                        << " N=" << s.n << " K=" << s.k << " V=" << s.v << " trans=" << name(la) << "n");
+            CHECK(same_bits(run_opt(p, true, s.v), run_ref(p, true, s.v)));
+          }
+          Problem<float> p(s.m, s.n, s.k, Layout::RowMajor, Layout::ColMajor, rng);
+          CHECK(same_bits(run_opt(p, false, s.v), run_ref(p, false, s.v)));
+          Problem<double> pd(s.m, s.n, s.k, Layout::ColMajor, Layout::RowMajor, rng);
+          CHECK(same_bits(run_opt(pd, false, s.v), run_ref(pd, false, s.v)));
+        }
       }
     }
   }

@@ -2,9 +2,10 @@
 //
 // Structure (BLIS-like, reordered so the chunk tree stays local):
 //   * C is cut into units of whole MR x NR tiles (at most mc_max x nc_max).
-//     Units are independent; parallel_for hands contiguous runs of units
-//     (over all batch entries) to the threads. Each unit is computed over
-//     all of K by one thread, so no reduction ever crosses threads.
+//     Units are independent; the threads claim them one by one (over all
+//     batch entries), in an order where units sharing columns are adjacent.
+//     Each unit is computed over all of K by one thread, so no reduction
+//     ever crosses threads.
 //   * K is cut into blocks (make_plan): runs of whole chunks up to kc_max
 //     long, or, for chunks longer than kc_max, equal pieces of one chunk.
 //   * Per block the thread packs its unit's A rows (MR-row panels) and B
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -150,9 +152,12 @@ Grid make_grid(int64_t M, int64_t N, int64_t batch, int mr, int nr, int64_t mc_m
 // ---------------------------------------------------------------------------
 // One unit: rows [i0, i0+rows), columns [j0, j0+cols) of C, all of K.
 // ---------------------------------------------------------------------------
+// B's packed panels: when `b_packed` is set they were packed for all of K
+// (block b at b_packed + blk.k0 * padded cols); else each block is packed
+// into bpack here.
 template <class T>
 void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, int64_t i0, int64_t rows, int64_t j0,
-              int64_t cols, T* apack, T* bpack, T* stack) {
+              int64_t cols, T* apack, const T* b_packed, T* bpack, T* stack) {
   const int MR = isa.mr, NR = isa.nr;
   const int64_t mtl = (rows + MR - 1) / MR, ntl = (cols + NR - 1) / NR;
   const int64_t tile_elems = int64_t(MR) * NR;
@@ -166,14 +171,16 @@ void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, in
   job.accumulate = g.accumulate;
 
   for (const Block& blk : plan.blocks) {
+    const T* bblock = b_packed ? b_packed + blk.k0 * ntl * NR : bpack;
     if (blk.klen > 0) {
       isa.pack_a(g.A + i0 * g.a_row_stride + blk.k0 * g.a_col_stride, g.a_row_stride, g.a_col_stride, rows,
                  blk.klen, apack);
-      isa.pack_b(g.B + blk.k0 * g.b_row_stride + j0 * g.b_col_stride, g.b_row_stride, g.b_col_stride, blk.klen,
-                 cols, bpack);
+      if (!b_packed)
+        isa.pack_b(g.B + blk.k0 * g.b_row_stride + j0 * g.b_col_stride, g.b_row_stride, g.b_col_stride, blk.klen,
+                   cols, bpack);
     }
     for (int64_t jt = 0; jt < ntl; ++jt) {
-      const T* bp = bpack + jt * blk.klen * NR;
+      const T* bp = bblock + jt * blk.klen * NR;
       job.nr = int(std::min<int64_t>(NR, cols - jt * NR));
       for (int64_t it = 0; it < mtl; ++it) {
         const T* ap = apack + it * blk.klen * MR;
@@ -216,16 +223,28 @@ void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch,
   const int64_t units_per_gemm = grid.gm * grid.gn;
   const int64_t kc = std::min<int64_t>(isa.kc_max, std::max<int64_t>(args.K, 1));
   const int64_t apack_elems = grid.unit_rows_max * kc + kPackSlack;
-  const int64_t bpack_elems = kc * grid.unit_cols_max + kPackSlack;
+  // Units that share columns run one after another on a thread, so B's
+  // panels for all of K are packed once per column range and re-read
+  // sequentially (unless that is too much memory; then per block per unit).
+  const bool b_whole_k = args.K * grid.unit_cols_max * int64_t(sizeof(T)) <= isa.whole_k_pack_bytes;
+  const int64_t bpack_elems = (b_whole_k ? args.K : kc) * grid.unit_cols_max + kPackSlack;
   const int64_t stack_elems = (plan.levels + 1) * grid.unit_rows_max * grid.unit_cols_max;
   const Plan& p = plan;  // the caller's plan, read by all workers
 
-  parallel_for(batch * units_per_gemm, 1, [&](int64_t u0, int64_t u1) {
+  // Units are claimed one at a time (dynamic balance: a thread slowed by
+  // anything else on the machine simply takes fewer). Which thread computes
+  // a unit never matters to the result.
+  const int64_t total = batch * units_per_gemm;
+  std::atomic<int64_t> next_unit{0};
+  parallel_for(std::min<int64_t>(total, threads), 1, [&](int64_t, int64_t) {
     ThreadScratch& ts = thread_scratch();
     T* apack = ts.a.get<T>(apack_elems);
     T* bpack = ts.b.get<T>(bpack_elems);
     T* stack = ts.stack.get<T>(stack_elems);
-    for (int64_t u = u0; u < u1; ++u) {
+    int64_t packed_b_key = -1;  // (batch entry, column range) whose B is in bpack
+    for (;;) {
+      const int64_t u = next_unit.fetch_add(1, std::memory_order_relaxed);
+      if (u >= total) break;
       const int64_t bi = u / units_per_gemm, r = u % units_per_gemm;
       // Consecutive units share the column range (and so the B columns).
       const int64_t un = r / grid.gm, um = r % grid.gm;
@@ -238,7 +257,18 @@ void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch,
       g.A += bi * a_bs;
       g.B += bi * b_bs;
       g.C += bi * c_bs;
-      run_unit(isa, g, p, i0, rows, j0, cols, apack, bpack, stack);
+      if (b_whole_k) {
+        const int64_t key = bi * grid.gn + un;
+        if (key != packed_b_key) {
+          const int64_t cols_padded = (cols + isa.nr - 1) / isa.nr * isa.nr;
+          for (const Block& blk : p.blocks)
+            if (blk.klen > 0)
+              isa.pack_b(g.B + blk.k0 * g.b_row_stride + j0 * g.b_col_stride, g.b_row_stride, g.b_col_stride,
+                         blk.klen, cols, bpack + blk.k0 * cols_padded);
+          packed_b_key = key;
+        }
+      }
+      run_unit(isa, g, p, i0, rows, j0, cols, apack, b_whole_k ? bpack : nullptr, bpack, stack);
     }
   });
 }
@@ -266,9 +296,38 @@ std::atomic<GemmIsa>& forced_isa() {
   return isa;
 }
 
-const IsaImpl<float>& f32_impl() {
-  return gemm_active_isa() == GemmIsa::Avx512 ? avx512_f32() : avx2_f32();
+// Blocking overrides (gemm_set_blocking; TESSEL_GEMM_BLOCKING="kc,mc,nc").
+GemmBlocking initial_blocking() {
+  GemmBlocking b;
+  if (const char* env = std::getenv("TESSEL_GEMM_BLOCKING")) {
+    long long kc = 0, mc = 0, nc = 0;
+    TESSEL_CHECK(std::sscanf(env, "%lld,%lld,%lld", &kc, &mc, &nc) == 3 && kc > 0 && mc > 0 && nc > 0,
+                 "TESSEL_GEMM_BLOCKING", "expected kc,mc,nc (positive), got '{}'", env);
+    b.kc = kc, b.mc = mc, b.nc = nc;
+  }
+  return b;
 }
+
+GemmBlocking& blocking_override() {
+  static GemmBlocking b = initial_blocking();
+  return b;
+}
+
+template <class T>
+IsaImpl<T> with_overrides(IsaImpl<T> impl) {
+  const GemmBlocking& b = blocking_override();
+  if (b.kc > 0) impl.kc_max = b.kc;
+  if (b.mc > 0) impl.mc_max = std::max<int64_t>(impl.mr, b.mc / impl.mr * impl.mr);
+  if (b.nc > 0) impl.nc_max = std::max<int64_t>(impl.nr, b.nc / impl.nr * impl.nr);
+  if (b.whole_k_pack_bytes >= 0) impl.whole_k_pack_bytes = b.whole_k_pack_bytes;
+  return impl;
+}
+
+IsaImpl<float> f32_impl() {
+  return with_overrides(gemm_active_isa() == GemmIsa::Avx512 ? avx512_f32() : avx2_f32());
+}
+
+IsaImpl<double> f64_impl() { return with_overrides(avx2_f64()); }
 
 // ---------------------------------------------------------------------------
 // The definition.
@@ -304,6 +363,14 @@ GemmIsa gemm_force_isa(GemmIsa isa) {
   return forced_isa().exchange(isa);
 }
 
+GemmBlocking gemm_set_blocking(const GemmBlocking& b) {
+  TESSEL_CHECK(b.kc >= 0 && b.mc >= 0 && b.nc >= 0, "gemm_set_blocking", "negative limit kc={} mc={} nc={}", b.kc,
+               b.mc, b.nc);
+  GemmBlocking prev = blocking_override();
+  blocking_override() = b;
+  return prev;
+}
+
 GemmIsa gemm_active_isa() {
   GemmIsa f = forced_isa().load(std::memory_order_relaxed);
   if (f == GemmIsa::Avx512 && cpu_has_avx512()) return GemmIsa::Avx512;
@@ -327,7 +394,7 @@ void gemm_f32(const GemmArgs& args) {
 
 void gemm_f64(const GemmArgsF64& args) {
   check_args("gemm_f64", args);
-  gemm_driver(avx2_f64(), args, 1, 0, 0, 0);
+  gemm_driver(f64_impl(), args, 1, 0, 0, 0);
 }
 
 void gemm_batched_f32(const GemmArgs& args, int64_t batch, int64_t a_batch_stride, int64_t b_batch_stride,
@@ -341,7 +408,7 @@ void gemm_batched_f64(const GemmArgsF64& args, int64_t batch, int64_t a_batch_st
                       int64_t c_batch_stride) {
   check_args("gemm_batched_f64", args);
   TESSEL_CHECK(batch >= 0, "gemm_batched_f64", "negative batch {}", batch);
-  gemm_driver(avx2_f64(), args, batch, a_batch_stride, b_batch_stride, c_batch_stride);
+  gemm_driver(f64_impl(), args, batch, a_batch_stride, b_batch_stride, c_batch_stride);
 }
 
 void gemm_reference_f32(const GemmArgs& args) {

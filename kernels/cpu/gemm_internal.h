@@ -70,6 +70,9 @@ struct IsaImpl {
   int64_t kc_max;     // longest K block
   int64_t mc_max;     // rows of C per unit (multiple of mr)
   int64_t nc_max;     // columns of C per unit (multiple of nr)
+  // B is packed once for all of K per column range while that takes at most
+  // this many bytes per thread (else per K block per unit).
+  int64_t whole_k_pack_bytes = int64_t(24) << 20;
 };
 
 // Defined in gemm_avx2.cc (x86-64-v3) and gemm_avx512.cc (-mavx512f).

@@ -47,34 +47,55 @@ inline void transpose8x8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256&
   r7 = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
+// Every panel at once when the panels' k-rows are contiguous in memory
+// (element (w, k) at src[w + k*k_stride]: A transposed, B row-major): each
+// source row is read once, left to right, with the next rows prefetched
+// (each row usually sits on its own page, out of the hardware prefetcher's
+// reach), and scattered to the panels in pieces of 8.
+template <int P>
+void pack_rows_contiguous(const float* src, int64_t k_stride, int64_t width, int64_t klen, float* dst) {
+  constexpr int G = (P + 7) / 8;
+  constexpr int64_t kAhead = 4;
+  const int64_t panels = (width + P - 1) / P, full_panels = width / P;
+  const int64_t panel_stride = klen * P;
+  for (int64_t k = 0; k < klen; ++k) {
+    if (k + kAhead < klen) {
+      const char* pf = reinterpret_cast<const char*>(src + (k + kAhead) * k_stride);
+      for (int64_t b = 0; b < width * int64_t(sizeof(float)); b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+    }
+    const float* s = src + k * k_stride;
+    float* d = dst + k * P;
+    for (int64_t p = 0; p < panels; ++p, s += P, d += panel_stride) {
+      const bool full = p < full_panels;
+      for (int g = 0; g < G; ++g) {
+        const int nd = P - 8 * g < 8 ? P - 8 * g : 8;  // lanes of this group inside the panel
+        __m256 v;
+        if (full && nd == 8) {
+          v = _mm256_loadu_ps(s + 8 * g);
+        } else {
+          const int64_t ns = std::clamp<int64_t>(width - p * P - 8 * g, 0, nd);
+          v = _mm256_maskload_ps(s + 8 * g, lane_mask(ns));
+        }
+        if (nd == 8) {
+          _mm256_storeu_ps(d + 8 * g, v);
+        } else {
+          _mm256_maskstore_ps(d + 8 * g, lane_mask(nd), v);
+        }
+      }
+    }
+  }
+}
+
 // One panel: `width` (<= P) lines, line w at src + w*line_stride, k at
 // + k*k_stride; writes klen x P (k-major) to dst, lines >= width as zeros.
 // P need not be a multiple of 8: vectors of 8 are stored in ascending address
 // order, so a store that runs past the line into the next k is overwritten
-// by the next k (and the last one runs into the caller's slack).
+// by the next k (and the last one runs into the next panel, written later,
+// or the caller's slack).
 template <int P>
 void pack_panel_f32(const float* src, int64_t line_stride, int64_t k_stride, int64_t width, int64_t klen,
                     float* dst) {
   constexpr int G = (P + 7) / 8;  // groups of 8 lines
-  if (line_stride == 1) {
-    // k-th row of the panel is contiguous in memory: masked vector copies.
-    __m256i mask[G];
-    bool full[G];
-    for (int g = 0; g < G; ++g) {
-      int64_t n = std::clamp<int64_t>(width - 8 * g, 0, 8);
-      mask[g] = lane_mask(n);
-      full[g] = n == 8;
-    }
-    for (int64_t k = 0; k < klen; ++k) {
-      const float* s = src + k * k_stride;
-      float* d = dst + k * P;
-      for (int g = 0; g < G; ++g) {
-        __m256 v = full[g] ? _mm256_loadu_ps(s + 8 * g) : _mm256_maskload_ps(s + 8 * g, mask[g]);
-        _mm256_storeu_ps(d + 8 * g, v);
-      }
-    }
-    return;
-  }
   if (k_stride == 1) {
     // Each line is contiguous along k: transpose 8 lines x 8 k at a time.
     const int64_t k8 = klen & ~int64_t(7);
@@ -113,12 +134,14 @@ void pack_panel_generic(const T* src, int64_t line_stride, int64_t k_stride, int
 
 template <int MR>
 void pack_a_f32(const float* src, int64_t rs, int64_t cs, int64_t rows, int64_t klen, float* dst) {
+  if (rs == 1) return pack_rows_contiguous<MR>(src, cs, rows, klen, dst);
   for (int64_t r0 = 0; r0 < rows; r0 += MR)
     pack_panel_f32<MR>(src + r0 * rs, rs, cs, std::min<int64_t>(MR, rows - r0), klen, dst + r0 * klen);
 }
 
 template <int NR>
 void pack_b_f32(const float* src, int64_t rs, int64_t cs, int64_t klen, int64_t cols, float* dst) {
+  if (cs == 1) return pack_rows_contiguous<NR>(src, rs, cols, klen, dst);
   for (int64_t c0 = 0; c0 < cols; c0 += NR)
     pack_panel_f32<NR>(src + c0 * cs, cs, rs, std::min<int64_t>(NR, cols - c0), klen, dst + c0 * klen);
 }
