@@ -40,17 +40,12 @@ namespace {
 // ---------------------------------------------------------------------------
 // K plan: segments (a k range inside one chunk) grouped into blocks.
 // ---------------------------------------------------------------------------
-struct Segment {
-  int64_t k0, len;
-  int chunk;
-  bool first, last;  // first / last piece of its chunk
-};
 struct Block {
   int64_t k0, klen;
   int seg_begin, seg_end;
 };
 struct Plan {
-  std::vector<Segment> segs;
+  std::vector<KSegment> segs;
   std::vector<Block> blocks;
   int levels = 0;
   bool has_partials = false;
@@ -68,7 +63,7 @@ void make_plan(int64_t K, int V, int64_t kc_max, Plan* plan) {
     if (pieces > 1) plan->has_partials = true;
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t p0 = b + len * p / pieces, p1 = b + len * (p + 1) / pieces;
-      Segment s{p0, p1 - p0, c, p == 0, p == pieces - 1};
+      KSegment s{p0, p1 - p0, c, p == 0, p == pieces - 1};
       if (plan->blocks.empty() || plan->blocks.back().klen + s.len > kc_max) {
         plan->blocks.push_back(Block{p0, 0, int(plan->segs.size()), int(plan->segs.size())});
       }
@@ -171,6 +166,8 @@ void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, in
   job.accumulate = g.accumulate;
 
   for (const Block& blk : plan.blocks) {
+    job.segs = plan.segs.data() + blk.seg_begin;
+    job.nsegs = blk.seg_end - blk.seg_begin;
     const T* bblock = b_packed ? b_packed + blk.k0 * ntl * NR : bpack;
     if (blk.klen > 0) {
       isa.pack_a(g.A + i0 * g.a_row_stride + blk.k0 * g.a_col_stride, g.a_row_stride, g.a_col_stride, rows,
@@ -185,18 +182,11 @@ void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, in
       for (int64_t it = 0; it < mtl; ++it) {
         const T* ap = apack + it * blk.klen * MR;
         const int64_t tile = jt * mtl + it;
-        T* partial = partial_slot + tile * tile_elems;
+        job.partial = partial_slot + tile * tile_elems;
         job.stack = stack + tile * tile_elems;
         job.c = g.C + (i0 + it * MR) * g.c_row_stride + j0 + jt * NR;
         job.mr = int(std::min<int64_t>(MR, rows - it * MR));
-        for (int s = blk.seg_begin; s < blk.seg_end; ++s) {
-          const Segment& seg = plan.segs[s];
-          const int64_t off = seg.k0 - blk.k0;
-          job.init = seg.first ? nullptr : partial;
-          job.partial = seg.last ? nullptr : partial;
-          job.chunk = seg.chunk;
-          isa.kernel(seg.len, ap + off * MR, bp + off * NR, job);
-        }
+        isa.kernel(ap, bp, job);
       }
     }
   }

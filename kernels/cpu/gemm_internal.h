@@ -18,23 +18,31 @@
 
 namespace tessel::kernels::cpu::gemm_detail {
 
-// Where one segment of one tile starts from and what happens to its result.
+// A k range inside one chunk: a whole chunk, or one piece of a chunk longer
+// than the K block limit.
+struct KSegment {
+  int64_t k0, len;
+  int chunk;
+  bool first, last;  // first / last piece of its chunk
+};
+
+// One tile over one K block: the block's segments in k order, and where each
+// segment's result goes.
 template <class T>
 struct TileJob {
-  // Start: nullptr -> +0 (a chunk's first segment), else continue the FMA
-  // chain from this MR x NR tile (row-major, NR wide), written by the
-  // previous segment of the same chunk.
-  const T* init = nullptr;
-  // Non-null: the chunk continues in a later block; store the sums here.
+  const KSegment* segs = nullptr;
+  int nsegs = 0;
+  // A segment that is not its chunk's first continues the FMA chain from
+  // this MR x NR tile (row-major, NR wide); one that is not its chunk's last
+  // stores its sums here. Otherwise a segment starts from +0.
   T* partial = nullptr;
-  // Else merge chunk `chunk` into the tree stack: slot l (an MR x NR tile at
-  // stack + l*slot_stride) holds the pending left subtree of size 2^l. While
-  // bit l of `chunk` is set: v = slot[l] + v, l++. If l reaches `levels`
-  // (= log2 V) the tree is done: write C (+ C_old if accumulate); else
-  // slot[l] = v.
+  // A complete chunk is merged into the tree stack: slot l (an MR x NR tile
+  // at stack + l*slot_stride) holds the pending left subtree of size 2^l.
+  // While bit l of the chunk index is set: v = slot[l] + v, l++. If l
+  // reaches `levels` (= log2 V) the tree is done: write C (C_old + v when
+  // accumulating); else slot[l] = v.
   T* stack = nullptr;
   int64_t slot_stride = 0;
-  int chunk = 0;
   int levels = 0;
   // The tile of C: rows [0, mr), columns [0, nr) at c + i*ldc + j.
   T* c = nullptr;
@@ -43,9 +51,12 @@ struct TileJob {
   bool accumulate = false;
 };
 
-// kc = 0 is allowed (an empty chunk: the result is +0); a and b are not read.
+// Runs every segment of job.segs for one tile. a: the block's klen x MR
+// panel, b: its klen x NR panel (k-major; the segments are consecutive k
+// ranges from the block's start). Empty segments (empty chunks) give +0 and
+// read nothing.
 template <class T>
-using MicroKernel = void (*)(int64_t kc, const T* a, const T* b, const TileJob<T>& job);
+using MicroKernel = void (*)(const T* a, const T* b, const TileJob<T>& job);
 
 // Packs `rows` rows x `klen` columns of A (element (i,k) at src[i*rs + k*cs])
 // into ceil(rows/MR) panels of klen x MR. dst needs kPackSlack extra elements.

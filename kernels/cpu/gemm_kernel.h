@@ -59,94 +59,107 @@ struct F32x16 {
 };
 #endif
 
-// MR x (NV*W) tile. a: kc x MR panel, b: kc x NR panel (both k-major).
+// MR x (NV*W) tile over one K block (see TileJob).
 template <class VT, int MR, int NV>
-void micro_kernel(int64_t kc, const typename VT::T* __restrict a, const typename VT::T* __restrict b,
+void micro_kernel(const typename VT::T* __restrict a, const typename VT::T* __restrict b,
                   const TileJob<typename VT::T>& job) {
   using T = typename VT::T;
   using V = typename VT::V;
   constexpr int W = VT::W;
   constexpr int NR = NV * W;
-  V acc[MR][NV];
-  if (job.init) {
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = VT::load(job.init + r * NR + v * W);
-  } else {
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = VT::zero();
-  }
+  const KSegment* seg = job.segs;
+  const KSegment* const seg_end = seg + job.nsegs;
+  T* const partial = job.partial;
+  T* const stack = job.stack;
+  const int64_t slot_stride = job.slot_stride;
+  const int levels = job.levels;
 
-  for (int64_t k = 0; k < kc; ++k) {
-    V bv[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) bv[v] = VT::load(b + v * W);
+  for (; seg != seg_end; ++seg) {
+    V acc[MR][NV];
+    if (!seg->first) {
 #pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r) {
-      V av = VT::bcast(a + r);
+      for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = VT::fma(av, bv[v], acc[r][v]);
-    }
-    a += MR;
-    b += NR;
-  }
-
-  if (job.partial) {  // the chunk continues in the next K block
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) VT::store(job.partial + r * NR + v * W, acc[r][v]);
-    return;
-  }
-
-  // Chunk complete: merge it into the tree (left subtree + this one).
-  int level = 0;
-  while ((job.chunk >> level) & 1) {
-    const T* left = job.stack + level * job.slot_stride;
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = VT::add(VT::load(left + r * NR + v * W), acc[r][v]);
-    ++level;
-  }
-  if (level < job.levels) {  // a left subtree waiting for its right half
-    T* slot = job.stack + level * job.slot_stride;
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) VT::store(slot + r * NR + v * W, acc[r][v]);
-    return;
-  }
-
-  // The root: write C.
-  if (job.mr == MR && job.nr == NR) {
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r) {
-      T* crow = job.c + r * job.ldc;
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        V x = acc[r][v];
-        if (job.accumulate) x = VT::add(VT::load(crow + v * W), x);
-        VT::store(crow + v * W, x);
-      }
-    }
-    return;
-  }
-  alignas(64) T tile[MR * NR];
-#pragma GCC unroll 32
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) VT::store(tile + r * NR + v * W, acc[r][v]);
-  for (int r = 0; r < job.mr; ++r) {
-    T* crow = job.c + r * job.ldc;
-    const T* trow = tile + r * NR;
-    if (job.accumulate) {
-      for (int j = 0; j < job.nr; ++j) crow[j] = crow[j] + trow[j];
+        for (int v = 0; v < NV; ++v) acc[r][v] = VT::load(partial + r * NR + v * W);
     } else {
-      for (int j = 0; j < job.nr; ++j) crow[j] = trow[j];
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = VT::zero();
+    }
+
+    for (int64_t k = seg->len; k > 0; --k) {
+      V bv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) bv[v] = VT::load(b + v * W);
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r) {
+        V av = VT::bcast(a + r);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = VT::fma(av, bv[v], acc[r][v]);
+      }
+      a += MR;
+      b += NR;
+    }
+
+    if (!seg->last) {  // the chunk continues in the next K block
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) VT::store(partial + r * NR + v * W, acc[r][v]);
+      continue;
+    }
+
+    // Chunk complete: merge it into the tree (left subtree + this one).
+    int level = 0;
+    while ((seg->chunk >> level) & 1) {
+      const T* left = stack + level * slot_stride;
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = VT::add(VT::load(left + r * NR + v * W), acc[r][v]);
+      ++level;
+    }
+    if (level < levels) {  // a left subtree waiting for its right half
+      T* slot = stack + level * slot_stride;
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) VT::store(slot + r * NR + v * W, acc[r][v]);
+      continue;
+    }
+
+    // The root: write C.
+    if (job.mr == MR && job.nr == NR) {
+      const int64_t ldc = job.ldc;
+      T* const c = job.c;
+      if (job.accumulate) {
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v)
+            VT::store(c + r * ldc + v * W, VT::add(VT::load(c + r * ldc + v * W), acc[r][v]));
+      } else {
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) VT::store(c + r * ldc + v * W, acc[r][v]);
+      }
+      continue;
+    }
+    alignas(64) T tile[MR * NR];
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) VT::store(tile + r * NR + v * W, acc[r][v]);
+    for (int r = 0; r < job.mr; ++r) {
+      T* crow = job.c + r * job.ldc;
+      const T* trow = tile + r * NR;
+      if (job.accumulate) {
+        for (int j = 0; j < job.nr; ++j) crow[j] = crow[j] + trow[j];
+      } else {
+        for (int j = 0; j < job.nr; ++j) crow[j] = trow[j];
+      }
     }
   }
 }
