@@ -109,6 +109,30 @@ ThreadScratch& thread_scratch() {
   return s;
 }
 
+// A range of unit indices [front, back) taken from the front by its owner
+// and from the back by thieves; both ends live in one atomic word.
+struct alignas(64) UnitRange {
+  std::atomic<uint64_t> ends{0};
+  void reset(int64_t front, int64_t back) { ends.store(pack(front, back)); }
+  int64_t take_front() {
+    uint64_t v = ends.load();
+    for (;;) {
+      const int64_t f = int64_t(v & 0xffffffffu), b = int64_t(v >> 32);
+      if (f >= b) return -1;
+      if (ends.compare_exchange_weak(v, pack(f + 1, b))) return f;
+    }
+  }
+  int64_t take_back() {
+    uint64_t v = ends.load();
+    for (;;) {
+      const int64_t f = int64_t(v & 0xffffffffu), b = int64_t(v >> 32);
+      if (f >= b) return -1;
+      if (ends.compare_exchange_weak(v, pack(f, b - 1))) return b - 1;
+    }
+  }
+  static uint64_t pack(int64_t front, int64_t back) { return uint64_t(front) | (uint64_t(back) << 32); }
+};
+
 // ---------------------------------------------------------------------------
 // Unit grid.
 // ---------------------------------------------------------------------------
@@ -221,20 +245,31 @@ void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch,
   const int64_t stack_elems = (plan.levels + 1) * grid.unit_rows_max * grid.unit_cols_max;
   const Plan& p = plan;  // the caller's plan, read by all workers
 
-  // Units are claimed one at a time (dynamic balance: a thread slowed by
-  // anything else on the machine simply takes fewer). Which thread computes
-  // a unit never matters to the result.
+  // Each thread owns a contiguous range of units (so it packs B for few
+  // column ranges) and, when done, steals units from the back of the others'
+  // ranges (so a thread slowed by anything else on the machine takes fewer).
+  // Which thread computes a unit never matters to the result.
   const int64_t total = batch * units_per_gemm;
-  std::atomic<int64_t> next_unit{0};
-  parallel_for(std::min<int64_t>(total, threads), 1, [&](int64_t, int64_t) {
+  const int parts = int(std::min<int64_t>(total, threads));
+  thread_local std::vector<UnitRange> ranges_storage;
+  if (ranges_storage.size() < size_t(parts)) ranges_storage = std::vector<UnitRange>(parts);
+  UnitRange* ranges = ranges_storage.data();
+  for (int i = 0; i < parts; ++i) ranges[i].reset(total * i / parts, total * (i + 1) / parts);
+
+  parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
     ThreadScratch& ts = thread_scratch();
     T* apack = ts.a.get<T>(apack_elems);
     T* bpack = ts.b.get<T>(bpack_elems);
     T* stack = ts.stack.get<T>(stack_elems);
     int64_t packed_b_key = -1;  // (batch entry, column range) whose B is in bpack
+    int64_t own = p0, victim = 0;
     for (;;) {
-      const int64_t u = next_unit.fetch_add(1, std::memory_order_relaxed);
-      if (u >= total) break;
+      int64_t u = -1;
+      while (own < p1 && (u = ranges[own].take_front()) < 0) ++own;
+      while (u < 0 && victim < parts) {
+        if ((u = ranges[(p1 + victim) % parts].take_back()) < 0) ++victim;
+      }
+      if (u < 0) break;
       const int64_t bi = u / units_per_gemm, r = u % units_per_gemm;
       // Consecutive units share the column range (and so the B columns).
       const int64_t un = r / grid.gm, um = r % grid.gm;
