@@ -48,7 +48,6 @@ struct Plan {
   std::vector<KSegment> segs;
   std::vector<Block> blocks;
   int levels = 0;
-  bool has_partials = false;
 };
 
 void make_plan(int64_t K, int V, int64_t kc_max, Plan* plan) {
@@ -56,15 +55,20 @@ void make_plan(int64_t K, int V, int64_t kc_max, Plan* plan) {
   plan->blocks.clear();
   plan->levels = 0;
   while ((1 << plan->levels) < V) ++plan->levels;
-  plan->has_partials = false;
+  // Short chunks are grouped in aligned power-of-two runs, so a block holds
+  // whole subtrees: their merges stay in L1 and fewer slots live across
+  // blocks. Chunks longer than kc_max are cut into equal pieces, one block
+  // each, the FMA chain carried over in the partial-sum slot.
+  const int64_t L = numerics::chunk_size(K, V);
+  int per_block = 1;
+  while (per_block < V && 2 * per_block * L <= kc_max) per_block *= 2;
   for (int c = 0; c < V; ++c) {
     const int64_t b = numerics::chunk_begin(K, V, c), e = numerics::chunk_end(K, V, c), len = e - b;
     const int64_t pieces = len == 0 ? 1 : (len + kc_max - 1) / kc_max;
-    if (pieces > 1) plan->has_partials = true;
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t p0 = b + len * p / pieces, p1 = b + len * (p + 1) / pieces;
       KSegment s{p0, p1 - p0, c, p == 0, p == pieces - 1};
-      if (plan->blocks.empty() || plan->blocks.back().klen + s.len > kc_max) {
+      if (p > 0 || c % per_block == 0) {
         plan->blocks.push_back(Block{p0, 0, int(plan->segs.size()), int(plan->segs.size())});
       }
       Block& blk = plan->blocks.back();
