@@ -237,7 +237,12 @@ void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch,
   thread_local Plan plan;
   make_plan(args.K, args.chunks, isa.kc_max, &plan);
   const int threads = num_threads();
-  const Grid grid = make_grid(args.M, args.N, batch, isa.mr, isa.nr, isa.mc_max, isa.nc_max, threads);
+  // Wider units re-pack A fewer times; but B is packed for all of K per
+  // column range, so for long K the units narrow to keep that pack within
+  // its budget (down to nc_min, below which B is packed per block instead).
+  const int64_t nc_fit = isa.whole_k_pack_bytes / std::max<int64_t>(1, args.K * int64_t(sizeof(T)));
+  const int64_t nc = std::max(std::min(isa.nc_min, isa.nc_max), std::min(isa.nc_max, nc_fit / isa.nr * isa.nr));
+  const Grid grid = make_grid(args.M, args.N, batch, isa.mr, isa.nr, isa.mc_max, nc, threads);
   const int64_t units_per_gemm = grid.gm * grid.gn;
   const int64_t kc = std::min<int64_t>(isa.kc_max, std::max<int64_t>(args.K, 1));
   const int64_t apack_elems = grid.unit_rows_max * kc + kPackSlack;
@@ -347,7 +352,7 @@ IsaImpl<T> with_overrides(IsaImpl<T> impl) {
   const GemmBlocking& b = blocking_override();
   if (b.kc > 0) impl.kc_max = b.kc;
   if (b.mc > 0) impl.mc_max = std::max<int64_t>(impl.mr, b.mc / impl.mr * impl.mr);
-  if (b.nc > 0) impl.nc_max = std::max<int64_t>(impl.nr, b.nc / impl.nr * impl.nr);
+  if (b.nc > 0) impl.nc_max = impl.nc_min = std::max<int64_t>(impl.nr, b.nc / impl.nr * impl.nr);
   if (b.whole_k_pack_bytes >= 0) impl.whole_k_pack_bytes = b.whole_k_pack_bytes;
   return impl;
 }

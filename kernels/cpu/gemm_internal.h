@@ -80,7 +80,9 @@ struct IsaImpl {
   PackB<T> pack_b;
   int64_t kc_max;     // longest K block
   int64_t mc_max;     // rows of C per unit (multiple of mr)
-  int64_t nc_max;     // columns of C per unit (multiple of nr)
+  int64_t nc_min, nc_max;  // columns of C per unit (multiples of nr): nc_max
+                           // unless B packed over all of K would exceed
+                           // whole_k_pack_bytes, then less, down to nc_min
   // B is packed once for all of K per column range while that takes at most
   // this many bytes per thread (else per K block per unit).
   int64_t whole_k_pack_bytes = int64_t(24) << 20;
