@@ -1,21 +1,21 @@
 // GEMM driver: blocking, threading and the canonical chunk tree (kernels/gemm.h).
 //
-// Structure (BLIS-like, reordered so the chunk tree stays local):
+// Structure (BLIS-like, reordered so the chunk tree stays local; docs/gemm.md):
 //   * C is cut into units of whole MR x NR tiles (at most mc_max x nc_max).
-//     Units are independent; the threads claim them one by one (over all
-//     batch entries), in an order where units sharing columns are adjacent.
-//     Each unit is computed over all of K by one thread, so no reduction
-//     ever crosses threads.
-//   * K is cut into blocks (make_plan): runs of whole chunks up to kc_max
-//     long, or, for chunks longer than kc_max, equal pieces of one chunk.
-//   * Per block the thread packs its unit's A rows (MR-row panels) and B
-//     columns (NR-column panels) into thread-local buffers, then for each
-//     NR panel (B panel stays in L1/L2) and each MR panel (A block in L2) runs
-//     the micro-kernel once per segment (the block's part of one chunk).
+//     Each unit is computed over all of K by one thread, so no reduction ever
+//     crosses threads and the only live reduction state is the unit's tree
+//     stacks. Units are ordered so that units sharing columns are adjacent;
+//     each thread owns a contiguous range and steals from the others' ends.
+//   * K is cut into blocks (make_plan): aligned power-of-two runs of whole
+//     chunks up to kc_max long, or equal pieces of a chunk longer than that.
+//   * B's panels (NR columns, k-major) are packed once for all of K per
+//     column range and reused by the units below it. Per block the unit's A
+//     rows are packed (MR-row panels, an L2-sized block); then for each NR
+//     panel (outer) and MR panel (inner) the micro-kernel runs the block's
+//     segments (the block's part of each chunk) for that tile.
 //   * Each tile owns a small tree stack (log2 V slots + one partial-sum slot)
-//     in a thread-local buffer laid out [slot][tile], so the slots touched in
-//     one block are contiguous; a finished chunk is merged into it in the
-//     kernel epilogue, and the root is written to C.
+//     in a thread-local buffer laid out [slot][tile]; the kernel merges each
+//     finished chunk into it and writes the root to C.
 // None of this changes what is computed per element, only when.
 #include <algorithm>
 #include <atomic>
@@ -259,6 +259,7 @@ void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch,
   // ranges (so a thread slowed by anything else on the machine takes fewer).
   // Which thread computes a unit never matters to the result.
   const int64_t total = batch * units_per_gemm;
+  TESSEL_CHECK(total < (int64_t(1) << 31), "gemm", "too many blocks of C ({} x {} x batch {})", args.M, args.N, batch);
   const int parts = int(std::min<int64_t>(total, threads));
   thread_local std::vector<UnitRange> ranges_storage;
   if (ranges_storage.size() < size_t(parts)) ranges_storage = std::vector<UnitRange>(parts);
@@ -292,7 +293,7 @@ void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch,
       g.B += bi * b_bs;
       g.C += bi * c_bs;
       if (b_whole_k) {
-        const int64_t key = bi * grid.gn + un;
+        const int64_t key = (b_bs == 0 ? 0 : bi) * grid.gn + un;  // a broadcast B is packed once
         if (key != packed_b_key) {
           const int64_t cols_padded = (cols + isa.nr - 1) / isa.nr * isa.nr;
           for (const Block& blk : p.blocks)
