@@ -191,7 +191,7 @@ TEST_CASE("gemm_f32 equals the reference bit for bit: shapes x layouts x V x acc
 TEST_CASE("gemm_f32 equals the reference on shapes spanning several units and threads") {
   Restore restore;
   std::mt19937 rng(99);
-  const std::vector<Shape> shapes = {{300, 530, 260, 16}, {517, 97, 513, 16}, {70, 1100, 96, 4}};
+  const std::vector<Shape> shapes = {{300, 530, 260, 16}, {517, 97, 513, 16}, {70, 1100, 96, 4}, {90, 70, 2100, 16}};
   for (GemmIsa isa : isas()) {
     gemm_force_isa(isa);
     for (int threads : {1, 2, 3}) {
@@ -295,7 +295,7 @@ TEST_CASE("gemm_f32 is position independent: a sub-block of C computed alone has
 TEST_CASE("gemm_f32: thread count and ISA never change a bit") {
   Restore restore;
   std::mt19937 rng(11);
-  const std::vector<Shape> shapes = {{200, 333, 300, 16}, {1, 700, 129, 16}, {700, 3, 64, 8}, {96, 96, 2000, 16}};
+  const std::vector<Shape> shapes = {{200, 333, 300, 16}, {1, 700, 129, 16}, {700, 3, 64, 8}, {96, 96, 2600, 16}};
   for (const Shape& s : shapes) {
     Problem<float> p(s.m, s.n, s.k, Layout::RowMajor, Layout::RowMajor, rng);
     std::vector<float> first;

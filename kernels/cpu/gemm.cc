@@ -186,9 +186,12 @@ void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, in
   const int64_t tile_elems = int64_t(MR) * NR;
   const int64_t slot_stride = mtl * ntl * tile_elems;
   T* partial_slot = stack + plan.levels * slot_stride;
+  // With a single K block a tile's whole tree is built inside one kernel
+  // call, so every tile can share one small stack (always in L1).
+  const bool one_block = plan.blocks.size() == 1;
 
   TileJob<T> job;
-  job.slot_stride = slot_stride;
+  job.slot_stride = one_block ? tile_elems : slot_stride;
   job.levels = plan.levels;
   job.ldc = g.c_row_stride;
   job.accumulate = g.accumulate;
@@ -211,7 +214,7 @@ void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, in
         const T* ap = apack + it * blk.klen * MR;
         const int64_t tile = jt * mtl + it;
         job.partial = partial_slot + tile * tile_elems;
-        job.stack = stack + tile * tile_elems;
+        job.stack = one_block ? stack : stack + tile * tile_elems;
         job.c = g.C + (i0 + it * MR) * g.c_row_stride + j0 + jt * NR;
         job.mr = int(std::min<int64_t>(MR, rows - it * MR));
         isa.kernel(ap, bp, job);
@@ -234,24 +237,38 @@ template <class T>
 void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch, int64_t a_bs, int64_t b_bs,
                  int64_t c_bs) {
   if (args.M == 0 || args.N == 0 || batch == 0) return;
+  // Up to one_block_k_max, all of K is one block: each kernel call builds a
+  // tile's whole tree (its stack stays in L1, no tree state outlives the
+  // call), and units get fewer rows so the unit's A block still fits L2.
+  const bool one_block = args.K <= isa.one_block_k_max;
+  const int64_t chunk_len = numerics::chunk_size(args.K, args.chunks);
+  const int64_t kc_max = one_block ? std::max<int64_t>(1, chunk_len * args.chunks) : isa.kc_max;
+  const int64_t mc_max =
+      one_block ? std::clamp<int64_t>(isa.a_block_bytes / std::max<int64_t>(1, args.K * int64_t(sizeof(T))) / isa.mr *
+                                          isa.mr,
+                                      isa.mr, isa.mc_max)
+                : isa.mc_max;
   thread_local Plan plan;
-  make_plan(args.K, args.chunks, isa.kc_max, &plan);
+  make_plan(args.K, args.chunks, kc_max, &plan);
   const int threads = num_threads();
   // Wider units re-pack A fewer times; but B is packed for all of K per
   // column range, so for long K the units narrow to keep that pack within
   // its budget (down to nc_min, below which B is packed per block instead).
   const int64_t nc_fit = isa.whole_k_pack_bytes / std::max<int64_t>(1, args.K * int64_t(sizeof(T)));
   const int64_t nc = std::max(std::min(isa.nc_min, isa.nc_max), std::min(isa.nc_max, nc_fit / isa.nr * isa.nr));
-  const Grid grid = make_grid(args.M, args.N, batch, isa.mr, isa.nr, isa.mc_max, nc, threads);
+  const Grid grid = make_grid(args.M, args.N, batch, isa.mr, isa.nr, mc_max, nc, threads);
   const int64_t units_per_gemm = grid.gm * grid.gn;
-  const int64_t kc = std::min<int64_t>(isa.kc_max, std::max<int64_t>(args.K, 1));
+  int64_t kc = 1;  // longest block
+  for (const Block& blk : plan.blocks) kc = std::max(kc, blk.klen);
   const int64_t apack_elems = grid.unit_rows_max * kc + kPackSlack;
   // Units that share columns run one after another on a thread, so B's
   // panels for all of K are packed once per column range and re-read
   // sequentially (unless that is too much memory; then per block per unit).
   const bool b_whole_k = args.K * grid.unit_cols_max * int64_t(sizeof(T)) <= isa.whole_k_pack_bytes;
   const int64_t bpack_elems = (b_whole_k ? args.K : kc) * grid.unit_cols_max + kPackSlack;
-  const int64_t stack_elems = (plan.levels + 1) * grid.unit_rows_max * grid.unit_cols_max;
+  // Tree stacks: one per tile of a unit, or one shared by all with one block.
+  const int64_t stack_elems = (plan.levels + 1) * (plan.blocks.size() == 1 ? int64_t(isa.mr) * isa.nr
+                                                                            : grid.unit_rows_max * grid.unit_cols_max);
   const Plan& p = plan;  // the caller's plan, read by all workers
 
   // Each thread owns a contiguous range of units (so it packs B for few
@@ -351,7 +368,7 @@ GemmBlocking& blocking_override() {
 template <class T>
 IsaImpl<T> with_overrides(IsaImpl<T> impl) {
   const GemmBlocking& b = blocking_override();
-  if (b.kc > 0) impl.kc_max = b.kc;
+  if (b.kc > 0) impl.kc_max = b.kc, impl.one_block_k_max = 0;  // explicit K blocks
   if (b.mc > 0) impl.mc_max = std::max<int64_t>(impl.mr, b.mc / impl.mr * impl.mr);
   if (b.nc > 0) impl.nc_max = impl.nc_min = std::max<int64_t>(impl.nr, b.nc / impl.nr * impl.nr);
   if (b.whole_k_pack_bytes >= 0) impl.whole_k_pack_bytes = b.whole_k_pack_bytes;

@@ -86,6 +86,10 @@ struct IsaImpl {
   // B is packed once for all of K per column range while that takes at most
   // this many bytes per thread (else per K block per unit).
   int64_t whole_k_pack_bytes = int64_t(24) << 20;
+  // K up to this is a single block (kc_max does not apply); then units have
+  // at most a_block_bytes / (K * sizeof(T)) rows (>= mr, <= mc_max).
+  int64_t one_block_k_max = 2048;
+  int64_t a_block_bytes = int64_t(512) << 10;
 };
 
 // Defined in gemm_avx2.cc (x86-64-v3) and gemm_avx512.cc (-mavx512f).
