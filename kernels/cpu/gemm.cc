@@ -153,15 +153,17 @@ Grid make_grid(int64_t M, int64_t N, int64_t batch, int mr, int nr, int64_t mc_m
   const int64_t mt_max = std::max<int64_t>(1, mc_max / mr), nt_max = std::max<int64_t>(1, nc_max / nr);
   g.gm = std::max<int64_t>(1, (g.mtiles + mt_max - 1) / mt_max);
   g.gn = std::max<int64_t>(1, (g.ntiles + nt_max - 1) / nt_max);
-  // Enough units to keep every thread busy: split further until the count is
-  // a multiple of the thread count or large enough that the imbalance is small.
+  // Enough units to keep every thread busy even when one starts late (a
+  // thread waking on a busy machine can lag by milliseconds; the others then
+  // take its units): split the longer side until there are 4 per thread,
+  // but not below 4 x 2 tiles per unit.
   for (;;) {
     const int64_t units = batch * g.gm * g.gn;
-    if (threads <= 1 || units >= 8 * threads || units % threads == 0) break;
-    const int64_t rows = (g.mtiles + g.gm - 1) / g.gm * mr, cols = (g.ntiles + g.gn - 1) / g.gn * nr;
-    const bool can_m = g.gm < g.mtiles, can_n = g.gn < g.ntiles;
+    if (threads <= 1 || units >= 4 * threads) break;
+    const int64_t tm = (g.mtiles + g.gm - 1) / g.gm, tn = (g.ntiles + g.gn - 1) / g.gn;
+    const bool can_m = tm >= 8, can_n = tn >= 4;
     if (!can_m && !can_n) break;
-    if (can_m && (rows >= cols || !can_n)) {
+    if (can_m && (tm * mr >= tn * nr || !can_n)) {
       g.gm++;
     } else {
       g.gn++;
