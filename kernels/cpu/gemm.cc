@@ -187,10 +187,11 @@ void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, in
   const int64_t mtl = (rows + MR - 1) / MR, ntl = (cols + NR - 1) / NR;
   const int64_t tile_elems = int64_t(MR) * NR;
   const int64_t slot_stride = mtl * ntl * tile_elems;
-  T* partial_slot = stack + plan.levels * slot_stride;
   // With a single K block a tile's whole tree is built inside one kernel
-  // call, so every tile can share one small stack (always in L1).
+  // call (no chunk is split), so every tile can share one small stack
+  // (always in L1) and no partial sums exist.
   const bool one_block = plan.blocks.size() == 1;
+  T* partial_slot = one_block ? nullptr : stack + plan.levels * slot_stride;
 
   TileJob<T> job;
   job.slot_stride = one_block ? tile_elems : slot_stride;
@@ -215,7 +216,7 @@ void run_unit(const IsaImpl<T>& isa, const GemmArgsT<T>& g, const Plan& plan, in
       for (int64_t it = 0; it < mtl; ++it) {
         const T* ap = apack + it * blk.klen * MR;
         const int64_t tile = jt * mtl + it;
-        job.partial = partial_slot + tile * tile_elems;
+        job.partial = one_block ? nullptr : partial_slot + tile * tile_elems;
         job.stack = one_block ? stack : stack + tile * tile_elems;
         job.c = g.C + (i0 + it * MR) * g.c_row_stride + j0 + jt * NR;
         job.mr = int(std::min<int64_t>(MR, rows - it * MR));

@@ -76,7 +76,8 @@ double time_s(F&& f) {
 
 // OpenBLAS's worker threads spin for a while after each call; on a machine
 // with as many cores as threads they would steal time from the next timed
-// run. A short pause lets them go to sleep before anyone is timed.
+// run. A short pause before every timed call lets them go to sleep, and
+// starts both libraries from idle threads alike.
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
 
 }  // namespace
@@ -133,7 +134,6 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
     // alternating which library goes first.
     ours();
     ref();
-    settle();
     double max_err = 0, max_ref = 0;
     for (size_t i = 0; i < C.size(); ++i) {
       max_err = std::max(max_err, double(std::fabs(C[i] - R[i])));
@@ -143,16 +143,17 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
       out << "  MISMATCH vs openblas on " << s.label() << ": max |diff| " << max_err << "\n";
       status = 1;
     }
+    // Every timed call starts from the same state: both libraries' threads
+    // idle (see settle()).
     std::vector<double> t_ours, t_ref;
     for (int r = 0; r < opts.reps; ++r) {
-      if (r % 2 == 0) {
-        t_ours.push_back(time_s(ours));
-        t_ref.push_back(time_s(ref));
+      for (int which = 0; which < 2; ++which) {
         settle();
-      } else {
-        t_ref.push_back(time_s(ref));
-        settle();
-        t_ours.push_back(time_s(ours));
+        if ((r + which) % 2 == 0) {
+          t_ours.push_back(time_s(ours));
+        } else {
+          t_ref.push_back(time_s(ref));
+        }
       }
     }
     const double mo = median(t_ours), mr = median(t_ref);
