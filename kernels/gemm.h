@@ -70,13 +70,15 @@ GemmIsa gemm_active_isa();
 const char* gemm_isa_name(GemmIsa isa);
 
 // Blocking limits, for tuning on a new machine and for tests that drive every
-// code path with small shapes (0 / -1 = the path's tuned default). Results
-// never depend on them. TESSEL_GEMM_BLOCKING="kc,mc,nc" sets the initial
-// kc/mc/nc. Returns the previous setting. Not for use concurrently with GEMMs.
+// code path with small shapes (0 / -1 = the path's tuned default; an explicit
+// kc also turns off the single-block policy for K <= 2048). Results never
+// depend on them. TESSEL_GEMM_BLOCKING="kc,mc,nc[,whole_k_pack_bytes]" sets
+// the initial values. Returns the previous setting. Not for use concurrently
+// with GEMMs.
 struct GemmBlocking {
   int64_t kc = 0;                   // longest K block
   int64_t mc = 0, nc = 0;           // rows / columns of C per unit of work
-  int64_t whole_k_pack_bytes = -1;  // B packed for all of K up to this size
+  int64_t whole_k_pack_bytes = -1;  // B packed for all of K up to this size (0: never)
 };
 GemmBlocking gemm_set_blocking(const GemmBlocking& blocking);
 

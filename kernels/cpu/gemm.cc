@@ -355,10 +355,11 @@ std::atomic<GemmIsa>& forced_isa() {
 GemmBlocking initial_blocking() {
   GemmBlocking b;
   if (const char* env = std::getenv("TESSEL_GEMM_BLOCKING")) {
-    long long kc = 0, mc = 0, nc = 0;
-    TESSEL_CHECK(std::sscanf(env, "%lld,%lld,%lld", &kc, &mc, &nc) == 3 && kc > 0 && mc > 0 && nc > 0,
-                 "TESSEL_GEMM_BLOCKING", "expected kc,mc,nc (positive), got '{}'", env);
-    b.kc = kc, b.mc = mc, b.nc = nc;
+    long long kc = 0, mc = 0, nc = 0, whole_k = -1;
+    const int n = std::sscanf(env, "%lld,%lld,%lld,%lld", &kc, &mc, &nc, &whole_k);
+    TESSEL_CHECK((n == 3 || n == 4) && kc >= 0 && mc >= 0 && nc >= 0, "TESSEL_GEMM_BLOCKING",
+                 "expected kc,mc,nc[,whole_k_pack_bytes] (0 = default), got '{}'", env);
+    b.kc = kc, b.mc = mc, b.nc = nc, b.whole_k_pack_bytes = whole_k;
   }
   return b;
 }
