@@ -48,38 +48,43 @@ inline void transpose8x8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256&
 }
 
 // Every panel at once when the panels' k-rows are contiguous in memory
-// (element (w, k) at src[w + k*k_stride]: A transposed, B row-major): each
-// source row is read once, left to right, with the next rows prefetched
-// (each row usually sits on its own page, out of the hardware prefetcher's
-// reach), and scattered to the panels in pieces of 8.
+// (element (w, k) at src[w + k*k_stride]: A transposed, B row-major). Rows
+// are taken a few at a time (as many as fit L1 together): each panel then
+// receives one contiguous run of stores, while the rows, read once from
+// memory, are re-read from L1; the next group of rows is prefetched (each row
+// usually sits on its own page, out of the hardware prefetcher's reach).
 template <int P>
 void pack_rows_contiguous(const float* src, int64_t k_stride, int64_t width, int64_t klen, float* dst) {
   constexpr int G = (P + 7) / 8;
-  constexpr int64_t kAhead = 4;
   const int64_t panels = (width + P - 1) / P, full_panels = width / P;
   const int64_t panel_stride = klen * P;
-  for (int64_t k = 0; k < klen; ++k) {
-    if (k + kAhead < klen) {
-      const char* pf = reinterpret_cast<const char*>(src + (k + kAhead) * k_stride);
-      for (int64_t b = 0; b < width * int64_t(sizeof(float)); b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+  const int64_t row_bytes = width * int64_t(sizeof(float));
+  const int64_t group = std::clamp<int64_t>((16 << 10) / std::max<int64_t>(row_bytes, 1), 1, 8);
+  for (int64_t k0 = 0; k0 < klen; k0 += group) {
+    const int64_t k1 = std::min(klen, k0 + group);
+    for (int64_t k = k1; k < std::min(klen, k1 + group); ++k) {
+      const char* pf = reinterpret_cast<const char*>(src + k * k_stride);
+      for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
     }
-    const float* s = src + k * k_stride;
-    float* d = dst + k * P;
-    for (int64_t p = 0; p < panels; ++p, s += P, d += panel_stride) {
+    for (int64_t p = 0; p < panels; ++p) {
       const bool full = p < full_panels;
-      for (int g = 0; g < G; ++g) {
-        const int nd = P - 8 * g < 8 ? P - 8 * g : 8;  // lanes of this group inside the panel
-        __m256 v;
-        if (full && nd == 8) {
-          v = _mm256_loadu_ps(s + 8 * g);
-        } else {
-          const int64_t ns = std::clamp<int64_t>(width - p * P - 8 * g, 0, nd);
-          v = _mm256_maskload_ps(s + 8 * g, lane_mask(ns));
-        }
-        if (nd == 8) {
-          _mm256_storeu_ps(d + 8 * g, v);
-        } else {
-          _mm256_maskstore_ps(d + 8 * g, lane_mask(nd), v);
+      for (int64_t k = k0; k < k1; ++k) {
+        const float* s = src + k * k_stride + p * P;
+        float* d = dst + p * panel_stride + k * P;
+        for (int g = 0; g < G; ++g) {
+          const int nd = P - 8 * g < 8 ? P - 8 * g : 8;  // lanes of this group inside the panel
+          __m256 v;
+          if (full && nd == 8) {
+            v = _mm256_loadu_ps(s + 8 * g);
+          } else {
+            const int64_t ns = std::clamp<int64_t>(width - p * P - 8 * g, 0, nd);
+            v = _mm256_maskload_ps(s + 8 * g, lane_mask(ns));
+          }
+          if (nd == 8) {
+            _mm256_storeu_ps(d + 8 * g, v);
+          } else {
+            _mm256_maskstore_ps(d + 8 * g, lane_mask(nd), v);
+          }
         }
       }
     }
