@@ -1,0 +1,208 @@
+#include "tools/bench/gemm_bench.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "runtime/error.h"
+#include "runtime/threadpool.h"
+
+namespace tessel::tools {
+namespace {
+
+using kernels::cpu::GemmArgs;
+using kernels::cpu::GemmIsa;
+
+struct BenchShape {
+  int64_t m, n, k;
+  const char* trans;  // "nn": A*B, "nt": A*B^T, "tn": A^T*B (all row-major storage)
+  bool large() const { return double(m) * double(n) * double(k) >= 1024.0 * 1024.0 * 1024.0; }
+  std::string label() const {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s %lldx%lldx%lld", trans, (long long)m, (long long)n, (long long)k);
+    return buf;
+  }
+};
+
+std::vector<BenchShape> shapes(bool quick) {
+  std::vector<BenchShape> v;
+  const char* kTrans[] = {"nn", "nt", "tn"};
+  if (quick) {
+    for (int64_t s : {64, 128, 256})
+      for (const char* t : kTrans) v.push_back({s, s, s, t});
+    v.push_back({512, 384, 96, "nt"});
+    v.push_back({96, 384, 512, "tn"});
+    return v;
+  }
+  for (int64_t s : {256, 512, 1024, 2048, 4096})
+    for (const char* t : kTrans) v.push_back({s, s, s, t});
+  // Transformer layers (tokens x d_model x d_ff): forward x W^T, input
+  // gradient dY W, weight gradient dY^T X (K = tokens).
+  v.push_back({8192, 3072, 768, "nt"});
+  v.push_back({8192, 768, 3072, "nt"});
+  v.push_back({8192, 3072, 768, "nn"});
+  v.push_back({8192, 768, 3072, "nn"});
+  v.push_back({3072, 768, 8192, "tn"});
+  v.push_back({768, 3072, 8192, "tn"});
+  v.push_back({4096, 11008, 4096, "nt"});
+  v.push_back({4096, 4096, 11008, "nn"});
+  v.push_back({11008, 4096, 4096, "tn"});
+  return v;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class F>
+double time_s(F&& f) {
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// OpenBLAS's worker threads spin for a while after each call; on a machine
+// with as many cores as threads they would steal time from the next timed
+// run. A short pause before every timed call lets them go to sleep, and
+// starts both libraries from idle threads alike.
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
+
+}  // namespace
+
+int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
+  TESSEL_CHECK(opts.threads >= 1, "bench gemm", "--threads must be >= 1");
+  TESSEL_CHECK(opts.reps >= 1, "bench gemm", "--reps must be >= 1");
+  set_num_threads(opts.threads);
+  openblas_set_num_threads(opts.threads);
+  if (opts.isa == "avx2") {
+    kernels::cpu::gemm_force_isa(GemmIsa::Avx2);
+  } else if (opts.isa == "avx512") {
+    kernels::cpu::gemm_force_isa(GemmIsa::Avx512);
+  } else {
+    TESSEL_CHECK(opts.isa == "auto", "bench gemm", "--isa must be auto, avx2 or avx512, got '{}'", opts.isa);
+  }
+  const char* isa = kernels::cpu::gemm_isa_name(kernels::cpu::gemm_active_isa());
+
+  char line[256];
+  std::snprintf(line, sizeof line, "bench gemm: float32, threads=%d, V=%d, reps=%d (median), isa=%s, openblas %s\n",
+                opts.threads, opts.chunks, opts.reps, isa, openblas_get_corename());
+  out << line;
+  std::snprintf(line, sizeof line, "%-26s %12s %12s %8s %s\n", "shape (trans MxNxK)", "ours GF/s", "openblas", "ratio",
+                "");
+  out << line << std::flush;
+
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  nlohmann::json rows = nlohmann::json::array();
+  double ours_sum = 0, ref_sum = 0, all_ours = 0, all_ref = 0;
+  int status = 0;
+
+  for (const BenchShape& s : shapes(opts.quick)) {
+    if (!opts.filter.empty() && s.label().find(opts.filter) == std::string::npos) continue;
+    const bool ta = s.trans[0] == 't', tb = s.trans[1] == 't';
+    std::vector<float> A(size_t(s.m * s.k)), B(size_t(s.k * s.n)), C(size_t(s.m * s.n)), R(size_t(s.m * s.n));
+    for (auto& x : A) x = u(rng);
+    for (auto& x : B) x = u(rng);
+    // Storage: A is M x K (or K x M when transposed), B is K x N (or N x K).
+    const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+    GemmArgs g;
+    g.M = s.m, g.N = s.n, g.K = s.k;
+    g.A = A.data(), g.a_row_stride = ta ? 1 : lda, g.a_col_stride = ta ? lda : 1;
+    g.B = B.data(), g.b_row_stride = tb ? 1 : ldb, g.b_col_stride = tb ? ldb : 1;
+    g.C = C.data(), g.c_row_stride = s.n;
+    g.chunks = opts.chunks;
+    auto ours = [&] { kernels::cpu::gemm_f32(g); };
+    auto ref = [&] {
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(s.m), int(s.n),
+                  int(s.k), 1.0f, A.data(), int(lda), B.data(), int(ldb), 0.0f, R.data(), int(s.n));
+    };
+
+    // Warm-up (also the correctness check), then interleaved timed runs,
+    // alternating which library goes first.
+    const double warm_ours = time_s(ours);
+    ref();
+    double max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < C.size(); ++i) {
+      max_err = std::max(max_err, double(std::fabs(C[i] - R[i])));
+      max_ref = std::max(max_ref, double(std::fabs(R[i])));
+    }
+    if (!(max_err <= 1e-4 * std::max(1.0, max_ref) * std::sqrt(double(s.k)))) {
+      out << "  MISMATCH vs openblas on " << s.label() << ": max |diff| " << max_err << "\n";
+      status = 1;
+    }
+    // Every timed call is made in the state of back-to-back use, as in
+    // training: after a pause (see settle()), short problems get one untimed
+    // call of the same library first, so its threads are awake (waking a
+    // sleeping thread on a busy machine can take milliseconds).
+    const bool prime = warm_ours < 0.25;
+    std::vector<double> t_ours, t_ref;
+    for (int r = 0; r < opts.reps; ++r) {
+      for (int which = 0; which < 2; ++which) {
+        settle();
+        if ((r + which) % 2 == 0) {
+          if (prime) ours();
+          t_ours.push_back(time_s(ours));
+        } else {
+          if (prime) ref();
+          t_ref.push_back(time_s(ref));
+        }
+      }
+    }
+    const double mo = median(t_ours), mr = median(t_ref);
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    std::snprintf(line, sizeof line, "%-26s %12.1f %12.1f %8.3f %s\n", s.label().c_str(), flop / mo * 1e-9,
+                  flop / mr * 1e-9, mr / mo, s.large() ? "" : "(small)");
+    out << line << std::flush;
+    if (s.large()) {
+      ours_sum += mo;
+      ref_sum += mr;
+    }
+    all_ours += mo;
+    all_ref += mr;
+    rows.push_back({{"m", s.m},
+                    {"n", s.n},
+                    {"k", s.k},
+                    {"trans", s.trans},
+                    {"ours_s", mo},
+                    {"reference_s", mr},
+                    {"speedup", mr / mo},
+                    {"large", s.large()}});
+  }
+
+  const char* summed = "large shapes";
+  if (ours_sum == 0) {  // no large shape ran (--quick, --filter): sum them all
+    ours_sum = all_ours;
+    ref_sum = all_ref;
+    summed = "all shapes (none large)";
+  }
+  nlohmann::json j;
+  j["bench"] = "gemm";
+  j["ours_s"] = ours_sum;
+  j["reference"] = "openblas";
+  j["reference_s"] = ref_sum;
+  j["speedup"] = ours_sum > 0 ? ref_sum / ours_sum : 0.0;
+  j["threads"] = opts.threads;
+  j["chunks"] = opts.chunks;
+  j["isa"] = isa;
+  j["shapes"] = rows;
+  std::snprintf(line, sizeof line, "total over %s: ours %.3f s, openblas %.3f s, speedup %.3f\n", summed, ours_sum,
+                ref_sum, ours_sum > 0 ? ref_sum / ours_sum : 0.0);
+  out << line;
+  out << j.dump() << std::endl;
+  return status;
+}
+
+}  // namespace tessel::tools

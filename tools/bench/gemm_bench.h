@@ -1,0 +1,29 @@
+#pragma once
+// bench gemm: tessel's canonical-order float32 GEMM against OpenBLAS
+// (cblas_sgemm), same run, same thread count, interleaved repetitions.
+//
+// Prints a table (shape, GFLOP/s of both, ratio) and ends with one JSON line:
+//   {"bench": "gemm", "ours_s": .., "reference": "openblas", "reference_s": ..,
+//    "speedup": reference_s / ours_s, "threads": .., "chunks": .., "shapes": [..]}
+// ours_s / reference_s sum the median times over the large shapes
+// (M*N*K >= 1024^3; over all shapes run when none is large, e.g. --quick);
+// "shapes" lists every shape with its own medians.
+#include <iosfwd>
+#include <string>
+
+namespace tessel::tools {
+
+struct GemmBenchOptions {
+  int threads = 2;
+  int chunks = 16;       // V for tessel's GEMM
+  int reps = 5;          // timed repetitions per library (median reported)
+  bool quick = false;    // small shapes only (smoke test)
+  std::string isa = "auto";  // auto | avx2 | avx512
+  std::string filter;    // only shapes whose label contains this
+};
+
+// Runs the benchmark, writing the table and the JSON line to `out`.
+// Returns 0, or 1 if a result disagrees with OpenBLAS beyond rounding.
+int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out);
+
+}  // namespace tessel::tools
