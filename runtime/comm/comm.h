@@ -1,0 +1,116 @@
+#pragma once
+// Collectives: one interface, three backends (DESIGN.md §3).
+//
+//   local : N ranks as threads of one process (tests; an N-rank job on one
+//           machine without a launcher). Started by run_local().
+//   mpi   : CPU ranks as processes (OpenMPI), launched by mpirun/srun.
+//   nccl  : GPU ranks, bootstrapped through MPI.
+//
+// Every call is SPMD: all members of a communicator call the same collectives
+// in the same order with matching sizes and dtypes. Tensors are local,
+// contiguous buffers (CPU for local/mpi, CUDA for nccl); a mismatch in size,
+// dtype or contiguity is a tessel::Error naming the op, the rank and the
+// shapes. A collective that cannot complete (a peer failed, a peer never
+// arrived within the timeout) throws tessel::CommError naming the rank, the
+// op and the communicator: no hangs.
+//
+// Determinism (DESIGN.md §4 levels 2-3): Sum/Avg/Max/Min are never left to
+// the transport's own reduction order. For every element, the ranks'
+// contributions v[0..n) (in communicator rank order) are combined with the
+// balanced tree of kernels/canonical.h's tree_combine:
+//   for (w = 1; w < n; w *= 2) for (i = 0; i + w < n; i += 2w) v[i] = v[i] (op) v[i + w];
+// Sum of 16-bit floats is computed in float32 and rounded once; Avg is the
+// tree sum divided by n (then rounded). With n a power of two that divides the
+// canonical chunk count V, the result finishes the same tree a single device
+// would have built (docs/numerics.md). The transport moves the same bytes as
+// a ring all-reduce: reduce-scatter (all-to-all of slices + local tree) then
+// all-gather.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace tessel::comm {
+
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+// Timeout for any single collective: TESSEL_COMM_TIMEOUT (seconds, default 300).
+std::chrono::milliseconds default_timeout();
+void set_default_timeout(std::chrono::milliseconds t);
+
+// Handle on an asynchronous collective. wait() rethrows its failure.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // in this communicator
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;   // "local" | "mpi" | "nccl"
+  virtual std::string name() const = 0;      // for errors: "world", "world/split(1)", ...
+  // World ranks of the members, in this communicator's rank order.
+  virtual const std::vector<int>& world_ranks() const = 0;
+
+  // In place on `t` (every rank passes the same shape/dtype).
+  virtual WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async = false) = 0;
+  // out (size() * in.numel() elements) = the ranks' `in` concatenated in rank order.
+  virtual WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async = false) = 0;
+  // Uneven: rank r contributes counts[r] elements (in.numel() == counts[rank()]);
+  // out holds sum(counts) elements in rank order.
+  virtual WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+                               bool async = false) = 0;
+  // in = size() equal blocks; out (in.numel() / size() elements) = reduction of block rank().
+  virtual WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async = false) = 0;
+  // Uneven: block r of `in` has counts[r] elements; out has counts[rank()].
+  virtual WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+                                   ReduceOp op, bool async = false) = 0;
+  // in = size() equal blocks; block r goes to rank r; out block s came from rank s.
+  virtual WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async = false) = 0;
+  // send_counts[r] elements (consecutive in `in`, in rank order) go to rank r;
+  // recv_counts[s] elements arrive from rank s (consecutive in `out`).
+  virtual WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                               const std::vector<int64_t>& recv_counts, bool async = false) = 0;
+  virtual WorkPtr broadcast(const Tensor& t, int root, bool async = false) = 0;
+  virtual WorkPtr send(const Tensor& t, int dst, int tag = 0, bool async = false) = 0;
+  virtual WorkPtr recv(const Tensor& t, int src, int tag = 0, bool async = false) = 0;
+  virtual void barrier() = 0;
+  // MPI_Comm_split semantics: collective over this communicator; ranks with the
+  // same color form a new communicator ordered by (key, old rank).
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+};
+using CommPtr = std::shared_ptr<Communicator>;
+
+// The communicator of every rank of the job, for the calling thread (the local
+// backend keeps one per rank thread). Throws if no backend was started.
+CommPtr world();
+bool has_world();
+
+// Runs fn(rank) on n threads, each a rank of a fresh local-backend world.
+// Returns when all ranks are done; if any rank threw, the others' pending and
+// later collectives fail promptly with CommError ("rank r failed: ..."), and
+// the first failure is rethrown here (tessel::Error keeps its message).
+void run_local(int n, const std::function<void(int rank)>& fn);
+
+// MPI: initialises MPI (idempotent) and makes world() the MPI world for this
+// process. is_mpi_launch() tells whether the process was started by
+// mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
+bool is_mpi_launch();
+void init_mpi();
+void finalize_mpi();  // also registered at exit by init_mpi
+
+// NCCL (CUDA builds): a world over the MPI world's ranks, one GPU per rank.
+// Throws a clear error in CPU-only builds.
+void init_nccl();
+
+}  // namespace tessel::comm
