@@ -1,0 +1,239 @@
+// Backend-independent parts of runtime/comm: names, timeouts, world
+// registration, argument and cross-rank consistency checks.
+#include "runtime/comm/comm.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "runtime/comm/backend.h"
+#include "runtime/error.h"
+
+namespace tessel::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+namespace {
+
+std::chrono::milliseconds timeout_from_env() {
+  const char* s = std::getenv("TESSEL_COMM_TIMEOUT");
+  if (s && *s) {
+    char* end = nullptr;
+    double sec = std::strtod(s, &end);
+    if (end != s && sec > 0) return std::chrono::milliseconds(int64_t(sec * 1000.0));
+  }
+  return std::chrono::seconds(300);
+}
+
+std::atomic<int64_t>& timeout_ms() {
+  static std::atomic<int64_t> t{timeout_from_env().count()};
+  return t;
+}
+
+thread_local CommPtr t_world;
+
+std::mutex& process_world_mutex() {
+  static std::mutex m;
+  return m;
+}
+CommPtr& process_world() {
+  static CommPtr w;
+  return w;
+}
+
+}  // namespace
+
+std::chrono::milliseconds default_timeout() { return std::chrono::milliseconds(timeout_ms().load()); }
+void set_default_timeout(std::chrono::milliseconds t) { timeout_ms().store(t.count() > 0 ? t.count() : 1); }
+
+CommPtr world() {
+  if (t_world) return t_world;
+  std::lock_guard<std::mutex> lk(process_world_mutex());
+  if (process_world()) return process_world();
+  throw Error(
+      "comm::world: no collectives backend was started for this thread "
+      "(call run_local(n, fn), init_mpi() or init_nccl() first)");
+}
+
+bool has_world() {
+  if (t_world) return true;
+  std::lock_guard<std::mutex> lk(process_world_mutex());
+  return process_world() != nullptr;
+}
+
+bool is_mpi_launch() {
+  // OpenMPI's mpirun, PMIx launchers (srun --mpi=pmix), MPICH's hydra / PMI-1.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"}) {
+    if (std::getenv(v)) return true;
+  }
+  return false;
+}
+
+void init_mpi() {
+  if (!detail::hooks().init_mpi) {
+    throw Error("init_mpi: the MPI backend is not linked into this binary (depend on //runtime/comm:mpi)");
+  }
+  detail::hooks().init_mpi();
+}
+
+void finalize_mpi() {
+  if (detail::hooks().finalize_mpi) detail::hooks().finalize_mpi();
+}
+
+void init_nccl() {
+  if (!detail::hooks().init_nccl) {
+#ifdef TESSEL_WITH_CUDA
+    throw Error("init_nccl: the NCCL backend is not linked into this binary (depend on //runtime/comm:nccl)");
+#else
+    throw Error("init_nccl: this is a CPU-only build of tessel (no CUDA toolkit was detected), so there is no NCCL "
+                "backend; use init_mpi() for CPU ranks");
+#endif
+  }
+  detail::hooks().init_nccl();
+}
+
+namespace detail {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::AllGatherV: return "all_gather_v";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::ReduceScatterV: return "reduce_scatter_v";
+    case OpKind::AllToAll: return "all_to_all";
+    case OpKind::AllToAllV: return "all_to_all_v";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::Barrier: return "barrier";
+    case OpKind::Split: return "split";
+  }
+  return "?";
+}
+
+uint64_t hash_counts(const std::vector<int64_t>& counts) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the values
+  for (int64_t c : counts) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (uint64_t(c) >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
+Meta make_meta(OpKind kind, const Tensor* in, const Tensor* out, int reduce_op, int root,
+               const std::vector<int64_t>* counts) {
+  Meta m;
+  m.kind = int32_t(kind);
+  m.dtype = in ? int32_t(in->dtype()) : -1;
+  m.reduce_op = reduce_op;
+  m.root = root;
+  m.numel_in = in ? in->numel() : 0;
+  m.numel_out = out ? out->numel() : 0;
+  m.counts_hash = counts ? hash_counts(*counts) : 0;
+  return m;
+}
+
+void check_metas(const std::string& where, const Meta* metas, int n, const std::function<std::string(int)>& describe) {
+  const Meta& m0 = metas[0];
+  for (int r = 1; r < n; ++r) {
+    const Meta& m = metas[r];
+    if (m.kind != m0.kind) {
+      throw Error(fmt::format("{}: rank {} called {} while rank 0 called {} (every rank must call the same "
+                              "collectives in the same order)",
+                              where, r, op_kind_name(OpKind(m.kind)), op_kind_name(OpKind(m0.kind))));
+    }
+    auto mismatch = [&](const char* what) {
+      throw Error(fmt::format("{}: {} differ between ranks: rank {} passed {}, rank 0 passed {}", where, what, r,
+                              describe(r), describe(0)));
+    };
+    if (m.dtype != m0.dtype) mismatch("dtypes");
+    if (m.reduce_op != m0.reduce_op) {
+      throw Error(fmt::format("{}: reduce ops differ between ranks: rank {} passed {}, rank 0 passed {}", where, r,
+                              reduce_op_name(ReduceOp(m.reduce_op)), reduce_op_name(ReduceOp(m0.reduce_op))));
+    }
+    if (m.root != m0.root) {
+      throw Error(fmt::format("{}: roots differ between ranks: rank {} passed root {}, rank 0 passed root {}", where,
+                              r, m.root, m0.root));
+    }
+    switch (OpKind(m.kind)) {
+      case OpKind::AllReduce:
+      case OpKind::AllGather:
+      case OpKind::ReduceScatter:
+      case OpKind::AllToAll:
+      case OpKind::Broadcast:
+        if (m.numel_in != m0.numel_in) mismatch("sizes");
+        break;
+      case OpKind::AllGatherV:
+      case OpKind::ReduceScatterV:
+        if (m.counts_hash != m0.counts_hash) mismatch("counts");
+        break;
+      default: break;  // all_to_all_v: counts are checked pairwise by the backend
+    }
+  }
+}
+
+std::string where(const Communicator& c, const char* op, ReduceOp rop) {
+  return fmt::format("{}({}) on '{}' ({} backend, rank {} of {})", op, reduce_op_name(rop), c.name(), c.backend(),
+                     c.rank(), c.size());
+}
+std::string where(const Communicator& c, const char* op) {
+  return fmt::format("{} on '{}' ({} backend, rank {} of {})", op, c.name(), c.backend(), c.rank(), c.size());
+}
+
+void check_tensor(const std::string& where, const Tensor& t, const char* role, DeviceType device) {
+  if (!t.defined()) throw Error(fmt::format("{}: {} tensor is undefined", where, role));
+  if (t.device().type != device) {
+    throw Error(fmt::format("{}: {} must be a {} tensor, got {}", where, role, device_type_name(device), t.desc()));
+  }
+  if (!t.is_contiguous()) {
+    throw Error(fmt::format("{}: {} must be contiguous, got {} with strides {}", where, role, t.desc(),
+                            fmt::join(t.strides(), ", ")));
+  }
+}
+
+void check_counts(const std::string& where, const std::vector<int64_t>& counts, int size, const char* role) {
+  if (int(counts.size()) != size) {
+    throw Error(fmt::format("{}: {} has {} entries, expected one per rank ({})", where, role, counts.size(), size));
+  }
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] < 0) throw Error(fmt::format("{}: {}[{}] = {} is negative", where, role, i, counts[i]));
+  }
+}
+
+int64_t sum_counts(const std::vector<int64_t>& counts) {
+  int64_t s = 0;
+  for (int64_t c : counts) s += c;
+  return s;
+}
+
+std::string timeout_message(std::chrono::milliseconds t) {
+  return fmt::format("timed out after {:.3g} s (TESSEL_COMM_TIMEOUT)", double(t.count()) / 1000.0);
+}
+
+WorkPtr done_work() {
+  static WorkPtr w = std::make_shared<DoneWork>();
+  return w;
+}
+
+void set_thread_world(CommPtr c) { t_world = std::move(c); }
+void set_process_world(CommPtr c) {
+  std::lock_guard<std::mutex> lk(process_world_mutex());
+  process_world() = std::move(c);
+}
+
+BackendHooks& hooks() {
+  static BackendHooks h;
+  return h;
+}
+
+}  // namespace detail
+}  // namespace tessel::comm
