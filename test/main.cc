@@ -3,7 +3,8 @@
 // Adds two things to Catch2 v2: TESSEL_SKIP (test/skip.h), and a summary line
 //   [tessel-summary] passed=N failed=M skipped=K
 // printed at the end of the run, which ./tessel test aggregates across
-// binaries into "N passed, M failed, K skipped".
+// binaries into "N passed, M failed, K skipped". Under mpirun each rank prints
+// "[tessel-summary-rank R] ..." instead, and test/mpi_test.sh aggregates.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -41,7 +42,13 @@ struct SummaryListener : Catch::TestEventListenerBase {
     TestEventListenerBase::testCaseEnded(stats);
   }
   void testRunEnded(const Catch::TestRunStats& stats) override {
-    std::printf("[tessel-summary] passed=%d failed=%d skipped=%d\n", passed, failed, skipped);
+    // Under mpirun every rank runs the tests; each prints its own line, and
+    // the launcher script (test/mpi_test.sh) prints the one summary.
+    if (const char* rank = std::getenv("OMPI_COMM_WORLD_RANK")) {
+      std::printf("[tessel-summary-rank %s] passed=%d failed=%d skipped=%d\n", rank, passed, failed, skipped);
+    } else {
+      std::printf("[tessel-summary] passed=%d failed=%d skipped=%d\n", passed, failed, skipped);
+    }
     std::fflush(stdout);
     TestEventListenerBase::testRunEnded(stats);
   }

@@ -27,11 +27,18 @@ struct Meta {
   int32_t dtype = -1;     // DType, -1 when the op moves no tensor
   int32_t reduce_op = -1; // ReduceOp, -1 for non-reductions
   int32_t root = -1;      // broadcast
+  int32_t ndim = 0;       // shape of the input (first kMaxDims dims), for error messages
+  int32_t pad = 0;
   int64_t numel_in = 0;
   int64_t numel_out = 0;
   uint64_t counts_hash = 0;  // the counts vector of the _v variants
+  static constexpr int kMaxDims = 6;
+  int64_t dims[kMaxDims] = {};
 };
-static_assert(sizeof(Meta) == 40, "Meta is sent as bytes");
+static_assert(sizeof(Meta) == 96, "Meta is sent as bytes");
+
+// "Tensor(float32, shape=[4, 5])" from a Meta (what a remote rank passed).
+std::string describe_meta(const Meta& m);
 
 Meta make_meta(OpKind kind, const Tensor* in, const Tensor* out, int reduce_op = -1, int root = -1,
                const std::vector<int64_t>* counts = nullptr);

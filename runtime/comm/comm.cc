@@ -2,6 +2,7 @@
 // registration, argument and cross-rank consistency checks.
 #include "runtime/comm/comm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -139,7 +140,18 @@ Meta make_meta(OpKind kind, const Tensor* in, const Tensor* out, int reduce_op, 
   m.numel_in = in ? in->numel() : 0;
   m.numel_out = out ? out->numel() : 0;
   m.counts_hash = counts ? hash_counts(*counts) : 0;
+  if (in) {
+    m.ndim = int32_t(in->dim());
+    for (int d = 0; d < in->dim() && d < Meta::kMaxDims; ++d) m.dims[d] = in->shape()[d];
+  }
   return m;
+}
+
+std::string describe_meta(const Meta& m) {
+  if (m.dtype < 0) return "no tensor";
+  std::vector<int64_t> dims(m.dims, m.dims + std::min<int>(m.ndim, Meta::kMaxDims));
+  return fmt::format("Tensor({}, shape=[{}{}])", dtype_name(DType(m.dtype)), fmt::join(dims, ", "),
+                     m.ndim > Meta::kMaxDims ? ", ..." : "");
 }
 
 void check_metas(const std::string& where, const Meta* metas, int n, const std::function<std::string(int)>& describe) {

@@ -1,0 +1,710 @@
+// The MPI backend: CPU ranks as processes (OpenMPI), launched by mpirun/srun.
+//
+// Every operation is a chain of stages of non-blocking MPI calls
+// (MPI_Iallgather, MPI_Ialltoallv, MPI_Iallgatherv, MPI_Ibcast, MPI_Isend,
+// MPI_Irecv, MPI_Ibarrier), polled with MPI_Testall against a deadline, so a
+// stalled peer becomes a CommError naming the rank and the op instead of a
+// hang. Reductions never use MPI's reduction ops: the ranks' slices are
+// exchanged (all-to-all) and combined by the deterministic tree (reduce.h),
+// then all-gathered — the bytes of a ring all-reduce.
+//
+// Before the data moves, the ranks exchange a small description of the call
+// (detail::Meta) so a mismatch (different op, dtype or size) is the same
+// tessel::Error on every rank rather than memory corruption or a hang.
+// TESSEL_COMM_CHECK=0 skips that exchange (one latency per op).
+#include <mpi.h>
+#include <sched.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "runtime/comm/backend.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/reduce.h"
+#include "runtime/comm/tree.h"
+#include "runtime/error.h"
+
+namespace tessel::comm {
+namespace {
+
+using detail::Clock;
+using detail::Meta;
+using detail::OpKind;
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::Bool: return MPI_UINT8_T;
+    case DType::Int32: return MPI_INT32_T;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Float16:
+    case DType::BFloat16: return MPI_UINT16_T;  // moved as bits; arithmetic is ours
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+  }
+  return MPI_BYTE;
+}
+
+std::string mpi_error_string(int code) {
+  char s[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, s, &len);
+  return std::string(s, size_t(len));
+}
+
+void check_mpi(int rc, const std::string& where, const char* call) {
+  if (rc != MPI_SUCCESS) throw CommError(fmt::format("{}: {} failed: {}", where, call, mpi_error_string(rc)));
+}
+
+// MPI counts and displacements are int.
+int as_int(int64_t v, const std::string& where) {
+  if (v > INT_MAX) {
+    throw Error(fmt::format("{}: {} elements exceed one MPI call's limit ({}); split the tensor", where, v, INT_MAX));
+  }
+  return int(v);
+}
+
+bool meta_check_enabled() {
+  static const bool on = [] {
+    const char* s = std::getenv("TESSEL_COMM_CHECK");
+    return !(s && std::string(s) == "0");
+  }();
+  return on;
+}
+
+struct MpiState {
+  std::mutex mu;
+  bool initialized = false;     // by init_mpi
+  bool we_initialized = false;  // MPI_Init was ours to finalize
+  std::vector<WorkPtr> stale;   // ops that timed out; their requests may still complete
+};
+MpiState& state() {
+  static MpiState s;
+  return s;
+}
+
+class MpiComm;
+
+// One operation in flight: stages run in order; each may post requests, and
+// the next runs when those completed.
+class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> {
+ public:
+  using Stage = std::function<void(MpiWork&)>;
+  MpiWork(std::shared_ptr<MpiComm> c, std::string where)
+      : comm(std::move(c)), where(std::move(where)), deadline(Clock::now() + default_timeout()) {}
+  ~MpiWork() override;
+
+  void then(Stage s) { stages_.push_back(std::move(s)); }
+  MPI_Request* request() {
+    reqs_.push_back(MPI_REQUEST_NULL);
+    return &reqs_.back();
+  }
+  const std::vector<MPI_Status>& statuses() const { return statuses_; }
+
+  void wait() override;
+  bool is_completed() override;
+  // For an operation that timed out: have its pending requests completed
+  // since? (Never runs further stages; errors count as completed.)
+  bool requests_done() {
+    if (reqs_.empty()) return true;
+    int flag = 0;
+    if (MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return true;
+    return flag != 0;
+  }
+
+  std::shared_ptr<MpiComm> comm;
+  std::string where;
+  Clock::time_point deadline;
+  // Buffers that must live while requests are pending.
+  Meta my_meta;
+  std::vector<Meta> metas;
+  std::vector<char> scratch;
+  std::vector<int> sc, sd, rc, rd;
+  std::vector<int64_t> peer_counts, my_counts;
+  std::vector<const void*> srcs;
+  // Maps an MPI error code of a completed request to a message (p2p truncation).
+  std::function<void(int code)> on_request_error;
+
+ private:
+  bool progress();  // non-blocking; true when every stage has completed
+  void fail(std::exception_ptr e) {
+    error_ = e;
+    done_ = true;
+  }
+  [[noreturn]] void timeout();
+
+  std::vector<Stage> stages_;
+  size_t next_ = 0;
+  std::vector<MPI_Request> reqs_;
+  std::vector<MPI_Status> statuses_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class MpiComm final : public Communicator, public std::enable_shared_from_this<MpiComm> {
+ public:
+  MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks)
+      : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+  std::string name() const override { return name_; }
+  const std::vector<int>& world_ranks() const override { return world_ranks_; }
+  MPI_Comm handle() const { return comm_; }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async) override;
+  WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) override;
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
+  WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
+                           bool async) override;
+  WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                       const std::vector<int64_t>& recv_counts, bool async) override;
+  WorkPtr broadcast(const Tensor& t, int root, bool async) override;
+  WorkPtr send(const Tensor& t, int dst, int tag, bool async) override;
+  WorkPtr recv(const Tensor& t, int src, int tag, bool async) override;
+  void barrier() override;
+  std::shared_ptr<Communicator> split(int color, int key) override;
+
+  // Scratch buffers are recycled between operations (no allocation per call
+  // in steady state).
+  std::vector<char> take_scratch(size_t bytes) {
+    std::vector<char> b;
+    {
+      std::lock_guard<std::mutex> lk(pool_mu_);
+      if (!pool_.empty()) {
+        b = std::move(pool_.back());
+        pool_.pop_back();
+      }
+    }
+    if (b.size() < bytes) b.resize(bytes);
+    return b;
+  }
+  void give_scratch(std::vector<char>&& b) {
+    if (b.capacity() == 0) return;
+    std::lock_guard<std::mutex> lk(pool_mu_);
+    if (pool_.size() < 4) pool_.push_back(std::move(b));
+  }
+
+ private:
+  std::shared_ptr<MpiWork> work(const std::string& where) {
+    return std::make_shared<MpiWork>(shared_from_this(), where);
+  }
+  // Stage 0: every rank's Meta (and, for all_to_all_v, its send counts).
+  void add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine, const std::vector<int64_t>* send_counts = nullptr);
+  WorkPtr finish(const std::shared_ptr<MpiWork>& w, bool async) {
+    if (async) {
+      // Post the first stage now (an async send must be on the wire before
+      // the caller blocks elsewhere); later stages advance on is_completed()
+      // and wait().
+      w->is_completed();
+    } else {
+      w->wait();
+    }
+    return w;
+  }
+  // Reduce stage shared by all_reduce and reduce_scatter_v: combines the
+  // received blocks (scratch, block s at s * len) with this rank's own block.
+  void reduce_into(MpiWork& w, DType dt, ReduceOp op, const void* own, int64_t len, void* out) {
+    const size_t isz = itemsize(dt);
+    w.srcs.resize(size_t(size_));
+    for (int s = 0; s < size_; ++s) {
+      w.srcs[size_t(s)] = s == rank_ ? own : w.scratch.data() + size_t(s) * size_t(len) * isz;
+    }
+    tree_reduce(dt, op, w.srcs.data(), size_, len, out);
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::string name_;
+  std::vector<int> world_ranks_;
+  std::mutex pool_mu_;
+  std::vector<std::vector<char>> pool_;
+};
+
+// ---- MpiWork -------------------------------------------------------------------
+
+MpiWork::~MpiWork() {
+  if (comm) comm->give_scratch(std::move(scratch));
+}
+
+bool MpiWork::progress() {
+  for (;;) {
+    if (!reqs_.empty()) {
+      int flag = 0;
+      statuses_.resize(reqs_.size());
+      int rc = MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, statuses_.data());
+      if (rc == MPI_ERR_IN_STATUS) {
+        for (const auto& st : statuses_) {
+          if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) {
+            if (on_request_error) on_request_error(st.MPI_ERROR);
+            check_mpi(st.MPI_ERROR, where, "request");
+          }
+        }
+      }
+      check_mpi(rc, where, "MPI_Testall");
+      if (!flag) return false;
+      reqs_.clear();
+    }
+    if (next_ == stages_.size()) return true;
+    stages_[next_++](*this);
+  }
+}
+
+void MpiWork::timeout() {
+  // The pending requests may still complete once the peer arrives; keep them
+  // (and their buffers) alive. finalize_mpi() aborts the job if they never do.
+  {
+    std::lock_guard<std::mutex> lk(state().mu);
+    state().stale.push_back(shared_from_this());
+  }
+  std::string msg = fmt::format(
+      "{}: {} waiting for the other ranks (a peer stalled, failed or never called it); this communicator should not "
+      "be used again, and finalize_mpi() calls MPI_Abort if the operation never completes",
+      where, detail::timeout_message(default_timeout()));
+  fail(std::make_exception_ptr(CommError(msg)));
+  throw CommError(msg);
+}
+
+void MpiWork::wait() {
+  if (error_) std::rethrow_exception(error_);
+  if (done_) return;
+  int spins = 0;
+  try {
+    while (!progress()) {
+      if (Clock::now() >= deadline) timeout();
+      // Ranks may outnumber cores (mpirun --oversubscribe): after a short
+      // spin, give the core to the peer we are waiting for.
+      if (++spins > 64) sched_yield();
+    }
+  } catch (...) {
+    if (!error_) fail(std::current_exception());
+    throw;
+  }
+  done_ = true;
+}
+
+bool MpiWork::is_completed() {
+  if (done_) return true;
+  try {
+    if (progress()) done_ = true;
+    else if (Clock::now() >= deadline) timeout();
+  } catch (...) {
+    if (!error_) fail(std::current_exception());
+  }
+  return done_;  // a failure is "completed"; wait() rethrows it
+}
+
+// ---- MpiComm -------------------------------------------------------------------
+
+void MpiComm::add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine,
+                             const std::vector<int64_t>* send_counts) {
+  if (!meta_check_enabled()) return;
+  w.my_meta = m;
+  w.metas.resize(size_t(size_));
+  const bool pairwise = send_counts != nullptr;
+  if (pairwise) w.my_counts = *send_counts;  // the caller's vector may be gone when the stage runs
+  w.then([this, pairwise](MpiWork& w) {
+    check_mpi(MPI_Iallgather(&w.my_meta, int(sizeof(Meta)), MPI_BYTE, w.metas.data(), int(sizeof(Meta)), MPI_BYTE,
+                             comm_, w.request()),
+              w.where, "MPI_Iallgather");
+    if (pairwise) {
+      // peer_counts[s] = what rank s sends to this rank.
+      w.peer_counts.resize(size_t(size_));
+      check_mpi(MPI_Ialltoall(w.my_counts.data(), 1, MPI_INT64_T, w.peer_counts.data(), 1, MPI_INT64_T, comm_,
+                              w.request()),
+                w.where, "MPI_Ialltoall");
+    }
+  });
+  w.then([this, mine](MpiWork& w) {
+    detail::check_metas(w.where, w.metas.data(), size_, [&](int r) {
+      const std::string d = r == rank_ && mine ? mine->desc() : detail::describe_meta(w.metas[size_t(r)]);
+      if (OpKind(w.metas[size_t(r)].kind) == OpKind::AllGatherV || OpKind(w.metas[size_t(r)].kind) == OpKind::ReduceScatterV) {
+        return r == rank_ && !w.my_counts.empty() ? fmt::format("counts [{}]", fmt::join(w.my_counts, ", "))
+                                                  : fmt::format("other counts (hash {:x})", w.metas[size_t(r)].counts_hash);
+      }
+      return d;
+    });
+  });
+}
+
+WorkPtr MpiComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+  auto w = work(detail::where(*this, "all_reduce", op));
+  detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
+  check_reduce_dtype(w->where, t.dtype(), op);
+  as_int(t.numel(), w->where);
+  if (size_ == 1) return detail::done_work();  // one contribution: the tree is the value (x / 1 == x)
+  add_meta_stage(*w, detail::make_meta(OpKind::AllReduce, &t, nullptr, int(op)), &t);
+  // Reduce-scatter: slice s of every rank goes to rank s (ceil-division slices).
+  w->then([this, t](MpiWork& w) {
+    const int64_t numel = t.numel();
+    const int64_t len = slice_len(numel, size_, rank_);
+    w.scratch = take_scratch(size_t(size_) * size_t(len) * t.itemsize());
+    w.sc.assign(size_t(size_), 0);
+    w.sd.assign(size_t(size_), 0);
+    w.rc.assign(size_t(size_), 0);
+    w.rd.assign(size_t(size_), 0);
+    for (int s = 0; s < size_; ++s) {
+      if (s == rank_) continue;  // this rank's own slice is read in place
+      w.sc[size_t(s)] = int(slice_len(numel, size_, s));
+      w.sd[size_t(s)] = int(slice_begin(numel, size_, s));
+      w.rc[size_t(s)] = int(len);
+      w.rd[size_t(s)] = int(s * len);
+    }
+    const MPI_Datatype ty = mpi_type(t.dtype());
+    check_mpi(MPI_Ialltoallv(t.raw_data(), w.sc.data(), w.sd.data(), ty, w.scratch.data(), w.rc.data(), w.rd.data(),
+                             ty, comm_, w.request()),
+              w.where, "MPI_Ialltoallv");
+  });
+  // The tree over ranks on this rank's slice, then all-gather of the slices.
+  w->then([this, t, op](MpiWork& w) {
+    const int64_t numel = t.numel();
+    const int64_t lo = slice_begin(numel, size_, rank_), len = slice_len(numel, size_, rank_);
+    char* base = static_cast<char*>(t.raw_data());
+    reduce_into(w, t.dtype(), op, base + size_t(lo) * t.itemsize(), len, base + size_t(lo) * t.itemsize());
+    for (int s = 0; s < size_; ++s) {
+      w.rc[size_t(s)] = int(slice_len(numel, size_, s));
+      w.rd[size_t(s)] = int(slice_begin(numel, size_, s));
+    }
+    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw_data(), w.rc.data(), w.rd.data(),
+                              mpi_type(t.dtype()), comm_, w.request()),
+              w.where, "MPI_Iallgatherv");
+  });
+  return finish(w, async);
+}
+
+WorkPtr MpiComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  const std::string wh = detail::where(*this, "reduce_scatter", op);
+  detail::check_tensor(wh, in, "input", DeviceType::CPU);
+  detail::check_tensor(wh, out, "output", DeviceType::CPU);
+  if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype()) {
+    TESSEL_FAIL(wh, "input must hold size() = {} blocks of the output: input {}, output {}", size_, in.desc(),
+                out.desc());
+  }
+  return reduce_scatter_v(in, out, std::vector<int64_t>(size_t(size_), out.numel()), op, async);
+}
+
+WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+                                  ReduceOp op, bool async) {
+  auto w = work(detail::where(*this, "reduce_scatter_v", op));
+  detail::check_tensor(w->where, in, "input", DeviceType::CPU);
+  detail::check_tensor(w->where, out, "output", DeviceType::CPU);
+  detail::check_counts(w->where, counts, size_, "counts");
+  check_reduce_dtype(w->where, in.dtype(), op);
+  if (in.dtype() != out.dtype() || in.numel() != detail::sum_counts(counts) || out.numel() != counts[size_t(rank_)]) {
+    TESSEL_FAIL(w->where, "input must hold sum(counts) = {} and output counts[{}] = {} elements of one dtype: input {}, "
+                "output {}",
+                detail::sum_counts(counts), rank_, counts[size_t(rank_)], in.desc(), out.desc());
+  }
+  as_int(in.numel(), w->where);
+  w->my_counts = counts;
+  add_meta_stage(*w, detail::make_meta(OpKind::ReduceScatterV, &in, &out, int(op), -1, &counts), &in);
+  w->then([this, in](MpiWork& w) {
+    const int64_t len = w.my_counts[size_t(rank_)];
+    w.scratch = take_scratch(size_t(size_) * size_t(len) * in.itemsize());
+    w.sc.assign(size_t(size_), 0);
+    w.sd.assign(size_t(size_), 0);
+    w.rc.assign(size_t(size_), 0);
+    w.rd.assign(size_t(size_), 0);
+    int64_t off = 0;
+    for (int s = 0; s < size_; ++s) {
+      if (s != rank_) {
+        w.sc[size_t(s)] = int(w.my_counts[size_t(s)]);
+        w.sd[size_t(s)] = int(off);
+        w.rc[size_t(s)] = int(len);
+        w.rd[size_t(s)] = int(s * len);
+      }
+      off += w.my_counts[size_t(s)];
+    }
+    const MPI_Datatype ty = mpi_type(in.dtype());
+    check_mpi(MPI_Ialltoallv(in.raw_data(), w.sc.data(), w.sd.data(), ty, w.scratch.data(), w.rc.data(), w.rd.data(),
+                             ty, comm_, w.request()),
+              w.where, "MPI_Ialltoallv");
+  });
+  w->then([this, in, out, op](MpiWork& w) {
+    int64_t off = 0;
+    for (int s = 0; s < rank_; ++s) off += w.my_counts[size_t(s)];
+    reduce_into(w, in.dtype(), op, static_cast<const char*>(in.raw_data()) + size_t(off) * in.itemsize(),
+                w.my_counts[size_t(rank_)], out.raw_data());
+  });
+  return finish(w, async);
+}
+
+WorkPtr MpiComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
+  const std::string wh = detail::where(*this, "all_gather");
+  detail::check_tensor(wh, in, "input", DeviceType::CPU);
+  detail::check_tensor(wh, out, "output", DeviceType::CPU);
+  if (out.numel() != in.numel() * size_ || in.dtype() != out.dtype()) {
+    TESSEL_FAIL(wh, "output must hold size() = {} copies of the input: input {}, output {}", size_, in.desc(),
+                out.desc());
+  }
+  return all_gather_v(in, out, std::vector<int64_t>(size_t(size_), in.numel()), async);
+}
+
+WorkPtr MpiComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
+  auto w = work(detail::where(*this, "all_gather_v"));
+  detail::check_tensor(w->where, in, "input", DeviceType::CPU);
+  detail::check_tensor(w->where, out, "output", DeviceType::CPU);
+  detail::check_counts(w->where, counts, size_, "counts");
+  if (in.dtype() != out.dtype() || in.numel() != counts[size_t(rank_)] || out.numel() != detail::sum_counts(counts)) {
+    TESSEL_FAIL(w->where, "input must hold counts[{}] = {} and output sum(counts) = {} elements of one dtype: input {}, "
+                "output {}",
+                rank_, counts[size_t(rank_)], detail::sum_counts(counts), in.desc(), out.desc());
+  }
+  as_int(out.numel(), w->where);
+  w->my_counts = counts;
+  add_meta_stage(*w, detail::make_meta(OpKind::AllGatherV, &in, &out, -1, -1, &counts), &in);
+  w->then([this, in, out](MpiWork& w) {
+    w.rc.resize(size_t(size_));
+    w.rd.resize(size_t(size_));
+    int64_t off = 0;
+    for (int s = 0; s < size_; ++s) {
+      w.rc[size_t(s)] = int(w.my_counts[size_t(s)]);
+      w.rd[size_t(s)] = int(off);
+      off += w.my_counts[size_t(s)];
+    }
+    const MPI_Datatype ty = mpi_type(in.dtype());
+    const char* mine = static_cast<const char*>(out.raw_data()) + size_t(w.rd[size_t(rank_)]) * in.itemsize();
+    // MPI forbids overlapping send and receive buffers except through MPI_IN_PLACE.
+    const bool in_place = in.raw_data() == mine;
+    if (!in_place && in.numel() > 0) std::memcpy(const_cast<char*>(mine), in.raw_data(), in.nbytes());
+    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.raw_data(), w.rc.data(), w.rd.data(), ty, comm_,
+                              w.request()),
+              w.where, "MPI_Iallgatherv");
+  });
+  return finish(w, async);
+}
+
+WorkPtr MpiComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+  const std::string wh = detail::where(*this, "all_to_all");
+  detail::check_tensor(wh, in, "input", DeviceType::CPU);
+  detail::check_tensor(wh, out, "output", DeviceType::CPU);
+  if (in.numel() % size_ != 0 || out.numel() != in.numel() || in.dtype() != out.dtype()) {
+    TESSEL_FAIL(wh, "input and output must be size() = {} equal blocks of one dtype: input {}, output {}", size_,
+                in.desc(), out.desc());
+  }
+  std::vector<int64_t> counts(size_t(size_), in.numel() / size_);
+  return all_to_all_v(in, counts, out, counts, async);
+}
+
+WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                              const std::vector<int64_t>& recv_counts, bool async) {
+  auto w = work(detail::where(*this, "all_to_all_v"));
+  detail::check_tensor(w->where, in, "input", DeviceType::CPU);
+  detail::check_tensor(w->where, out, "output", DeviceType::CPU);
+  detail::check_counts(w->where, send_counts, size_, "send_counts");
+  detail::check_counts(w->where, recv_counts, size_, "recv_counts");
+  if (in.dtype() != out.dtype() || in.numel() != detail::sum_counts(send_counts) ||
+      out.numel() != detail::sum_counts(recv_counts)) {
+    TESSEL_FAIL(w->where, "input must hold sum(send_counts) = {} and output sum(recv_counts) = {} elements of one "
+                "dtype: input {}, output {}",
+                detail::sum_counts(send_counts), detail::sum_counts(recv_counts), in.desc(), out.desc());
+  }
+  as_int(in.numel(), w->where);
+  as_int(out.numel(), w->where);
+  add_meta_stage(*w, detail::make_meta(OpKind::AllToAllV, &in, &out), &in, &send_counts);
+  std::vector<int64_t> recv = recv_counts;
+  w->then([this, in, out, send = send_counts, recv](MpiWork& w) {
+    if (!w.peer_counts.empty()) {
+      // Only this rank's view of the pairs is known here; a mismatch fails on
+      // the receiving rank (the sender's counts came with the meta exchange).
+      for (int s = 0; s < size_; ++s) {
+        if (w.peer_counts[size_t(s)] != recv[size_t(s)]) {
+          TESSEL_FAIL(w.where, "rank {} sends {} elements to rank {}, which expects recv_counts[{}] = {}", s,
+                      w.peer_counts[size_t(s)], rank_, s, recv[size_t(s)]);
+        }
+      }
+    }
+    w.sc.resize(size_t(size_));
+    w.sd.resize(size_t(size_));
+    w.rc.resize(size_t(size_));
+    w.rd.resize(size_t(size_));
+    int64_t so = 0, ro = 0;
+    for (int s = 0; s < size_; ++s) {
+      w.sc[size_t(s)] = int(send[size_t(s)]);
+      w.sd[size_t(s)] = int(so);
+      w.rc[size_t(s)] = int(recv[size_t(s)]);
+      w.rd[size_t(s)] = int(ro);
+      so += send[size_t(s)];
+      ro += recv[size_t(s)];
+    }
+    const MPI_Datatype ty = mpi_type(in.dtype());
+    check_mpi(MPI_Ialltoallv(in.raw_data(), w.sc.data(), w.sd.data(), ty, out.raw_data(), w.rc.data(), w.rd.data(), ty,
+                             comm_, w.request()),
+              w.where, "MPI_Ialltoallv");
+  });
+  return finish(w, async);
+}
+
+WorkPtr MpiComm::broadcast(const Tensor& t, int root, bool async) {
+  auto w = work(detail::where(*this, "broadcast"));
+  detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
+  if (root < 0 || root >= size_) TESSEL_FAIL(w->where, "root {} is not a rank of this communicator", root);
+  as_int(t.numel(), w->where);
+  add_meta_stage(*w, detail::make_meta(OpKind::Broadcast, &t, nullptr, -1, root), &t);
+  w->then([this, t, root](MpiWork& w) {
+    check_mpi(MPI_Ibcast(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), root, comm_, w.request()), w.where,
+              "MPI_Ibcast");
+  });
+  return finish(w, async);
+}
+
+WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
+  auto w = work(detail::where(*this, "send"));
+  detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
+  if (dst < 0 || dst >= size_) TESSEL_FAIL(w->where, "destination {} is not a rank of this communicator", dst);
+  if (tag < 0) TESSEL_FAIL(w->where, "tag {} is negative", tag);
+  w->where += fmt::format(" to rank {} (tag {})", dst, tag);
+  as_int(t.numel(), w->where);
+  w->then([this, t, dst, tag](MpiWork& w) {
+    check_mpi(MPI_Isend(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), dst, tag, comm_, w.request()), w.where,
+              "MPI_Isend");
+  });
+  return finish(w, async);
+}
+
+WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
+  auto w = work(detail::where(*this, "recv"));
+  detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
+  if (src < 0 || src >= size_) TESSEL_FAIL(w->where, "source {} is not a rank of this communicator", src);
+  if (tag < 0) TESSEL_FAIL(w->where, "tag {} is negative", tag);
+  w->where += fmt::format(" from rank {} (tag {})", src, tag);
+  as_int(t.numel(), w->where);
+  const std::string expects = t.desc();
+  w->on_request_error = [w_ = w.get(), src, expects](int code) {
+    int cls = code;
+    MPI_Error_class(code, &cls);
+    if (cls == MPI_ERR_TRUNCATE) {
+      throw Error(fmt::format("{}: rank {} sent more elements than this receive expects ({})", w_->where, src, expects));
+    }
+  };
+  w->then([this, t, src, tag](MpiWork& w) {
+    check_mpi(MPI_Irecv(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), src, tag, comm_, w.request()), w.where,
+              "MPI_Irecv");
+  });
+  w->then([t, src, expects](MpiWork& w) {
+    int count = 0;
+    MPI_Get_count(&w.statuses()[0], mpi_type(t.dtype()), &count);
+    if (count != t.numel()) {
+      throw Error(fmt::format("{}: rank {} sent {} elements, but this receive expects {}", w.where, src, count, expects));
+    }
+  });
+  return finish(w, async);
+}
+
+void MpiComm::barrier() {
+  auto w = work(detail::where(*this, "barrier"));
+  if (meta_check_enabled()) {
+    // The meta all-gather completes only when every rank has joined: a barrier.
+    add_meta_stage(*w, detail::make_meta(OpKind::Barrier, nullptr, nullptr), nullptr);
+  } else {
+    w->then([this](MpiWork& w) { check_mpi(MPI_Ibarrier(comm_, w.request()), w.where, "MPI_Ibarrier"); });
+  }
+  w->wait();
+}
+
+std::shared_ptr<Communicator> MpiComm::split(int color, int key) {
+  auto w = work(detail::where(*this, "split"));
+  // Every member must be present before the blocking MPI_Comm_split, so a
+  // missing rank is a timeout here rather than a hang there.
+  if (meta_check_enabled()) {
+    add_meta_stage(*w, detail::make_meta(OpKind::Split, nullptr, nullptr), nullptr);
+  } else {
+    w->then([this](MpiWork& w) { check_mpi(MPI_Ibarrier(comm_, w.request()), w.where, "MPI_Ibarrier"); });
+  }
+  w->wait();
+  MPI_Comm sub = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), w->where, "MPI_Comm_split");
+  if (sub == MPI_COMM_NULL) return nullptr;
+  int n = 0;
+  MPI_Comm_size(sub, &n);
+  int mine = world_ranks_[size_t(rank_)];
+  std::vector<int> ranks(static_cast<size_t>(n));
+  check_mpi(MPI_Allgather(&mine, 1, MPI_INT, ranks.data(), 1, MPI_INT, sub), w->where, "MPI_Allgather");
+  return std::make_shared<MpiComm>(sub, fmt::format("{}/split({})", name_, color), std::move(ranks));
+}
+
+// ---- init / finalize -----------------------------------------------------------
+
+void do_init_mpi() {
+  MpiState& st = state();
+  std::lock_guard<std::mutex> lk(st.mu);
+  if (st.initialized) return;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    // One thread at a time makes MPI calls (SERIALIZED); the local backend
+    // is the one that uses threads as ranks.
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+      throw CommError("init_mpi: MPI_Init_thread failed");
+    }
+    st.we_initialized = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // Our own copy of the world: tessel's traffic never matches the application's.
+  MPI_Comm dup = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "init_mpi", "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  int n = 0;
+  MPI_Comm_size(dup, &n);
+  std::vector<int> ranks(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ranks[size_t(i)] = i;
+  detail::set_process_world(std::make_shared<MpiComm>(dup, "world", std::move(ranks)));
+  st.initialized = true;
+  std::atexit([] { finalize_mpi(); });
+}
+
+void do_finalize_mpi() {
+  MpiState& st = state();
+  std::vector<WorkPtr> stale;
+  {
+    std::lock_guard<std::mutex> lk(st.mu);
+    if (!st.initialized) return;
+    st.initialized = false;
+    stale.swap(st.stale);
+  }
+  // Operations that timed out may have completed since (the peer arrived late).
+  bool stuck = false;
+  for (auto& w : stale) {
+    auto& mw = static_cast<MpiWork&>(*w);
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    bool done = mw.requests_done();
+    while (!done && Clock::now() < until) {
+      sched_yield();
+      done = mw.requests_done();
+    }
+    stuck = stuck || !done;
+  }
+  if (stuck) {
+    std::fprintf(stderr, "tessel: an MPI operation that timed out never completed; calling MPI_Abort\n");
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  stale.clear();
+  detail::set_process_world(nullptr);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (st.we_initialized && !finalized) MPI_Finalize();
+}
+
+const bool registered = [] {
+  detail::hooks().init_mpi = do_init_mpi;
+  detail::hooks().finalize_mpi = do_finalize_mpi;
+  return true;
+}();
+
+}  // namespace
+}  // namespace tessel::comm
