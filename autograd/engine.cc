@@ -8,6 +8,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops/elementwise.h"
+#include "autograd/ops/dist.h"
 #include "autograd/ops/factory.h"
 
 namespace tessel {
@@ -82,10 +83,17 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     if (r.defined()) g = r;
   }
   if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
+  if (leaf->dist) {  // gradients come out with the placements of their parameters
+    if (!g.is_distributed()) g = distribute_tensor(g, var.mesh(), var.placements());
+    else if (g.placements() != var.placements()) g = redistribute(g, var.placements());
+  }
   if (!m.grad.defined()) {
     // Take the incoming buffer when nobody else can see it; copy otherwise.
-    bool sole = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
-                g.shape() == leaf->shape;
+    // (A distributed tensor and its local piece share one storage.)
+    const Tensor& piece = raw::local_of(g);
+    const long owners = g.is_distributed() ? 2 : 1;
+    bool sole = g.impl_ptr().use_count() == 1 && g.storage().use_count() == owners && piece.is_contiguous() &&
+                g.shape() == leaf->shape && (!g.is_distributed() || piece.impl_ptr().use_count() == 1);
     m.grad = sole ? g : g.clone();
   } else {
     m.grad.add_(g);
@@ -144,11 +152,24 @@ struct ReadyOrder {
   bool operator()(const Node* a, const Node* b) const { return a->seq < b->seq; }  // max-heap on seq
 };
 
+// Two gradients of one tensor in different layouts meet in the cheaper one: a
+// Replicate piece joins a Partial(sum) one by zeroing off the root (no
+// communication); other differences use the first one's layout.
+Tensor sum_gradients(const Tensor& a, const Tensor& b) {
+  if (!a.is_distributed() || !b.is_distributed() || a.placements() == b.placements()) return add(a, b);
+  Placements target = a.placements();
+  for (int m = 0; m < target.size(); ++m) {
+    const Placement pa = a.placements()[m], pb = b.placements()[m];
+    if ((pa.is_partial_sum() && pb.is_replicate()) || (pa.is_replicate() && pb.is_partial_sum())) target[m] = Partial();
+  }
+  return add(redistribute(a, target), redistribute(b, target));
+}
+
 void accumulate_into(std::vector<Tensor>& buffer, uint32_t nr, Tensor g) {
   if (!buffer[nr].defined()) {
     buffer[nr] = std::move(g);
   } else {
-    buffer[nr] = add(buffer[nr], g);
+    buffer[nr] = sum_gradients(buffer[nr], g);
   }
 }
 

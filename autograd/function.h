@@ -27,20 +27,13 @@
 #include <vector>
 
 #include "autograd/autograd_meta.h"
+#include "autograd/dist_call.h"
+#include "autograd/grad_context.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "runtime/macros.h"
 
 namespace tessel {
-
-class GradContext {
- public:
-  explicit GradContext(std::vector<bool> needs) : needs_(std::move(needs)) {}
-  bool needs(size_t i) const { return i < needs_.size() && needs_[i]; }
-  size_t size() const { return needs_.size(); }
-
- private:
-  std::vector<bool> needs_;
-};
 
 namespace detail {
 
@@ -56,16 +49,7 @@ inline bool any_requires_grad(const std::vector<Tensor>& v) {
 template <class T>
 inline bool any_requires_grad(const T&) { return false; }  // non-tensor arguments
 
-inline void collect(std::vector<const Tensor*>& out, const Tensor& t) { out.push_back(&t); }
-inline void collect(std::vector<const Tensor*>& out, const std::vector<Tensor>& v) {
-  for (const auto& t : v) out.push_back(&t);
-}
-template <class T>
-inline void collect(std::vector<const Tensor*>&, const T&) {}
-
-// Wires a node's edges to its inputs and attaches it to the outputs.
-void connect(Node& node, const std::vector<const Tensor*>& inputs);
-void set_history(const Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr);
+// Attaches the node to the outputs (connect() and set_history() are in dist_call.h).
 inline uint32_t set_history_all(const Tensor& out, const std::shared_ptr<Node>& node) {
   set_history(out, node, 0);
   return 1;
@@ -74,9 +58,6 @@ inline uint32_t set_history_all(const std::vector<Tensor>& outs, const std::shar
   for (size_t i = 0; i < outs.size(); ++i) set_history(outs[i], node, uint32_t(i));
   return uint32_t(outs.size());
 }
-
-std::vector<bool> needs_from_edges(const Node& node);
-[[noreturn]] void rethrow_saved_error(const char* op, const SavedTensorError& e);
 
 template <class Op, class = void>
 struct has_dynamic_name : std::false_type {};
@@ -116,6 +97,9 @@ struct OpNode final : Node {
 
 template <class Op, class... Args>
 auto call(Op op, const Args&... args) {
+  if (TESSEL_UNLIKELY((detail::arg_distributed(args) || ...))) {
+    return detail::call_distributed(detail::op_name(op), std::move(op), args...);
+  }
   bool record = GradMode::is_enabled() && (detail::any_requires_grad(args) || ...);
   using Out = std::decay_t<decltype(op.forward(args...))>;
   std::optional<Out> out;

@@ -5,10 +5,13 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
+#include "autograd/ops/dist.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/reduce.h"
 #include "kernels/elementwise.h"
+#include "runtime/mesh.h"
+#include "parallel/sharding.h"
 
 namespace tessel {
 
@@ -122,12 +125,14 @@ struct ViewOp {
   Dims arg;        // shape (Reshape/Expand) or permutation
   int64_t a = 0, b = 0, c = 0, d = 0;  // dims / indices, by kind
   Dims in_shape;
+  bool copy_ok = false;  // Reshape of a local piece may copy (distributed reshape/view)
 
   Tensor forward(const Tensor& x) {
     in_shape = x.shape();
     switch (kind) {
       case ViewKind::Reshape: {
         Tensor v = raw::try_view(x, arg);
+        if (!v.defined() && copy_ok) v = raw::try_view(detail::contiguous_raw(x), arg);
         TESSEL_CHECK(v.defined(), "view",
                      "cannot view {} with strides {} as shape {} without a copy (use reshape)", x.desc(),
                      x.strides(), arg);
@@ -167,6 +172,104 @@ struct ViewOp {
     }
     return {Tensor()};
   }
+  // Views keep Partial (they are linear) and move shards with their dims; a
+  // shard the view cannot carry (a sliced, selected or expanded dim, a reshape
+  // that would not keep chunks contiguous) is gathered first.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    const Dims& out_shape = ctx.out[0].shape;
+    const int n = x.dim();
+    Placements in = x.placements, out;
+    std::vector<int> map(size_t(std::max(n, 1)), -1);  // input dim -> output dim
+    switch (kind) {
+      case ViewKind::Transpose:
+        for (int i = 0; i < n; ++i) map[size_t(i)] = i == a ? int(b) : i == b ? int(a) : i;
+        break;
+      case ViewKind::Permute:
+        for (int i = 0; i < n; ++i) map[size_t(wrap_dim(arg[i], n, "permute"))] = i;
+        break;
+      case ViewKind::Unsqueeze:
+        for (int i = 0; i < n; ++i) map[size_t(i)] = i < a ? i : i + 1;
+        break;
+      case ViewKind::Squeeze:
+        if (x.shape[int(a)] != 1) {
+          for (int i = 0; i < n; ++i) map[size_t(i)] = i;
+        } else {
+          in = sharding::unshard(in, {int(a)}, false);
+          for (int i = 0; i < n; ++i) map[size_t(i)] = i < a ? i : i == a ? -1 : i - 1;
+        }
+        break;
+      case ViewKind::Slice:
+      case ViewKind::Select:
+        in = sharding::unshard(in, {int(a)}, false);
+        for (int i = 0; i < n; ++i)
+          map[size_t(i)] = kind == ViewKind::Slice ? i : i < a ? i : i == a ? -1 : i - 1;
+        break;
+      case ViewKind::Expand: {
+        const int lead = out_shape.size() - n;
+        for (int i = 0; i < n; ++i) {
+          map[size_t(i)] = i + lead;
+          if (x.shape[i] != out_shape[i + lead]) in = sharding::unshard(in, {i}, false);
+        }
+        break;
+      }
+      case ViewKind::Reshape:
+        in = reshape_placements(ctx, map);
+        break;
+    }
+    out = sharding::map_dims(in, map.data(), Replicate());
+    // The local piece's attributes.
+    if (kind == ViewKind::Expand || kind == ViewKind::Reshape) arg = ctx.local(out_shape, out).shape;
+    if (kind == ViewKind::Reshape) copy_ok = true;
+    return {{in}, {out}};
+  }
+
+  // Reshape: input dims and output dims fall into groups with equal products.
+  // A shard survives when it cuts the first dim of its group and the chunks of
+  // the flattened group stay the same (ceil(I/n) * rest_in == ceil(O/n) * rest_out),
+  // or when the group is one dim to one dim.
+  Placements reshape_placements(const ShardingContext& ctx, std::vector<int>& map) const {
+    const TensorSpec& x = ctx.in[0];
+    const Dims& I = x.shape;
+    const Dims& O = ctx.out[0].shape;
+    Placements in = x.placements;
+    if (numel_of(I) == 0) return sharding::unshard(in, {0, 1, 2, 3, 4, 5, 6, 7}, false);
+    int i = 0, j = 0;
+    while (i < I.size() || j < O.size()) {
+      const int i0 = i, j0 = j;
+      int64_t pi = 1, pj = 1;
+      if (i < I.size()) pi *= I[i++];
+      if (j < O.size()) pj *= O[j++];
+      while (pi != pj) {
+        if (pi < pj) pi *= I[i++];
+        else pj *= O[j++];
+      }
+      const bool one_to_one = i - i0 == 1 && j - j0 == 1;
+      int i1 = i0, j1 = j0;  // the first dims of the group that are not 1
+      while (i1 + 1 < i && I[i1] == 1) ++i1;
+      while (j1 + 1 < j && O[j1] == 1) ++j1;
+      for (int d = i0; d < i; ++d) {
+        int cuts = 0;
+        for (int m = 0; m < in.size(); ++m) cuts += in[m].is_shard(d);
+        if (cuts == 0) continue;
+        bool ok = false;
+        if (one_to_one) {
+          ok = true;
+        } else if (d == i1 && cuts == 1 && I[d] > 1 && j1 < j) {
+          int m = 0;
+          while (!in[m].is_shard(d)) ++m;
+          const int64_t nm = ctx.mesh->size(m);
+          int64_t rest_in = 1, rest_out = 1;
+          for (int e = i1 + 1; e < i; ++e) rest_in *= I[e];
+          for (int e = j1 + 1; e < j; ++e) rest_out *= O[e];
+          ok = (I[d] + nm - 1) / nm * rest_in == (O[j1] + nm - 1) / nm * rest_out;
+        }
+        if (ok) map[size_t(d)] = one_to_one ? j0 : j1;
+        else in = sharding::unshard(in, {d}, false);
+      }
+    }
+    return in;
+  }
 };
 
 Tensor view_op(const Tensor& x, ViewOp op) { return call(std::move(op), x); }
@@ -179,6 +282,7 @@ struct CloneOp {
     return out;
   }
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) { return {grads[0]}; }
+  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx, {0b1}); }
 };
 
 struct CastOp {
@@ -191,6 +295,13 @@ struct CastOp {
   }
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) {
     return {is_floating(from) ? grads[0].to(from) : Tensor()};
+  }
+  // A widening float cast commutes with the pending sum; a narrowing one rounds
+  // each piece, so Partial inputs are reduced first.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const DType f = ctx.in[0].dtype;
+    const bool widening = is_floating(f) && is_floating(to) && itemsize(to) > itemsize(f);
+    return widening ? sharding::pointwise(ctx, {0b1}) : sharding::pointwise(ctx);
   }
 };
 
@@ -215,6 +326,7 @@ Tensor Tensor::view(const Dims& shape) const {
 Tensor Tensor::reshape(const Dims& shape) const {
   Dims target = raw::infer_shape(shape, numel(), "reshape");
   if (target == this->shape()) return *this;
+  if (is_distributed()) return view(target);  // the local piece copies when it must
   if (raw::try_view(*this, target).defined()) return view(target);
   return contiguous().view(target);
 }
@@ -318,8 +430,40 @@ Tensor Tensor::to(Device d) const {
 }
 
 // ---- in-place ----------------------------------------------------------------------
+// On a distributed tensor, in-place ops write its local piece. A value that is
+// not the piece's own (another layout, a plain tensor) is redistributed to
+// this tensor's placements first; a Partial piece holds its share (the value
+// on coordinate 0 of the Partial mesh dims, zero elsewhere).
+namespace {
+
+bool partial_root(const Tensor& t) {
+  const Mesh& mesh = *t.mesh();
+  for (int m = 0; m < mesh.ndim(); ++m)
+    if (t.placements()[m].is_partial() && mesh.coordinate(m) != 0) return false;
+  return true;
+}
+
+// `v` (plain or distributed, same global shape after broadcasting) as a
+// distributed tensor with t's mesh and placements.
+Tensor as_layout_of(const Tensor& t, const Tensor& v, const char* op) {
+  NoGradGuard ng;
+  Tensor full = v.shape() == t.shape() ? v : v.expand(t.shape());
+  if (full.is_distributed()) {
+    TESSEL_CHECK(same_mesh(full.mesh(), t.mesh()), op, "{} and {} live on different meshes", v.desc(), t.desc());
+    return redistribute(full, t.placements());
+  }
+  return distribute_tensor(full.contiguous(), t.mesh(), t.placements());
+}
+
+}  // namespace
+
 Tensor& Tensor::fill_(Scalar value) {
   check_inplace(*this, "fill_");
+  if (is_distributed()) {
+    Tensor local = dist().local;
+    local.fill_(placements().any_partial() && !partial_root(*this) ? Scalar(0) : value);
+    return *this;
+  }
   kernels::fill(device(), *this, value);
   bump_version();
   return *this;
@@ -329,6 +473,13 @@ Tensor& Tensor::zero_() { return fill_(0); }
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
+  if (is_distributed() || src.is_distributed()) {
+    TESSEL_CHECK(is_distributed(), "copy_", "cannot copy distributed {} into plain {} (use full_tensor or to_local)",
+                 src.desc(), desc());
+    Tensor local = dist().local;
+    local.copy_(raw::local_of(as_layout_of(*this, src, "copy_")));
+    return *this;
+  }
   detail::check_same_device("copy_", *this, src);
   Dims b = broadcast_shapes(src.shape(), shape(), "copy_");
   TESSEL_CHECK(b == shape(), "copy_", "source {} does not broadcast to destination {}", src.desc(), desc());
@@ -341,7 +492,36 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 namespace {
+Tensor& binary_inplace(Tensor& self, const Tensor& other, kernels::BinaryOp op, const char* name);
+
+// Distributed: add/sub need the operand in this tensor's layout; mul/div
+// need it non-Partial where this tensor is Partial (linear in one factor).
+Tensor& binary_inplace_distributed(Tensor& self, const Tensor& other, kernels::BinaryOp op, const char* name) {
+  check_inplace(self, name);
+  TESSEL_CHECK(self.is_distributed(), name, "cannot write a distributed result into plain {} (operand {})",
+               self.desc(), other.desc());
+  const bool additive = op == kernels::BinaryOp::Add || op == kernels::BinaryOp::Sub;
+  if (!other.is_distributed() && other.dim() == 0) {  // a scalar: applies to the piece as it is
+    Tensor local = self.dist().local;
+    if (!additive || !self.placements().any_partial() || partial_root(self)) binary_inplace(local, other, op, name);
+    return self;
+  }
+  Tensor o;
+  if (additive || !self.placements().any_partial()) {
+    o = as_layout_of(self, other, name);
+  } else {
+    NoGradGuard ng;
+    Tensor full = other.shape() == self.shape() ? other : other.expand(self.shape());
+    Placements want = sharding::unshard(self.placements(), {}, true);
+    o = full.is_distributed() ? redistribute(full, want) : distribute_tensor(full.contiguous(), self.mesh(), want);
+  }
+  Tensor local = self.dist().local;
+  binary_inplace(local, raw::local_of(o), op, name);
+  return self;
+}
+
 Tensor& binary_inplace(Tensor& self, const Tensor& other, kernels::BinaryOp op, const char* name) {
+  if (self.is_distributed() || other.is_distributed()) return binary_inplace_distributed(self, other, op, name);
   check_inplace(self, name);
   detail::check_same_device(name, self, other);
   TESSEL_CHECK(is_floating(self.dtype()) || !is_floating(other.dtype()), name,

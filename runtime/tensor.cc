@@ -3,6 +3,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "runtime/mesh.h"
+
 namespace tessel {
 
 void Tensor::throw_undefined() { TESSEL_FAIL("tensor", "operation on an undefined tensor"); }
@@ -11,14 +13,43 @@ int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size"
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 bool Tensor::is_contiguous() const { return raw::is_contiguous(shape(), strides()); }
 
+namespace {
+FullTensorHook g_full_tensor_hook = nullptr;
+
+// Values of a distributed tensor, gathered (item, to_vector, printing).
+Tensor readable(const Tensor& t, const char* op) {
+  if (!t.is_distributed()) return t;
+  TESSEL_CHECK(g_full_tensor_hook, op, "reading the values of distributed tensor {} needs the parallel library",
+               t.desc());
+  return g_full_tensor_hook(t);
+}
+}  // namespace
+
+void set_full_tensor_hook(FullTensorHook hook) { g_full_tensor_hook = hook; }
+
+const DistInfo& Tensor::dist() const {
+  TESSEL_CHECK(is_distributed(), "dist", "{} is not a distributed tensor", desc());
+  return *impl_->dist;
+}
+const MeshPtr& Tensor::mesh() const { return dist().mesh; }
+const Placements& Tensor::placements() const { return dist().placements; }
+
 void* Tensor::raw_data() const {
   const TensorImpl* t = checked();
+  if (TESSEL_UNLIKELY(t->dist != nullptr)) {
+    TESSEL_FAIL("raw_data", "{} is distributed: its values are per-rank pieces (use to_local() or full_tensor(); "
+                "an op reaching here has no sharding support)", desc());
+  }
   if (!t->storage || !t->storage->data()) return nullptr;
   return static_cast<char*>(t->storage->data()) + t->offset * int64_t(tessel::itemsize(t->dtype));
 }
 
 std::string Tensor::desc() const {
   if (!defined()) return "Tensor(undefined)";
+  if (is_distributed()) {
+    return fmt::format("Tensor({}, {}, shape={}, mesh={}, placements={})", dtype_name(dtype()), device().str(),
+                       shape().str(), impl_->dist->mesh->str(), impl_->dist->placements.str());
+  }
   return fmt::format("Tensor({}, {}, shape={})", dtype_name(dtype()), device().str(), shape().str());
 }
 
@@ -73,10 +104,12 @@ std::vector<Out> gather_values(const Tensor& t, const char* op) {
 
 template <class T> T Tensor::item() const {
   TESSEL_CHECK(numel() == 1, "item", "needs a tensor with one element, got {}", desc());
-  return gather_values<T>(*this, "item")[0];
+  return gather_values<T>(readable(*this, "item"), "item")[0];
 }
 
-template <class T> std::vector<T> Tensor::to_vector() const { return gather_values<T>(*this, "to_vector"); }
+template <class T> std::vector<T> Tensor::to_vector() const {
+  return gather_values<T>(readable(*this, "to_vector"), "to_vector");
+}
 
 #define TESSEL_INSTANTIATE(T)                        \
   template T Tensor::item<T>() const;                \
@@ -92,6 +125,10 @@ TESSEL_INSTANTIATE(bf16)
 
 std::string Tensor::to_string(int64_t max_elems) const {
   if (!defined()) return "Tensor(undefined)";
+  if (is_distributed()) {  // collective: every rank must print
+    Tensor full = readable(*this, "to_string");
+    return desc() + full.to_string(max_elems).substr(full.desc().size());
+  }
   std::ostringstream os;
   os << desc();
   if (device().is_meta() || !device().is_cpu()) return os.str();
@@ -141,6 +178,23 @@ Tensor empty(const Dims& shape, DType dtype, Device device) {
 
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
 
+Tensor make_distributed(const Tensor& local, MeshPtr mesh, const Placements& placements, const Dims& global_shape) {
+  TESSEL_ASSERT(local.defined() && !local.is_distributed() && mesh);
+  TESSEL_ASSERT(placements.size() == mesh->ndim());
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = local.storage();
+  impl->shape = global_shape;
+  impl->strides = contiguous_strides(global_shape);
+  impl->dtype = local.dtype();
+  impl->device = local.device();
+  auto info = std::make_shared<DistInfo>();
+  info->mesh = std::move(mesh);
+  info->placements = placements;
+  info->local = local.impl()->autograd ? alias(local) : local;
+  impl->dist = std::move(info);
+  return Tensor(std::move(impl));
+}
+
 Tensor from_blob(void* data, const Dims& shape, DType dtype, Device device) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<StorageImpl>(data, size_t(numel_of(shape)) * tessel::itemsize(dtype), device,
@@ -153,6 +207,8 @@ Tensor from_blob(void* data, const Dims& shape, DType dtype, Device device) {
 }
 
 Tensor as_strided(const Tensor& t, const Dims& shape, const Dims& strides, int64_t offset) {
+  TESSEL_CHECK(!t.is_distributed(), "as_strided",
+               "{} is distributed; views of distributed tensors go through the differentiable view ops", t.desc());
   TESSEL_CHECK(shape.size() == strides.size(), "as_strided", "shape {} and strides {} differ in length", shape, strides);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = t.storage();
@@ -164,7 +220,14 @@ Tensor as_strided(const Tensor& t, const Dims& shape, const Dims& strides, int64
   return Tensor(std::move(impl));
 }
 
-Tensor alias(const Tensor& t) { return as_strided(t, t.shape(), t.strides(), t.offset()); }
+Tensor alias(const Tensor& t) {
+  if (t.is_distributed()) {
+    auto impl = std::make_shared<TensorImpl>(*t.impl());
+    impl->autograd = nullptr;
+    return Tensor(std::move(impl));
+  }
+  return as_strided(t, t.shape(), t.strides(), t.offset());
+}
 
 Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
   int a = wrap_dim(d0, t.dim(), "transpose"), b = wrap_dim(d1, t.dim(), "transpose");

@@ -15,6 +15,7 @@
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/macros.h"
+#include "runtime/placement.h"
 #include "runtime/scalar.h"
 #include "runtime/shape.h"
 #include "runtime/storage.h"
@@ -23,6 +24,9 @@ namespace tessel {
 
 struct AutogradMeta;  // autograd/autograd_meta.h
 struct Node;          // autograd/node.h
+struct DistInfo;      // below
+class Mesh;           // runtime/mesh.h
+using MeshPtr = std::shared_ptr<const Mesh>;
 
 struct TensorOptions {
   DType dtype = DType::Float32;
@@ -45,6 +49,10 @@ struct TensorImpl {
   DType dtype = DType::Float32;
   Device device;
   std::shared_ptr<AutogradMeta> autograd;  // null: no grad, no history
+  // Distributed tensors (DESIGN.md §2): shape is the *global* shape, storage
+  // is the local piece's (so version counters are shared with it), and dist
+  // holds the mesh, the placements and the local piece. Null: a plain tensor.
+  std::shared_ptr<const DistInfo> dist;
 };
 
 class Tensor {
@@ -92,6 +100,15 @@ class Tensor {
   template <class T> T item() const;
   // All elements in row-major order converted to T (CPU tensors).
   template <class T> std::vector<T> to_vector() const;
+
+  // ---- distribution (DESIGN.md §2) ---------------------------------------------
+  // A distributed tensor's metadata (shape, dtype, device) is global; its
+  // values live in `dist().local` pieces, one per rank. Ops dispatch through
+  // their sharding rules; raw_data() refuses distributed tensors.
+  bool is_distributed() const { return impl_ && impl_->dist; }
+  const DistInfo& dist() const;         // throws if not distributed
+  const MeshPtr& mesh() const;          // "
+  const Placements& placements() const; // "
 
   // ---- autograd (differentiable API; defined in autograd/) -------------------
   bool requires_grad() const;
@@ -151,6 +168,12 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+struct DistInfo {
+  MeshPtr mesh;
+  Placements placements;
+  Tensor local;  // this rank's piece: plain, no autograd metadata
+};
+
 template <class T> T* Tensor::data() const {
   if (TESSEL_UNLIKELY(dtype_v<T> != dtype())) {
     TESSEL_FAIL("data", "requested {} pointer from {}", dtype_name(dtype_v<T>), desc());
@@ -161,6 +184,14 @@ template <class T> T* Tensor::data() const {
 // Metadata-only operations on tensors. They never copy, never record autograd
 // history, and are what kernels and op implementations use.
 namespace raw {
+
+// A distributed tensor over this rank's `local` piece (no autograd, no
+// communication; the caller vouches that local matches the placements).
+Tensor make_distributed(const Tensor& local, MeshPtr mesh, const Placements& placements, const Dims& global_shape);
+// The local piece of a distributed tensor; t itself otherwise.
+inline const Tensor& local_of(const Tensor& t) {
+  return t.defined() && t.impl()->dist ? t.impl()->dist->local : t;
+}
 
 // Allocates uninitialised contiguous memory.
 Tensor empty(const Dims& shape, DType dtype, Device device = kCPU);
@@ -191,5 +222,10 @@ bool is_contiguous(const Dims& shape, const Dims& strides);
 // rarely-used layouts; kernels use their own loops.
 void for_each_element(const Dims& shape, const Dims& strides, int64_t offset,
                       const std::function<void(int64_t, int64_t)>& fn);
+
+// How item()/to_vector()/to_string() read a distributed tensor: the parallel
+// layer installs a function returning the full (replicated) local tensor.
+using FullTensorHook = Tensor (*)(const Tensor&);
+void set_full_tensor_hook(FullTensorHook hook);
 
 }  // namespace tessel

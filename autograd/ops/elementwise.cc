@@ -5,6 +5,7 @@
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
 #include "kernels/elementwise.h"
+#include "parallel/sharding.h"
 
 namespace tessel {
 
@@ -95,6 +96,17 @@ struct BinaryArithOp {
     if (gb.defined()) gb = sum_to(gb, b_shape);
     return {ga, gb};
   }
+
+  // Pointwise; Partial(sum) survives where the op is linear in it.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    switch (op) {
+      case BinaryOp::Add:
+      case BinaryOp::Sub: return sharding::pointwise(ctx, {0b11});
+      case BinaryOp::Mul: return sharding::pointwise(ctx, {0b01, 0b10});
+      case BinaryOp::Div: return sharding::pointwise(ctx, {0b01});
+      default: return sharding::pointwise(ctx);
+    }
+  }
 };
 
 Tensor arith(BinaryOp op, const Tensor& a, const Tensor& b) { return call(BinaryArithOp{op}, a, b); }
@@ -102,11 +114,27 @@ Tensor arith(BinaryOp op, const Tensor& a, const Tensor& b) { return call(Binary
 // The scalar as a 0-dim tensor of the dtype `a op scalar` computes in.
 Tensor scalar_operand(const Tensor& a, Scalar s) { return detail::scalar_raw(s, s.result_dtype(a.dtype()), a.device()); }
 
+// Comparisons and logical ops: bool results, no gradient. Plain tensors run
+// the kernel directly; distributed ones go through call() for the sharding rule.
+struct BoolBinaryOp {
+  static constexpr const char* kName = "compare";
+  BinaryOp op;
+  bool logical;
+  const char* name() const { return kernels::binary_op_name(op); }
+  Tensor forward(const Tensor& x, const Tensor& y) {
+    return binary_raw(op, x, y, logical ? DType::Bool : promote_types(x.dtype(), y.dtype()), DType::Bool);
+  }
+  std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>&) { return {Tensor(), Tensor()}; }
+  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx); }
+};
+
 Tensor compare(BinaryOp op, const Tensor& a, const Tensor& b) {
+  if (a.is_distributed() || b.is_distributed()) return call(BoolBinaryOp{op, false}, a, b);
   return binary_raw(op, a, b, promote_types(a.dtype(), b.dtype()), DType::Bool);
 }
 
 Tensor logical(BinaryOp op, const Tensor& a, const Tensor& b) {
+  if (a.is_distributed() || b.is_distributed()) return call(BoolBinaryOp{op, true}, a, b);
   return binary_raw(op, a, b, DType::Bool, DType::Bool);
 }
 
@@ -138,6 +166,9 @@ struct WhereOp {
     if (ctx.needs(2)) gb = sum_to(where(cond.get(), zero, g), b_shape);
     return {Tensor(), ga, gb};
   }
+
+  // Linear in (a, b) together: both Partial(sum) stay Partial.
+  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx, {0b110}); }
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "autograd/ops/dist.h"
+#include "parallel/sharding.h"
 #include "kernels/elementwise.h"
 
 namespace tessel {
@@ -32,10 +34,28 @@ TensorOptions like(const Tensor& t) {
 }
 }  // namespace
 
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), like(t)); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), like(t)); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), like(t)); }
-Tensor full_like(const Tensor& t, Scalar v) { return full(t.shape(), v, like(t)); }
+// *_like of a distributed tensor: same mesh and layout (a Partial layout
+// becomes Replicate where the value would not be a valid pending sum).
+Placements like_placements(const Tensor& t, bool keep_partial) {
+  return keep_partial ? t.placements() : sharding::unshard(t.placements(), {}, true);
+}
+
+Tensor empty_like(const Tensor& t) {
+  if (t.is_distributed()) return empty(t.shape(), t.mesh(), t.placements(), like(t));
+  return empty(t.shape(), like(t));
+}
+Tensor zeros_like(const Tensor& t) {
+  if (t.is_distributed()) return zeros(t.shape(), t.mesh(), t.placements(), like(t));
+  return zeros(t.shape(), like(t));
+}
+Tensor ones_like(const Tensor& t) {
+  if (t.is_distributed()) return ones(t.shape(), t.mesh(), like_placements(t, false), like(t));
+  return ones(t.shape(), like(t));
+}
+Tensor full_like(const Tensor& t, Scalar v) {
+  if (t.is_distributed()) return full(t.shape(), v, t.mesh(), like_placements(t, false), like(t));
+  return full(t.shape(), v, like(t));
+}
 Tensor scalar_tensor(Scalar value, TensorOptions opts) { return full(Dims{}, value, opts); }
 
 Tensor arange(Scalar end) { return arange(Scalar(0), end, Scalar(1)); }

@@ -10,6 +10,7 @@
 #include "autograd/ops/reduce.h"
 #include "kernels/elementwise.h"
 #include "kernels/indexing.h"
+#include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -34,16 +35,18 @@ std::string position_of(const Dims& shape, int64_t linear) {
 // argument, `range` says what the range is (for the message).
 void check_indices(const char* op, const Tensor& index, int64_t limit, const char* what, const std::string& range) {
   int64_t pos = -1, value = 0;
-  kernels::index_bounds(index.device(), index, limit, &pos, &value);
+  // A distributed index is checked piece by piece (each rank its own).
+  const Tensor& idx = raw::local_of(index);
+  kernels::index_bounds(idx.device(), idx, limit, &pos, &value);
   if (pos < 0) return;
   if (value < 0) {
     TESSEL_FAIL(op,
                 "{} {} at position {} of {} is negative; negative indices are not supported (no wrap-around), "
                 "valid range is [0, {}) ({})",
-                what, value, position_of(index.shape(), pos), index.desc(), limit, range);
+                what, value, position_of(idx.shape(), pos), index.desc(), limit, range);
   }
   TESSEL_FAIL(op, "{} {} at position {} of {} is out of range; valid range is [0, {}) ({})", what, value,
-              position_of(index.shape(), pos), index.desc(), limit, range);
+              position_of(idx.shape(), pos), index.desc(), limit, range);
 }
 
 // `t` as a contiguous tensor viewed with `shape` (no autograd).
@@ -79,6 +82,19 @@ Tensor gather_raw(const Tensor& x, int d, const Tensor& index) {
   return out;
 }
 
+// Indices into a piece [start, start + size) of a sharded dim: `valid` marks
+// the ones this piece holds, `local` is index - start there and 0 elsewhere.
+struct MaskedIndex {
+  Tensor valid, local;
+};
+MaskedIndex mask_index(const Tensor& index, int64_t start, int64_t size) {
+  Tensor idx = detail::cast_raw(index, DType::Int64);
+  MaskedIndex m;
+  m.valid = logical_and(ge(idx, Scalar(start)), lt(idx, Scalar(start + size)));
+  m.local = where(m.valid, sub(idx, Scalar(start)), Scalar(int64_t(0)));
+  return m;
+}
+
 // A new contiguous tensor with `shape` whose value is sum over positions of src
 // rows hit by index along d (assign mode of kernels::index_add).
 Tensor index_add_into_zeros(const Dims& shape, int d, const Tensor& index, const Tensor& src) {
@@ -92,8 +108,32 @@ struct EmbeddingOp {
   static constexpr const char* kName = "embedding";
   SavedTensor ids;
   Dims weight_shape;
+  // Vocabulary-parallel piece: rows [vocab_start, vocab_start + rows) of
+  // vocab_total; ids elsewhere give zero rows (the output is a pending sum).
+  int64_t vocab_total = -1, vocab_start = 0;
+  SavedTensor valid;
 
-  Tensor forward(const Tensor& weight, const Tensor& id) {
+  Tensor forward(const Tensor& weight, const Tensor& id_in) {
+    if (vocab_total >= 0) {
+      check_index_dtype("embedding", id_in, "ids");
+      check_indices("embedding", id_in, vocab_total, "id",
+                    fmt::format("the rows of the {}-row vocabulary", vocab_total));
+      MaskedIndex m = mask_index(id_in, vocab_start, weight.shape()[0]);
+      valid = m.valid;
+      ids = m.local;
+      weight_shape = weight.shape();
+      if (weight.shape()[0] == 0) {  // an empty piece of the vocabulary: contributes zeros
+        Dims os = id_in.shape();
+        os.push_back(weight.shape()[1]);
+        return zeros(os, TensorOptions(weight.dtype()).with_device(weight.device()));
+      }
+      Tensor out = forward_rows(weight, m.local);
+      return where(m.valid.unsqueeze(-1), out, Scalar(0.0));
+    }
+    return forward_rows(weight, id_in);
+  }
+
+  Tensor forward_rows(const Tensor& weight, const Tensor& id) {
     TESSEL_CHECK(weight.dim() == 2, "embedding", "weight must be 2-D [num_embeddings, embedding_dim], got {}",
                  weight.desc());
     check_index_dtype("embedding", id, "ids");
@@ -120,9 +160,38 @@ struct EmbeddingOp {
     const Tensor& g = grads[0];
     const Tensor& id = ids.get();
     const int64_t T = id.numel(), D = weight_shape[1];
+    if (weight_shape[0] == 0) return {raw::empty(weight_shape, g.dtype(), g.device()), Tensor()};
     Tensor flat_ids = contiguous_as(id, Dims{T});
-    Tensor g2 = contiguous_as(g, Dims{T, D});
+    Tensor gm = vocab_total >= 0 ? where(valid.get().unsqueeze(-1), g, Scalar(0.0)) : g;
+    Tensor g2 = contiguous_as(gm, Dims{T, D});
     return {index_add_into_zeros(weight_shape, 0, flat_ids, g2), Tensor()};
+  }
+
+  // Per mesh dim: a vocabulary-sharded weight gives a pending sum (masked
+  // lookups); a weight sharded along the embedding dim shards the output's
+  // last dim; sharded ids shard the output like themselves; a Partial weight
+  // stays Partial (linear).
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& w = ctx.in[0];
+    const TensorSpec& ids_spec = ctx.in[1];
+    ShardingPlan plan;
+    plan.in.resize(2);
+    plan.out.resize(1);
+    bool vocab = false;
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      const Placement pw = w.placements[m], pi = ids_spec.placements[m];
+      Placement a = Replicate(), b = Replicate(), o = Replicate();
+      if (pw.is_shard(0)) a = pw, o = Partial(), vocab = true;
+      else if (pw.is_shard(1)) a = pw, o = Shard(ids_spec.dim());
+      else if (pi.is_shard()) b = pi, o = pi;
+      else if (pw.is_partial_sum()) a = pw, o = Partial();
+      plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
+    }
+    if (vocab) {
+      vocab_total = w.shape[0];
+      vocab_start = ctx.local(w.shape, plan.in[0]).offset[0];
+    }
+    return plan;
   }
 };
 
@@ -141,8 +210,26 @@ struct GatherOp {
   int d;
   SavedTensor index;
   Dims x_shape;
+  // x sharded along d: this piece holds [start, start + x.shape[d]) of `total`;
+  // indices elsewhere give 0 (the output is a pending sum).
+  int64_t total = -1, start = 0;
+  SavedTensor valid;
 
-  Tensor forward(const Tensor& x, const Tensor& idx) {
+  Tensor forward(const Tensor& x, const Tensor& idx_in) {
+    if (total >= 0) {
+      check_index_dtype("gather", idx_in, "index");
+      check_indices("gather", idx_in, total, "index", fmt::format("dimension {} of size {}", d, total));
+      MaskedIndex m = mask_index(idx_in, start, x.shape()[d]);
+      valid = m.valid;
+      index = m.local;
+      x_shape = x.shape();
+      if (x.shape()[d] == 0) return zeros(idx_in.shape(), TensorOptions(x.dtype()).with_device(x.device()));
+      return where(m.valid, gather_raw(x, d, m.local), Scalar(0.0));
+    }
+    return forward_plain(x, idx_in);
+  }
+
+  Tensor forward_plain(const Tensor& x, const Tensor& idx) {
     check_index_dtype("gather", idx, "index");
     detail::check_same_device("gather", x, idx);
     check_gather_shapes("gather", x, d, idx);
@@ -155,10 +242,41 @@ struct GatherOp {
 
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
     if (!ctx.needs(0) || !grads[0].defined()) return {Tensor(), Tensor()};
-    const Tensor& g = grads[0];
+    Tensor g = grads[0];
+    if (total >= 0) g = where(valid.get(), g, Scalar(0.0));
     Tensor dx = raw::empty(x_shape, g.dtype(), g.device());
+    if (dx.numel() == 0) return {dx, Tensor()};
     kernels::scatter_add(g.device(), dx, d, index.get(), g, chunks(), /*accumulate=*/false);
     return {dx, Tensor()};
+  }
+
+  // Per mesh dim: x sharded along the gather dim -> masked gathers, pending
+  // sum; x and index sharded alike along another dim (equal sizes there) ->
+  // sharded output; index sharded along the gather dim with x replicated ->
+  // output sharded there; Partial x stays Partial.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    const TensorSpec& ix = ctx.in[1];
+    ShardingPlan plan;
+    plan.in.resize(2);
+    plan.out.resize(1);
+    bool masked = false;
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      const Placement px = x.placements[m], pi = ix.placements[m];
+      auto same_size = [&](int e) { return x.shape[e] == ix.shape[e]; };
+      Placement a = Replicate(), b = Replicate(), o = Replicate();
+      if (px.is_shard(d)) a = px, o = Partial(), masked = true;
+      else if (px.is_shard() && same_size(px.dim)) a = px, b = px, o = px;
+      else if (pi.is_shard() && pi.dim != d && same_size(pi.dim)) a = pi, b = pi, o = pi;
+      else if (pi.is_shard(d)) b = pi, o = pi;
+      else if (px.is_partial_sum()) a = px, o = Partial();
+      plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
+    }
+    if (masked) {
+      total = x.shape[d];
+      start = ctx.local(x.shape, plan.in[0]).offset[d];
+    }
+    return plan;
   }
 };
 
@@ -210,6 +328,30 @@ struct ScatterAddOp {
     }
     return {dx, Tensor(), dsrc};
   }
+
+  // Sharded alike along a dim other than d (x, index, source of one size
+  // there) stays sharded; x and source both Partial stay Partial; else replicated.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    const TensorSpec& ix = ctx.in[1];
+    const TensorSpec& src = ctx.in[2];
+    ShardingPlan plan;
+    plan.in.resize(3);
+    plan.out.resize(1);
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      Placement c = Replicate();
+      for (const TensorSpec* t : {&x, &ix, &src}) {
+        const Placement p = t->placements[m];
+        if (p.is_shard() && p.dim != d && x.shape[p.dim] == ix.shape[p.dim] && x.shape[p.dim] == src.shape[p.dim])
+          c = p;
+      }
+      Placement a = c, b = c, s = c, o = c;
+      if (!c.is_shard() && x.placements[m].is_partial_sum() && src.placements[m].is_partial_sum())
+        a = Partial(), b = Replicate(), s = Partial(), o = Partial();
+      plan.in[0].push_back(a), plan.in[1].push_back(b), plan.in[2].push_back(s), plan.out[0].push_back(o);
+    }
+    return plan;
+  }
 };
 
 // ---- index_select / index_add ---------------------------------------------------------------
@@ -237,6 +379,25 @@ struct IndexSelectOp {
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
     if (!ctx.needs(0) || !grads[0].defined()) return {Tensor(), Tensor()};
     return {index_add_into_zeros(x_shape, d, index.get(), grads[0]), Tensor()};
+  }
+
+  // x sharded along another dim keeps it; a sharded index shards the output
+  // along d; Partial x stays Partial; x sharded along d is gathered.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    const TensorSpec& ix = ctx.in[1];
+    ShardingPlan plan;
+    plan.in.resize(2);
+    plan.out.resize(1);
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      const Placement px = x.placements[m], pi = ix.placements[m];
+      Placement a = Replicate(), b = Replicate(), o = Replicate();
+      if (px.is_shard() && px.dim != d) a = px, o = px;
+      else if (pi.is_shard(0) && ix.dim() == 1) b = pi, o = Shard(d);
+      else if (px.is_partial_sum()) a = px, o = px;
+      plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
+    }
+    return plan;
   }
 };
 
@@ -282,6 +443,26 @@ struct IndexAddOp {
     }
     return {dx, Tensor(), dsrc};
   }
+
+  // x and source sharded alike along a dim other than d stay sharded; both
+  // Partial stay Partial; otherwise replicated.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    const TensorSpec& src = ctx.in[2];
+    ShardingPlan plan;
+    plan.in.resize(3);
+    plan.out.resize(1);
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      const Placement px = x.placements[m], ps = src.placements[m];
+      Placement c = Replicate();
+      if (px.is_shard() && px.dim != d) c = px;
+      else if (ps.is_shard() && ps.dim != d) c = ps;
+      Placement a = c, s = c, o = c;
+      if (!c.is_shard() && px.is_partial_sum() && ps.is_partial_sum()) a = px, s = ps, o = Partial();
+      plan.in[0].push_back(a), plan.in[1].push_back(Replicate()), plan.in[2].push_back(s), plan.out[0].push_back(o);
+    }
+    return plan;
+  }
 };
 
 // ---- tril / triu ------------------------------------------------------------------------------
@@ -304,6 +485,15 @@ struct TriangleOp {
     Tensor dx = raw::empty(g.shape(), g.dtype(), g.device());
     kernels::triangle(g.device(), g, k, upper, dx);
     return {dx};
+  }
+
+  // Any layout works: a piece at rows r0.., columns c0.. keeps the global
+  // diagonal with k + r0 - c0. Linear, so Partial stays Partial.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    LocalGeometry g = ctx.local(x.shape, x.placements);
+    k += g.offset[x.dim() - 2] - g.offset[x.dim() - 1];
+    return {{x.placements}, {x.placements}};
   }
 };
 

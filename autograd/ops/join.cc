@@ -3,6 +3,7 @@
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
 #include "kernels/elementwise.h"
+#include "parallel/sharding.h"
 
 namespace tessel {
 namespace {
@@ -92,6 +93,31 @@ struct JoinOp {
     }
     return out;
   }
+
+  // Inputs sharded alike along a dim other than the joined one stay sharded
+  // (stack shifts dims at and after the new one); all Partial stay Partial.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const int n = ctx.in[0].dim();
+    bool same_rank = true;
+    for (const TensorSpec& s : ctx.in) same_rank = same_rank && s.dim() == n;
+    const int jd = same_rank && n > 0 ? wrap_dim(dim, is_stack ? n + 1 : n, name()) : -1;
+    ShardingPlan plan;
+    plan.in.resize(ctx.in.size());
+    plan.out.resize(1);
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      Placement c = Replicate();
+      const Placement first = ctx.in[0].placements[m];
+      bool all_partial = true;
+      for (const TensorSpec& s : ctx.in) all_partial = all_partial && s.placements[m].is_partial_sum();
+      if (same_rank && first.is_shard() && (is_stack || first.dim != jd)) c = first;
+      else if (same_rank && all_partial) c = Partial();
+      for (auto& p : plan.in) p.push_back(c);
+      Placement o = c;
+      if (c.is_shard() && is_stack && c.dim >= jd) o = Shard(c.dim + 1);
+      plan.out[0].push_back(o);
+    }
+    return plan;
+  }
 };
 
 // split and chunk: views of x; the gradient assembles the pieces' gradients
@@ -130,6 +156,12 @@ struct SplitOp {
       offset += sizes[i];
     }
     return {dx};
+  }
+
+  // Pieces keep x's layout; x sharded along the split dim is gathered.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    Placements p = sharding::unshard(ctx.in[0].placements, {d}, false);
+    return {{p}, std::vector<Placements>(ctx.out.size(), p)};
   }
 };
 

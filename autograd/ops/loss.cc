@@ -2,6 +2,11 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops/elementwise.h"
+#include "autograd/ops/indexing.h"
+#include "autograd/ops/reduce.h"
+#include "autograd/ops/unary.h"
 #include "kernels/loss.h"
 #include "runtime/numerics.h"
 
@@ -101,6 +106,37 @@ struct ClassLossOp {
   }
 };
 
+// The losses of distributed scores, from ops that know how to shard: with
+// the class dim sharded (vocabulary parallel) the target logit is a masked
+// gather and the log-sum-exp a pending max and a pending sum; with tokens
+// sharded, the mean divides the pending sum of losses by the global count.
+Tensor class_loss_distributed(const Tensor& scores, const Tensor& targets, int64_t ignore_index, LossReduction red,
+                              double label_smoothing, bool fused) {
+  const int last = scores.dim() - 1;
+  const int64_t K = scores.shape()[last];
+  Tensor valid = ne(targets, Scalar(ignore_index));
+  Tensor safe = where(valid, targets, Scalar(int64_t(0)));
+  Tensor picked = gather(scores, last, safe.unsqueeze(-1)).squeeze(-1);
+  Tensor loss;
+  if (fused) {
+    Tensor m;
+    {
+      NoGradGuard ng;
+      m = amax(scores.detach(), {last}, /*keepdim=*/true);
+    }
+    Tensor lse = log(sum(exp(scores - m), {last})) + m.squeeze(-1);
+    loss = label_smoothing > 0 ? lse - picked * (1.0 - label_smoothing) - sum(scores, {last}) * (label_smoothing / double(K))
+                               : lse - picked;
+  } else {
+    loss = -picked;
+  }
+  loss = where(valid, loss, Scalar(0.0));
+  if (red == LossReduction::None) return loss;
+  Tensor total = sum(loss);
+  if (red == LossReduction::Sum) return total;
+  return total / sum(valid.to(scores.dtype()));
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const std::string& reduction,
@@ -110,6 +146,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   LossReduction red = parse_reduction(op, reduction);
   TESSEL_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, "label_smoothing must be in [0, 1], got {}",
                label_smoothing);
+  if (logits.is_distributed() || targets.is_distributed())
+    return class_loss_distributed(logits, targets, ignore_index, red, label_smoothing, true);
   return call(ClassLossOp{true, ignore_index, red, label_smoothing, numerics::reduction_chunks()}, logits, targets);
 }
 
@@ -117,6 +155,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets, int64_t ignore_i
   const char* op = "nll_loss";
   check_loss_args(op, log_probs, targets);
   LossReduction red = parse_reduction(op, reduction);
+  if (log_probs.is_distributed() || targets.is_distributed())
+    return class_loss_distributed(log_probs, targets, ignore_index, red, 0.0, false);
   return call(ClassLossOp{false, ignore_index, red, 0.0, numerics::reduction_chunks()}, log_probs, targets);
 }
 

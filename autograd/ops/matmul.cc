@@ -4,30 +4,106 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "kernels/matmul.h"
+#include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
 namespace {
 
-// [B, M, K] x [B, K, N] with equal batch sizes; dtype already common.
-struct BmmOp {
+// t with `shape` (same elements): a view when the strides allow it, else a copy.
+Tensor as_shape(const Tensor& t, const Dims& shape) {
+  Tensor v = raw::try_view(t, shape);
+  return v.defined() ? v : raw::try_view(detail::contiguous_raw(t), shape);
+}
+
+// Product of all but the last `keep` dims.
+int64_t leading(const Dims& s, int keep) { return numel_of(Dims(s.data(), size_t(s.size() - keep))); }
+
+Tensor bmm_raw(const Tensor& x, const Tensor& y, int chunks) {
+  Tensor out = raw::empty(Dims{x.shape()[0], x.shape()[1], y.shape()[2]}, x.dtype(), x.device());
+  kernels::bmm(x.device(), x, y, out, /*accumulate=*/false, chunks);
+  return out;
+}
+
+// a [..., M, K] times b: either [K, N], shared by every row of a (folded into
+// one GEMM over all rows, so the weight gradient reduces over all of them), or
+// [..., K, N] with a's batch dims. dtype already common.
+struct MatmulOp {
   static constexpr const char* kName = "matmul";
-  SavedTensor a, b;
+  int chunks;
+  SavedTensor a3, b3;  // [Bt, M, K] / [Bt, K, N] (shared b: [1, rows, K] / [1, K, N])
+  Dims a_shape, b_shape, out3_shape;
 
   Tensor forward(const Tensor& x, const Tensor& y) {
-    Tensor out = raw::empty(Dims{x.shape()[0], x.shape()[1], y.shape()[2]}, x.dtype(), x.device());
-    kernels::bmm(x.device(), x, y, out, /*accumulate=*/false, numerics::reduction_chunks());
-    a = x;
-    b = y;
-    return out;
+    const bool shared = y.dim() == 2;
+    const int64_t M = x.size(-2), K = x.size(-1), N = y.size(-1);
+    a_shape = x.shape();
+    b_shape = y.shape();
+    Tensor xa = shared ? as_shape(x, Dims{1, leading(x.shape(), 1), K}) : as_shape(x, Dims{leading(x.shape(), 2), M, K});
+    Tensor yb = shared ? raw::unsqueeze(y, 0) : as_shape(y, Dims{leading(y.shape(), 2), K, N});
+    Tensor out3 = bmm_raw(xa, yb, chunks);
+    a3 = xa;
+    b3 = yb;
+    out3_shape = out3.shape();
+    Dims oshape = x.shape();
+    oshape[oshape.size() - 1] = N;
+    return raw::try_view(out3, oshape);
   }
 
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
-    const Tensor& g = grads[0];
+    Tensor g = raw::try_view(detail::contiguous_raw(grads[0]), out3_shape);
     Tensor ga, gb;
-    if (ctx.needs(0)) ga = bmm(g, b.get().transpose(1, 2));
-    if (ctx.needs(1)) gb = bmm(a.get().transpose(1, 2), g);
+    if (ctx.needs(0)) ga = raw::try_view(bmm_raw(g, raw::transpose(b3.get(), 1, 2), chunks), a_shape);
+    if (ctx.needs(1)) gb = raw::try_view(bmm_raw(raw::transpose(a3.get(), 1, 2), g, chunks), b_shape);
     return {ga, gb};
+  }
+
+  // Per mesh dim, the cheapest of: shard a batch dim, M (rows of a), N
+  // (columns of b), K (both; output Partial), keep a Partial operand
+  // (linear), or replicate. Cost: the elements a collective would move
+  // (slicing a replicated operand is free); ties go to the order listed.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& A = ctx.in[0];
+    const TensorSpec& B = ctx.in[1];
+    const bool shared = B.dim() == 2;
+    const int na = A.dim(), nb = B.dim();
+    const int m_dim = na - 2, k_dim_a = na - 1, k_dim_b = nb - 2, n_dim_b = nb - 1;
+    ShardingPlan plan;
+    plan.in.resize(2);
+    plan.out.resize(1);
+    const int64_t sa = numel_of(A.shape), sb = numel_of(B.shape);
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      const Placement ca = A.placements[m], cb = B.placements[m];
+      auto cost = [](const Placement& cur, const Placement& want, int64_t n) -> int64_t {
+        if (cur == want || (cur.is_replicate() && want.is_shard())) return 0;
+        return n;
+      };
+      struct Cand {
+        Placement pa, pb, out;
+      };
+      Cand cands[kMaxDims + 6];
+      int nc = 0;
+      for (int d = 0; d < na - 2; ++d)
+        if (A.shape[d] > 1) cands[nc++] = {Shard(d), shared ? Replicate() : Shard(d), Shard(d)};
+      if (A.shape[m_dim] > 1) cands[nc++] = {Shard(m_dim), Replicate(), Shard(m_dim)};
+      if (B.shape[n_dim_b] > 1) cands[nc++] = {Replicate(), Shard(n_dim_b), Shard(na - 1)};
+      if (A.shape[k_dim_a] > 1) cands[nc++] = {Shard(k_dim_a), Shard(k_dim_b), Partial()};
+      cands[nc++] = {Partial(), Replicate(), Partial()};
+      cands[nc++] = {Replicate(), Partial(), Partial()};
+      cands[nc++] = {Replicate(), Replicate(), Replicate()};
+      int best = nc - 1;
+      int64_t best_cost = cost(ca, Replicate(), sa) + cost(cb, Replicate(), sb);
+      for (int c = 0; c < nc; ++c) {
+        if (cands[c].out.is_partial() && cands[c].pa.is_partial() && !ca.is_partial_sum()) continue;
+        if (cands[c].out.is_partial() && cands[c].pb.is_partial() && !cb.is_partial_sum()) continue;
+        int64_t k = cost(ca, cands[c].pa, sa) + cost(cb, cands[c].pb, sb);
+        if (k < best_cost) best_cost = k, best = c;
+      }
+      plan.in[0].push_back(cands[best].pa);
+      plan.in[1].push_back(cands[best].pb);
+      plan.out[0].push_back(cands[best].out);
+    }
+    return plan;
   }
 };
 
@@ -48,7 +124,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
                "shapes {} and {} cannot be multiplied (batch {} vs {}, inner {} vs {})", a.shape(), b.shape(),
                a.shape()[0], b.shape()[0], a.shape()[2], b.shape()[1]);
   DType t = promote_types(a.dtype(), b.dtype());
-  return call(BmmOp{}, a.to(t), b.to(t));
+  return call(MatmulOp{numerics::reduction_chunks()}, a.to(t), b.to(t));
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
@@ -63,30 +139,18 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
                a_in.shape(), b_in.shape(), K, K2);
   Tensor out;
   if (b.dim() == 2) {
-    // Fold every leading dim of a into M: one GEMM, weight gradients reduce over all rows.
-    Dims lead(a.shape().data(), size_t(a.dim() - 2));
-    Tensor a2 = a.reshape({-1, K});
-    out = call(BmmOp{}, a2.unsqueeze(0), b.unsqueeze(0)).squeeze(0);
-    Dims oshape = lead;
-    oshape.push_back(M);
-    oshape.push_back(N);
-    out = out.reshape(oshape);
+    // Every leading dim of a folds into M: one GEMM, weight gradients reduce over all rows.
+    out = call(MatmulOp{numerics::reduction_chunks()}, a, b);
   } else {
     Dims ab(a.shape().data(), size_t(a.dim() - 2)), bb(b.shape().data(), size_t(b.dim() - 2));
     Dims batch = broadcast_shapes(ab, bb, "matmul");
-    int64_t bt = numel_of(batch);
     Dims ae = batch, be = batch;
     ae.push_back(M);
     ae.push_back(K);
     be.push_back(K);
     be.push_back(N);
-    Tensor a3 = a.expand(ae).reshape({bt, M, K});
-    Tensor b3 = b.expand(be).reshape({bt, K, N});
-    out = call(BmmOp{}, a3, b3);
-    Dims oshape = batch;
-    oshape.push_back(M);
-    oshape.push_back(N);
-    out = out.reshape(oshape);
+    out = call(MatmulOp{numerics::reduction_chunks()}, a.shape() == ae ? a : a.expand(ae),
+               b.shape() == be ? b : b.expand(be));
   }
   if (a1) out = out.squeeze(-2);
   if (b1) out = out.squeeze(-1);

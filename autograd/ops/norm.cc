@@ -2,7 +2,11 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
+#include "autograd/ops/elementwise.h"
+#include "autograd/ops/reduce.h"
+#include "autograd/ops/unary.h"
 #include "kernels/norm.h"
+#include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -81,18 +85,62 @@ struct NormOp {
     return {dx.defined() ? raw::try_view(dx, x_shape) : dx, dw.defined() ? raw::try_view(dw, nshape) : dw,
             db.defined() ? raw::try_view(db, nshape) : db};
   }
+
+  // Rows (the leading dims) may be sharded, e.g. sequence parallel; the
+  // normalised dims are whole here (layer_norm/rms_norm decompose otherwise).
+  // Weight and bias are replicated: their gradients come out Partial.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    Placements p = sharding::unshard(x.placements, {}, true);
+    for (int d = x.dim() - nshape.size(); d < x.dim(); ++d) p = sharding::unshard(p, {d}, false);
+    const Placements r = Placements::replicated(ctx.mesh_ndim());
+    return {{p, r, r}, {p}};
+  }
 };
+
+// Is any of the last `k` dims of x sharded?
+bool normalized_dims_sharded(const Tensor& x, int k) {
+  if (!x.is_distributed()) return false;
+  for (const Placement& p : x.placements())
+    if (p.is_shard() && p.dim >= x.dim() - k) return true;
+  return false;
+}
+
+std::vector<int64_t> last_dims(int n, int k) {
+  std::vector<int64_t> dims;
+  for (int d = n - k; d < n; ++d) dims.push_back(d);
+  return dims;
+}
+
+// Norms over sharded dims from shardable ops (statistics become pending sums).
+Tensor norm_sharded(const Tensor& x, int k, const Tensor& w, const Tensor& b, double eps, bool rms) {
+  std::vector<int64_t> dims = last_dims(x.dim(), k);
+  Tensor y;
+  if (rms) {
+    y = x * rsqrt(mean(square(x), dims, /*keepdim=*/true) + eps);
+  } else {
+    Tensor xc = x - mean(x, dims, /*keepdim=*/true);
+    y = xc * rsqrt(mean(square(xc), dims, /*keepdim=*/true) + eps);
+  }
+  if (w.defined()) y = y * w;
+  if (b.defined()) y = y + b;
+  return y;
+}
 
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Dims& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
   check_norm("layer_norm", x, normalized_shape, weight, bias, eps);
+  if (normalized_dims_sharded(x, normalized_shape.size()))
+    return norm_sharded(x, normalized_shape.size(), weight, bias, eps, false);
   return call(NormOp{false, eps, numerics::reduction_chunks(), normalized_shape}, x, weight, bias);
 }
 
 Tensor rms_norm(const Tensor& x, const Dims& normalized_shape, const Tensor& weight, double eps) {
   check_norm("rms_norm", x, normalized_shape, weight, Tensor(), eps);
+  if (normalized_dims_sharded(x, normalized_shape.size()))
+    return norm_sharded(x, normalized_shape.size(), weight, Tensor(), eps, true);
   return call(NormOp{true, eps, numerics::reduction_chunks(), normalized_shape}, x, weight, Tensor());
 }
 

@@ -5,6 +5,8 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
+#include "autograd/ops/dist.h"
+#include "parallel/sharding.h"
 
 namespace tessel {
 
@@ -88,9 +90,13 @@ Tensor bernoulli(const Dims& shape, double p, PhiloxKey key, TensorOptions opts,
 }
 
 Tensor rand_like(const Tensor& t, PhiloxKey key, const GlobalBlock& block) {
+  if (t.is_distributed() && block.is_whole())
+    return rand(t.shape(), key, t.mesh(), sharding::unshard(t.placements(), {}, true), options_of(t));
   return rand(t.shape(), key, options_of(t), block);
 }
 Tensor randn_like(const Tensor& t, PhiloxKey key, const GlobalBlock& block) {
+  if (t.is_distributed() && block.is_whole())
+    return randn(t.shape(), key, t.mesh(), sharding::unshard(t.placements(), {}, true), options_of(t));
   return randn(t.shape(), key, options_of(t), block);
 }
 
@@ -118,6 +124,20 @@ struct DropoutOp {
     Tensor dx = raw::empty(g.shape(), g.dtype(), g.device());
     kernels::dropout(g.device(), g, dx, key, keep_threshold, scale, block);
     return {dx};
+  }
+
+  // Pointwise and linear; a piece draws the mask of its own global
+  // coordinates (DESIGN.md §4 level 1), so every layout gives the same mask.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    ShardingPlan plan = sharding::pointwise(ctx, {0b1});
+    const Dims& shape = ctx.in[0].shape;
+    LocalGeometry g = ctx.local(shape, plan.out[0]);
+    if (block.is_whole()) {
+      block = g.block(shape);
+    } else {
+      for (int d = 0; d < shape.size(); ++d) block.offset[d] += g.offset[d];
+    }
+    return plan;
   }
 };
 

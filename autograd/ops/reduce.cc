@@ -2,11 +2,14 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
+#include "autograd/ops/dist.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/indexing.h"
 #include "autograd/ops/unary.h"
 #include "kernels/reduce.h"
+#include "parallel/redistribute.h"
+#include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -47,6 +50,21 @@ Tensor expand_grad(const Tensor& g, const Dims& in_shape, uint32_t mask) {
   return gk.expand(in_shape);
 }
 
+// Input dim -> output dim of a reduction (-1 for reduced dims).
+std::vector<int> reduce_map(int n, uint32_t mask, bool keepdim) {
+  std::vector<int> map(size_t(std::max(n, 1)), -1);
+  int o = 0;
+  for (int d = 0; d < n; ++d) {
+    if (mask & (1u << d)) {  // gone, or kept with size 1 (never sharded)
+      map[size_t(d)] = -1;
+      if (keepdim) ++o;
+    } else {
+      map[size_t(d)] = o++;
+    }
+  }
+  return map;
+}
+
 Tensor reduce_raw(ReduceOp op, const Tensor& x, uint32_t mask, DType out_dtype) {
   Tensor out = raw::empty(keepdim_shape(x.shape(), mask), out_dtype, x.device());
   kernels::reduce(x.device(), op, x, out, numerics::reduction_chunks());
@@ -68,6 +86,14 @@ struct SumOp {
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) {
     return {expand_grad(grads[0], in_shape, mask)};
   }
+
+  // A sum over a sharded dim leaves a pending sum: Partial(sum). Linear, so
+  // Partial inputs stay Partial.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    std::vector<int> map = reduce_map(x.dim(), mask, keepdim);
+    return {{x.placements}, {sharding::map_dims(x.placements, map.data(), Partial())}};
+  }
 };
 
 struct ExtremeOp {  // amax / amin
@@ -75,13 +101,14 @@ struct ExtremeOp {  // amax / amin
   uint32_t mask;
   bool keepdim;
   bool is_max;
+  bool piece = false;  // a local piece of a sharded reduction: may be empty (gives -inf / +inf)
   SavedTensor x, out_keep;
   const char* name() const { return is_max ? "amax" : "amin"; }
 
   Tensor forward(const Tensor& in) {
     const char* name = is_max ? "amax" : "amin";
     for (int d = 0; d < in.dim(); ++d)
-      TESSEL_CHECK(!(mask & (1u << d)) || in.shape()[d] > 0, name, "cannot reduce over empty dimension {} of {}", d,
+      TESSEL_CHECK(piece || !(mask & (1u << d)) || in.shape()[d] > 0, name, "cannot reduce over empty dimension {} of {}", d,
                    in.desc());
     Tensor out = reduce_raw(is_max ? ReduceOp::Max : ReduceOp::Min, in, mask, in.dtype());
     x = in;
@@ -98,15 +125,45 @@ struct ExtremeOp {  // amax / amin
     Tensor g = expand_grad(grads[0], xs.shape(), mask);
     return {where(hit, div(g, count), 0.0)};
   }
+
+  // Without gradients, a max over a sharded dim is a pending max:
+  // Partial(max). With gradients the winners (and ties) must be known
+  // globally, so the reduced dims are gathered first.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    Placements in = sharding::unshard(x.placements, {}, true);
+    if (ctx.grad) {
+      for (int d = 0; d < x.dim(); ++d)
+        if (mask & (1u << d)) in = sharding::unshard(in, {d}, false);
+    }
+    std::vector<int> map = reduce_map(x.dim(), mask, keepdim);
+    piece = true;  // the global shape was checked by the Meta run
+    return {{in}, {sharding::map_dims(in, map.data(), Partial(is_max ? comm::ReduceOp::Max : comm::ReduceOp::Min))}};
+  }
 };
 
 Tensor extreme(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, bool is_max) {
   return call(ExtremeOp{reduce_mask(x, dims, is_max ? "amax" : "amin"), keepdim, is_max}, x);
 }
 
+Tensor arg_extreme(const Tensor& x, int64_t dim, bool keepdim, bool is_max);
+
+// argmax/argmin of a distributed tensor: the reduced dim gathered, the rest
+// computed on the local pieces (indices are global along the reduced dim).
+Tensor arg_extreme_distributed(const Tensor& x, int d, bool keepdim, bool is_max) {
+  Placements in = sharding::unshard(x.placements(), {d}, true);
+  Tensor xr = redistribute(x, in);
+  Tensor local = arg_extreme(raw::local_of(xr), d, keepdim, is_max);
+  std::vector<int> map = reduce_map(x.dim(), 1u << d, keepdim);
+  Dims shape = keepdim_shape(x.shape(), 1u << d);
+  if (!keepdim) shape = squeezed_shape(x.shape(), 1u << d);
+  return raw::make_distributed(local, x.mesh(), sharding::map_dims(in, map.data(), Replicate()), shape);
+}
+
 Tensor arg_extreme(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
   const char* name = is_max ? "argmax" : "argmin";
   int d = wrap_dim(dim, x.dim(), name);
+  if (x.is_distributed() && x.dim() > 0) return arg_extreme_distributed(x, d, keepdim, is_max);
   TESSEL_CHECK(x.dim() == 0 || x.shape()[d] > 0, name, "cannot reduce over empty dimension {} of {}", d, x.desc());
   if (x.dim() == 0) return zeros(Dims{}, TensorOptions(DType::Int64).with_device(x.device()));
   uint32_t mask = 1u << d;

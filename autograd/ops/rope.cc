@@ -7,6 +7,7 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/factory.h"
 #include "kernels/rope.h"
+#include "parallel/sharding.h"
 #include "runtime/tmath.h"
 
 namespace tessel {
@@ -36,6 +37,18 @@ struct RotaryOp {
     Tensor dx = raw::empty(g.shape(), g.dtype(), g.device());
     kernels::rope_apply(g.device(), g, cos_c.get(), sin_c.get(), positions.get(), offset, interleaved, /*inverse=*/true, dx);
     return {dx, Tensor(), Tensor()};
+  }
+
+  // x [B, T, H, D]: batch and heads may be sharded; time too when positions
+  // come from the offset (a piece starting at t0 rotates by offset + t0); the
+  // rotated pairs of the head dim must be whole. Linear in x: Partial stays.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& x = ctx.in[0];
+    Placements p = sharding::unshard(x.placements, {3}, false);
+    if (positions.defined()) p = sharding::unshard(p, {0, 1}, false);
+    const Placements r = Placements::replicated(ctx.mesh_ndim());
+    offset += ctx.local(x.shape, p).offset[1];
+    return {{p, r, r}, {p}};
   }
 };
 

@@ -2,7 +2,12 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
+#include "autograd/ops/elementwise.h"
+#include "autograd/ops/reduce.h"
+#include "autograd/ops/unary.h"
+#include "autograd/grad_mode.h"
 #include "kernels/softmax.h"
+#include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -30,7 +35,36 @@ struct SoftmaxOp {
     kernels::softmax_backward(ys.device(), g, ys, dim, log, dx, chunks);
     return {dx};
   }
+
+  // Rows stay where they are; the softmax dim itself is never sharded here
+  // (softmax_impl decomposes that case).
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    Placements p = sharding::unshard(ctx.in[0].placements, {dim}, true);
+    return {{p}, {p}};
+  }
 };
+
+bool sharded_along(const Tensor& x, int d) {
+  if (!x.is_distributed()) return false;
+  for (const Placement& p : x.placements())
+    if (p.is_shard(d)) return true;
+  return false;
+}
+
+// Softmax over a sharded dim from ops that know how to shard: the stabilising
+// max is a pending max (no gradient flows through it), the denominator a
+// pending sum.
+Tensor softmax_sharded(const Tensor& x, int d, bool log_out) {
+  Tensor m;
+  {
+    NoGradGuard ng;
+    m = amax(x.detach(), {d}, /*keepdim=*/true);
+  }
+  Tensor z = x - m;
+  Tensor e = exp(z);
+  Tensor s = sum(e, {d}, /*keepdim=*/true);
+  return log_out ? z - log(s) : e / s;
+}
 
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
@@ -40,6 +74,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
     return softmax_impl(x.reshape({1}), 0, log).reshape({});
   }
   int d = wrap_dim(dim, x.dim(), op);
+  if (sharded_along(x, d)) return softmax_sharded(x, d, log);
   return call(SoftmaxOp{d, log, numerics::reduction_chunks()}, x);
 }
 

@@ -3,6 +3,7 @@
 #include "autograd/function.h"
 #include "kernels/indexing.h"
 #include "kernels/sort.h"
+#include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -44,6 +45,12 @@ struct SortOp {
     Tensor dx = raw::empty(in_shape, g.dtype(), g.device());
     kernels::scatter_add(g.device(), dx, d, indices.get(), g, numerics::reduction_chunks(), /*accumulate=*/false);
     return {dx};
+  }
+
+  // Lines along d are whole; other dims keep their shards.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    Placements p = sharding::unshard(ctx.in[0].placements, {d}, true);
+    return {{p}, {p, p}};
   }
 };
 

@@ -4,6 +4,7 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "kernels/unary.h"
+#include "parallel/sharding.h"
 
 namespace tessel {
 
@@ -43,6 +44,22 @@ struct UnaryMathOp {
     kernels::unary_backward(xs.device(), op, g, xs, y.get(), dx);
     return {dx};
   }
+
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    return op == UnaryOp::Neg ? sharding::pointwise(ctx, {0b1}) : sharding::pointwise(ctx);
+  }
+};
+
+struct LogicalNotOp {
+  static constexpr const char* kName = "logical_not";
+  Tensor forward(const Tensor& a) {
+    Tensor b = detail::cast_raw(a, DType::Bool);
+    Tensor out = raw::empty(b.shape(), DType::Bool, b.device());
+    kernels::unary(b.device(), UnaryOp::LogicalNot, b, out);
+    return out;
+  }
+  std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>&) { return {Tensor()}; }
+  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx); }
 };
 
 Tensor unary_op(UnaryOp op, const Tensor& x) { return call(UnaryMathOp{op}, x); }
@@ -84,10 +101,8 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 }
 
 Tensor logical_not(const Tensor& a) {
-  Tensor b = detail::cast_raw(a, DType::Bool);
-  Tensor out = raw::empty(b.shape(), DType::Bool, b.device());
-  kernels::unary(b.device(), UnaryOp::LogicalNot, b, out);
-  return out;
+  if (a.is_distributed()) return call(LogicalNotOp{}, a);
+  return LogicalNotOp{}.forward(a);
 }
 
 }  // namespace tessel

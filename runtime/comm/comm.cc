@@ -12,16 +12,6 @@
 
 namespace tessel::comm {
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-  }
-  return "?";
-}
-
 namespace {
 
 std::chrono::milliseconds timeout_from_env() {

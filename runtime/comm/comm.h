@@ -32,12 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/reduce_op.h"
 #include "runtime/tensor.h"
 
 namespace tessel::comm {
-
-enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
-const char* reduce_op_name(ReduceOp op);
 
 // Timeout for any single collective: TESSEL_COMM_TIMEOUT (seconds, default 300).
 std::chrono::milliseconds default_timeout();

@@ -1,0 +1,171 @@
+#include "autograd/dist_call.h"
+
+#include "autograd/ops/dist.h"
+#include "parallel/redistribute.h"
+#include "runtime/logging.h"
+
+namespace tessel::detail {
+
+DistCall::DistCall(const char* op, std::vector<const Tensor*> in) : inputs(std::move(in)) {
+  ctx.op = op;
+  for (const Tensor* t : inputs) {
+    if (!t->defined() || !t->is_distributed()) continue;
+    if (!mesh) {
+      mesh = t->mesh();
+    } else if (!same_mesh(mesh, t->mesh())) {
+      TESSEL_FAIL(op, "operands live on different meshes: {} and {}", mesh->str(), t->desc());
+    }
+  }
+  TESSEL_ASSERT(mesh != nullptr);
+  ctx.mesh = mesh.get();
+  const Placements rep = Placements::replicated(mesh->ndim());
+  ctx.in.resize(inputs.size());
+  meta_in.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = *inputs[i];
+    TensorSpec& s = ctx.in[i];
+    if (!t.defined()) continue;
+    s.defined = true;
+    s.distributed = t.is_distributed();
+    s.shape = t.shape();
+    s.dtype = t.dtype();
+    s.placements = s.distributed ? t.placements() : rep;
+    meta_in[i] = raw::empty(t.shape(), t.dtype(), kMeta);
+  }
+  ctx.grad = false;
+  if (GradMode::is_enabled()) {
+    for (const Tensor* t : inputs)
+      if (t->defined() && t->requires_grad()) ctx.grad = true;
+  }
+}
+
+void DistCall::set_outputs(const Tensor& meta_out) {
+  TensorSpec s;
+  s.defined = meta_out.defined();
+  if (s.defined) {
+    s.shape = meta_out.shape();
+    s.dtype = meta_out.dtype();
+  }
+  ctx.out.push_back(s);
+}
+
+void DistCall::set_outputs(const std::vector<Tensor>& meta_out) {
+  for (const Tensor& t : meta_out) set_outputs(t);
+}
+
+void log_replicated_fallback(const char* op) {
+  log_once(std::string("replicated-fallback:") + op,
+           "tessel: op '{}' has no sharding rule; its distributed inputs are replicated first", op);
+}
+
+void DistCall::finish_plan(bool has_rule) {
+  if (!has_rule) plan = sharding::replicate(ctx);
+  const char* op = ctx.op;
+  TESSEL_CHECK(plan.in.size() == ctx.in.size() && plan.out.size() == ctx.out.size(), op,
+               "internal error: sharding rule returned {} input / {} output placements for {} inputs / {} outputs",
+               plan.in.size(), plan.out.size(), ctx.in.size(), ctx.out.size());
+  for (size_t i = 0; i < ctx.in.size(); ++i)
+    if (ctx.in[i].defined) parallel::check_placements(op, *mesh, plan.in[i], ctx.in[i].dim());
+  for (size_t i = 0; i < ctx.out.size(); ++i)
+    if (ctx.out[i].defined) parallel::check_placements(op, *mesh, plan.out[i], ctx.out[i].dim());
+}
+
+void DistCall::place_inputs() {
+  placed.resize(inputs.size());
+  local_in.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = *inputs[i];
+    if (!t.defined()) continue;
+    if (t.is_distributed()) {
+      placed[i] = t.placements() == plan.in[i] ? t : redistribute(t, plan.in[i]);
+    } else {
+      placed[i] = distribute_tensor(t, mesh, plan.in[i]);
+    }
+    local_in[i] = raw::local_of(placed[i]);
+  }
+}
+
+Tensor DistCall::wrap(const Tensor& local_out, size_t i) const {
+  if (!local_out.defined()) return local_out;
+  const TensorSpec& s = ctx.out[i];
+  const Placements& p = plan.out[i];
+  LocalGeometry g = ctx.local(s.shape, p);
+  TESSEL_CHECK(local_out.shape() == g.shape, ctx.op,
+               "internal error: sharding rule gives output {} placements {} (local piece {} expected) but the local "
+               "op produced {}",
+               i, p, g.shape, local_out.shape());
+  return raw::make_distributed(local_out, mesh, p, s.shape);
+}
+
+std::vector<Tensor> DistCall::wrap(const std::vector<Tensor>& local_out) const {
+  std::vector<Tensor> out;
+  out.reserve(local_out.size());
+  for (size_t i = 0; i < local_out.size(); ++i) out.push_back(wrap(local_out[i], i));
+  return out;
+}
+
+DistGradInfo make_grad_info(const DistCall& c, const char* op) {
+  DistGradInfo g;
+  g.mesh = c.mesh;
+  g.op = op;
+  g.in = c.plan.in;
+  g.out = c.plan.out;
+  for (const TensorSpec& s : c.ctx.in) {
+    g.in_shape.push_back(s.shape);
+    g.in_defined.push_back(s.defined);
+  }
+  for (const TensorSpec& s : c.ctx.out) g.out_shape.push_back(s.shape);
+  for (int m = 0; m < c.mesh->ndim(); ++m) {
+    bool all_r = true;
+    for (size_t i = 0; i < g.in.size(); ++i)
+      if (g.in_defined[i] && !g.in[i][m].is_replicate()) all_r = false;
+    for (size_t i = 0; i < g.out.size(); ++i)
+      if (c.ctx.out[i].defined && !g.out[i][m].is_replicate()) all_r = false;
+    if (all_r) g.passthrough |= 1u << m;
+  }
+  return g;
+}
+
+std::vector<Tensor> DistGradInfo::localize(std::vector<Tensor>& grads, Placements& mode) const {
+  const int nd = mesh->ndim();
+  mode = Placements::replicated(nd);
+  for (int m = 0; m < nd; ++m) {
+    if (!(passthrough >> m & 1u)) continue;
+    for (const Tensor& g : grads)
+      if (g.defined() && g.is_distributed() && g.placements()[m].is_partial_sum()) mode[m] = Partial();
+  }
+  std::vector<Tensor> local(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
+    if (!g.defined()) continue;
+    Placements want;
+    for (int m = 0; m < nd; ++m) want.push_back(passthrough >> m & 1u ? mode[m] : sharding::dual(out[i][m], op));
+    if (!g.is_distributed()) {  // a plain gradient (e.g. the engine's seed of ones): the full value on every rank
+      const Tensor& lg = g;
+      local[i] = parallel::redistribute_local(lg, out_shape[i], *mesh, Placements::replicated(nd), want);
+    } else {
+      local[i] = parallel::redistribute_local(g.dist().local, out_shape[i], *mesh, g.placements(), want);
+    }
+  }
+  return local;
+}
+
+std::vector<Tensor> DistGradInfo::wrap_inputs(std::vector<Tensor>& local_grads, const Placements& mode) const {
+  const int nd = mesh->ndim();
+  std::vector<Tensor> out(local_grads.size());
+  for (size_t i = 0; i < local_grads.size(); ++i) {
+    const Tensor& lg = local_grads[i];
+    if (!lg.defined() || i >= in.size() || !in_defined[i]) continue;
+    Placements p;
+    for (int m = 0; m < nd; ++m) p.push_back(passthrough >> m & 1u ? mode[m] : sharding::dual(in[i][m], op));
+    LocalGeometry geo = local_geometry(in_shape[i], mesh->shape(), p, mesh->coords());
+    TESSEL_CHECK(lg.shape() == geo.shape, std::string("backward of ") + op,
+                 "internal error: local gradient {} of input {} does not match placements {} of global shape {} "
+                 "(expected local {})",
+                 lg.shape(), i, p, in_shape[i], geo.shape);
+    out[i] = raw::make_distributed(lg, mesh, p, in_shape[i]);
+  }
+  return out;
+}
+
+}  // namespace tessel::detail

@@ -1,0 +1,205 @@
+#pragma once
+// How call() runs an op when an argument is a distributed tensor (DESIGN.md
+// §2): every tensor op stays single-device code, and this wrapper makes it
+// work on a mesh.
+//
+//   1. The op runs once on Meta tensors of the global shapes: shape/dtype
+//      checks (errors name global shapes) and the global output shapes.
+//   2. Its sharding rule (op.sharding(ctx), parallel/sharding.h) picks the
+//      input and output placements and may localise the op's attributes;
+//      without a rule, everything is replicated (logged once).
+//   3. Inputs are redistributed where the rule asks (recorded on the tape, so
+//      gradients flow back through the dual collectives).
+//   4. The op's forward runs on the local pieces; its outputs are wrapped as
+//      distributed tensors with the rule's placements.
+//   5. When recording, a DistOpNode runs the op's backward on local gradient
+//      pieces, redistributed to the dual placements first.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "autograd/autograd_meta.h"
+#include "autograd/grad_context.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "parallel/sharding.h"
+
+namespace tessel {
+namespace detail {
+
+inline bool arg_distributed(const Tensor& t) { return t.is_distributed(); }
+inline bool arg_distributed(const std::vector<Tensor>& v) {
+  for (const auto& t : v)
+    if (t.is_distributed()) return true;
+  return false;
+}
+template <class T>
+inline bool arg_distributed(const T&) { return false; }
+
+template <class Op, class = void>
+struct has_sharding_rule : std::false_type {};
+template <class Op>
+struct has_sharding_rule<Op, std::void_t<decltype(std::declval<Op&>().sharding(std::declval<const ShardingContext&>()))>>
+    : std::true_type {};
+
+// What the dispatcher keeps between its steps (non-template parts in dist_call.cc).
+struct DistCall {
+  ShardingContext ctx;
+  MeshPtr mesh;
+  std::vector<const Tensor*> inputs;  // the flattened tensor arguments
+  std::vector<Tensor> meta_in;        // Meta tensors of the global shapes
+  std::vector<Tensor> placed;         // inputs after redistribution (distributed or undefined)
+  std::vector<Tensor> local_in;       // their local pieces
+  ShardingPlan plan;
+
+  DistCall(const char* op, std::vector<const Tensor*> in);
+  void set_outputs(const Tensor& meta_out);
+  void set_outputs(const std::vector<Tensor>& meta_out);
+  void finish_plan(bool has_rule);  // validates the plan (or builds the fallback)
+  void place_inputs();              // redistribution (recorded when grad mode is on)
+  Tensor wrap(const Tensor& local_out, size_t i) const;
+  std::vector<Tensor> wrap(const std::vector<Tensor>& local_out) const;
+};
+
+// Gradient placements of one recorded distributed call.
+struct DistGradInfo {
+  MeshPtr mesh;
+  const char* op = "";
+  std::vector<Placements> in, out;  // forward placements
+  std::vector<Dims> in_shape, out_shape;  // global
+  std::vector<bool> in_defined;
+  uint32_t passthrough = 0;  // mesh dims where everything is Replicate
+
+  // Local pieces of the output gradients in their dual placements; records
+  // the pass-through mode per mesh dim for wrap_inputs.
+  std::vector<Tensor> localize(std::vector<Tensor>& grads, Placements& mode) const;
+  std::vector<Tensor> wrap_inputs(std::vector<Tensor>& local_grads, const Placements& mode) const;
+};
+DistGradInfo make_grad_info(const DistCall& c, const char* op);
+
+template <class Op>
+struct DistOpNode final : Node {
+  std::optional<Op> op;
+  const char* name_ = "";
+  DistGradInfo info;
+  const char* name() const override { return name_; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  void release_saved() override { op.reset(); }
+};
+
+// Argument i of the op, with tensors replaced by entries of `repl` in order.
+template <class A>
+auto map_arg(const A& a, const std::vector<Tensor>& repl, size_t& k) {
+  if constexpr (std::is_same_v<A, Tensor>) {
+    return Tensor(repl[k++]);
+  } else if constexpr (std::is_same_v<A, std::vector<Tensor>>) {
+    std::vector<Tensor> v;
+    v.reserve(a.size());
+    for (size_t i = 0; i < a.size(); ++i) v.push_back(repl[k++]);
+    return v;
+  } else {
+    return std::cref(a);
+  }
+}
+
+template <class T>
+const T& unwrap_ref(const std::reference_wrapper<T>& r) { return r.get(); }
+template <class T>
+const T& unwrap_ref(const T& t) { return t; }
+
+template <class Op, class... Args>
+auto run_forward(Op& op, const std::vector<Tensor>& repl, const Args&... args) {
+  size_t k = 0;
+  auto mapped = std::tuple{map_arg(args, repl, k)...};  // braced init: left to right
+  return std::apply([&](auto&... xs) { return op.forward(unwrap_ref(xs)...); }, mapped);
+}
+
+inline void collect(std::vector<const Tensor*>& out, const Tensor& t) { out.push_back(&t); }
+inline void collect(std::vector<const Tensor*>& out, const std::vector<Tensor>& v) {
+  for (const auto& t : v) out.push_back(&t);
+}
+template <class T>
+inline void collect(std::vector<const Tensor*>&, const T&) {}
+
+void connect(Node& node, const std::vector<const Tensor*>& inputs);
+void set_history(const Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr);
+std::vector<bool> needs_from_edges(const Node& node);
+[[noreturn]] void rethrow_saved_error(const char* op, const SavedTensorError& e);
+void log_replicated_fallback(const char* op);
+
+template <class Op, class... Args>
+auto call_distributed(const char* name, Op op, const Args&... args) {
+  std::vector<const Tensor*> inputs;
+  (collect(inputs, args), ...);
+  DistCall c(name, std::move(inputs));
+  {
+    NoGradGuard ng;
+    Op meta_op = op;
+    c.set_outputs(run_forward(meta_op, c.meta_in, args...));
+  }
+  if constexpr (has_sharding_rule<Op>::value) {
+    c.plan = op.sharding(c.ctx);
+    c.finish_plan(true);
+  } else {
+    log_replicated_fallback(name);
+    c.finish_plan(false);
+  }
+  c.place_inputs();
+  using Out = std::decay_t<decltype(op.forward(args...))>;
+  std::optional<Out> local_out;
+  {
+    NoGradGuard ng;
+    local_out.emplace(run_forward(op, c.local_in, args...));
+  }
+  Out out;
+  if constexpr (std::is_same_v<Out, Tensor>) out = c.wrap(*local_out, 0);
+  else out = c.wrap(*local_out);
+  bool record = false;
+  if (GradMode::is_enabled()) {
+    for (const Tensor& t : c.placed)
+      if (t.defined() && t.requires_grad()) record = true;
+  }
+  if (record) {
+    auto node = std::make_shared<DistOpNode<Op>>();
+    std::vector<const Tensor*> placed;
+    for (const Tensor& t : c.placed) placed.push_back(&t);
+    connect(*node, placed);
+    node->name_ = name;
+    node->info = make_grad_info(c, name);
+    node->op.emplace(std::move(op));
+    if constexpr (std::is_same_v<Out, Tensor>) {
+      set_history(out, node, 0);
+      node->num_outputs = 1;
+    } else {
+      for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, uint32_t(i));
+      node->num_outputs = uint32_t(out.size());
+    }
+  }
+  return out;
+}
+
+template <class Op>
+std::vector<Tensor> DistOpNode<Op>::apply(std::vector<Tensor>&& grads) {
+  if (!op) {
+    throw SavedTensorError(std::string(name_) +
+                           ": backward through a graph whose saved tensors were already freed; "
+                           "call backward(..., retain_graph=true) the first time");
+  }
+  Placements mode;
+  std::vector<Tensor> local = info.localize(grads, mode);
+  GradContext ctx(needs_from_edges(*this));
+  std::vector<Tensor> local_grads;
+  try {
+    local_grads = op->backward(ctx, local);
+  } catch (const SavedTensorError& e) {
+    rethrow_saved_error(name_, e);
+  }
+  return info.wrap_inputs(local_grads, mode);
+}
+
+}  // namespace detail
+}  // namespace tessel

@@ -1,0 +1,89 @@
+#pragma once
+// Sharding propagation (DESIGN.md §2, §6 "sharding rules in a registry keyed
+// by op"): the vocabulary an op's rule speaks.
+//
+// An op struct (autograd/function.h) may define
+//
+//   ShardingPlan sharding(const ShardingContext& ctx);
+//
+// ctx describes the global inputs (shape, dtype, placements; plain tensors
+// count as Replicate) and the global outputs (shape, dtype, from running the
+// op on Meta tensors). The rule returns the placements it needs its inputs in
+// (the dispatcher redistributes them, differentiably) and the placements of
+// its outputs, and may rewrite the op's attributes for the local pieces
+// (a reshape's target shape, a dropout block's offset, a triangle's diagonal).
+// The op's forward then runs unchanged on the local pieces. Ops without a
+// rule run on fully replicated inputs (logged once): slow, never wrong.
+//
+// Gradients: the backward runs on local pieces too. Gradient placements are
+// the duals of the forward's (Shard(d) <-> Shard(d), Replicate <-> Partial(sum));
+// on a mesh dim where every input and output is Replicate, gradients pass
+// through as they come (Replicate or Partial). Rules must not emit
+// Partial(max/min) outputs when gradients are needed (ctx.grad).
+#include <initializer_list>
+#include <vector>
+
+#include "runtime/mesh.h"
+#include "runtime/tensor.h"
+
+namespace tessel {
+
+struct TensorSpec {
+  bool defined = false;
+  bool distributed = false;
+  Dims shape;
+  DType dtype = DType::Float32;
+  Placements placements;  // one per mesh dim (Replicate for plain tensors)
+  int dim() const { return shape.size(); }
+};
+
+struct ShardingContext {
+  const char* op = "";
+  const Mesh* mesh = nullptr;
+  std::vector<TensorSpec> in;   // the flattened tensor arguments, in order
+  std::vector<TensorSpec> out;  // global outputs (placements unset)
+  bool grad = false;            // autograd records this call
+
+  int mesh_ndim() const { return mesh->ndim(); }
+  // The local geometry of a global `shape` under `p` on this rank.
+  LocalGeometry local(const Dims& shape, const Placements& p) const {
+    return local_geometry(shape, mesh->shape(), p, mesh->coords());
+  }
+};
+
+struct ShardingPlan {
+  std::vector<Placements> in;   // required placements, one per input (ignored for undefined inputs)
+  std::vector<Placements> out;  // one per output
+};
+
+namespace sharding {
+
+// Everything Replicate (the fallback).
+ShardingPlan replicate(const ShardingContext& ctx);
+
+// Pointwise ops with numpy broadcasting (one output, shaped like ctx.out[0]).
+// Per mesh dim: a Shard of a non-broadcast dim of any input (the largest such
+// input wins) shards the output and every input that has that dim; inputs
+// that broadcast along it are Replicate. Without shards, Partial(sum) inputs
+// survive if the set of Partial inputs is one of `linear_sets` (bit i = input i)
+// — e.g. {0b11} for add, {0b01, 0b10} for mul, {0b01} for div — and the
+// output is Partial(sum); otherwise they are all-reduced first.
+ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_t> linear_sets = {});
+
+// Output placements for an op that maps input dims to output dims one to one
+// (dim_map[i] = output dim of input dim i, or -1 if the dim disappears):
+// Shard(i) -> Shard(dim_map[i]); a shard of a vanished dim becomes `vanished`
+// (e.g. Partial(sum) for a reduction) and must be legal for the caller.
+Placements map_dims(const Placements& in, const int* dim_map, Placement vanished);
+
+// Placements with every shard of tensor dim d (and, if `partial`, every
+// Partial) turned into Replicate.
+Placements unshard(const Placements& p, std::initializer_list<int> dims, bool partial = true);
+
+// Gradient placements (see above): dual(Shard(d)) = Shard(d), dual(R) =
+// Partial(sum), dual(Partial(sum)) = R; Partial(max/min) has none (throws,
+// naming the op).
+Placement dual(const Placement& p, const char* op);
+
+}  // namespace sharding
+}  // namespace tessel
