@@ -3,281 +3,50 @@
 // meshes with the local backend. full_tensor() of each output equals the
 // single-device result — bit for bit where no cross-shard reduction is
 // involved, within float tolerance otherwise — and so do the gradients, which
-// come back with the placements of their inputs.
+// come back with the placements of their inputs. The cases are in
+// test/dtensor/cases.cc (shared with the MPI run, test_dtensor_mpi).
 #include <catch2/catch.hpp>
 
-#include <functional>
-#include <random>
-
-#include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "test/dtensor/cases.h"
 #include "test/util/dist.h"
-#include "test/util/util.h"
 
 using namespace tessel;
 using namespace tessel::testing;
 
 namespace {
 
-// Turns plain tensors into distributed ones with random placements (or, in
-// the reference run, leaves them alone).
-struct Distributor {
-  MeshPtr mesh;  // null: reference run
-  std::mt19937_64* gen = nullptr;
-  Tensor operator()(const Tensor& t, bool allow_partial = false) const {
-    if (!mesh) return t;
-    return distribute_tensor(t, mesh, random_placements(*gen, mesh->ndim(), t.dim(), allow_partial));
-  }
-};
-
-struct OpCase {
-  std::string name;
-  std::vector<Dims> shapes;  // float32 inputs, uniform in [-1, 1)
-  std::function<std::vector<Tensor>(const std::vector<Tensor>&, const Distributor&)> fn;
-  bool bitwise = false;  // outputs compared bit for bit
-  bool grad = true;      // input gradients compared (within tolerance)
-  bool partial = true;   // inputs may start as Partial(sum)
-};
-
-std::string compare(const std::string& what, const Tensor& got, const Tensor& want, bool bitwise) {
-  if (got.shape() != want.shape() || got.dtype() != want.dtype())
-    return what + ": got " + got.desc() + ", want " + want.desc();
-  bool ok = bitwise ? bitwise_equal(got, want) : allclose(got.to(DType::Float64), want.to(DType::Float64), 2e-5, 2e-5);
-  if (ok) return "";
-  return what + (bitwise ? " differs bitwise" : " differs") + " (max |diff| " +
-         std::to_string(max_abs_diff(got.to(DType::Float64), want.to(DType::Float64))) + ")";
-}
-
-// A loss that touches every floating output with fixed random weights.
-Tensor weighted_loss(const std::vector<Tensor>& outs, uint64_t seed) {
-  Tensor loss;
-  for (size_t j = 0; j < outs.size(); ++j) {
-    if (!outs[j].defined() || !outs[j].requires_grad()) continue;
-    Tensor w = uniform(outs[j].shape(), seed + 17 * j);
-    Tensor l = sum(outs[j] * w);
-    loss = loss.defined() ? loss + l : l;
-  }
-  return loss;
-}
-
-std::string run_case(const OpCase& c, const std::vector<Mesh::DimSpec>& dims, uint64_t seed, int rank) {
-  (void)rank;
-  // Reference: one device.
-  std::vector<Tensor> ref_in;
-  for (size_t i = 0; i < c.shapes.size(); ++i) ref_in.push_back(uniform(c.shapes[i], seed + i).requires_grad_(c.grad));
-  std::vector<Tensor> ref_out = c.fn(ref_in, Distributor{});
-  std::vector<Tensor> ref_grad;
-  Tensor ref_loss = c.grad ? weighted_loss(ref_out, seed) : Tensor();
-  if (ref_loss.defined()) {
-    ref_loss.backward();
-    for (auto& t : ref_in) ref_grad.push_back(t.grad());
-  }
-
-  // Distributed.
-  MeshPtr mesh = Mesh::world(dims);
-  std::mt19937_64 gen(seed * 7919 + 1);  // the same on every rank
-  std::vector<Tensor> din;
-  std::vector<Placements> placements;
-  for (size_t i = 0; i < c.shapes.size(); ++i) {
-    Placements p = random_placements(gen, mesh->ndim(), c.shapes[i].size(), c.partial);
-    placements.push_back(p);
-    Tensor x = distribute_tensor(uniform(c.shapes[i], seed + i), mesh, p);
-    if (c.grad) x.requires_grad_(true);
-    din.push_back(x);
-  }
-  std::vector<Tensor> out = c.fn(din, Distributor{mesh, &gen});
-  std::string where = " [placements";
-  for (auto& p : placements) where += " " + p.str();
-  where += "]";
-  if (out.size() != ref_out.size()) return "output count differs" + where;
-  for (size_t j = 0; j < out.size(); ++j) {
-    if (!out[j].is_distributed()) return "output " + std::to_string(j) + " is not distributed" + where;
-    std::string r = compare("output " + std::to_string(j) + " " + out[j].placements().str(), full_tensor(out[j]),
-                            ref_out[j], c.bitwise);
-    if (!r.empty()) return r + where;
-  }
-  if (ref_loss.defined()) {
-    Tensor loss = weighted_loss(out, seed);
-    loss.backward();
-    for (size_t i = 0; i < din.size(); ++i) {
-      Tensor g = din[i].grad();
-      if (!ref_grad[i].defined()) continue;
-      if (!g.defined()) return "no gradient for input " + std::to_string(i) + where;
-      if (g.placements() != placements[i])
-        return "gradient of input " + std::to_string(i) + " has placements " + g.placements().str() + where;
-      std::string r = compare("gradient of input " + std::to_string(i), full_tensor(g), ref_grad[i], false);
-      if (!r.empty()) return r + where;
-    }
-  }
-  return "";
-}
-
-void check_case(const OpCase& c, int trials = 3) {
-  for (const auto& dims : test_meshes()) {
-    for (int t = 0; t < trials; ++t) {
-      const uint64_t seed = 1000 + 31 * uint64_t(t) + std::hash<std::string>()(c.name) % 1000;
-      std::string failure;
-      try {
-        failure = first_failure(on_ranks(mesh_size(dims), [&](int r) { return run_case(c, dims, seed, r); }));
-      } catch (const std::exception& e) {
-        failure = std::string("threw: ") + e.what();
+void check_group(const std::string& title, int trials = 3) {
+  for (const OpGroup& g : dtensor_op_groups()) {
+    if (g.title != title) continue;
+    for (const OpCase& c : g.cases) {
+      for (const auto& dims : test_meshes()) {
+        for (int t = 0; t < trials; ++t) {
+          const uint64_t seed = 1000 + 31 * uint64_t(t) + std::hash<std::string>()(c.name) % 1000;
+          std::string failure;
+          try {
+            failure = first_failure(on_ranks(mesh_size(dims), [&](int) { return run_op_case(c, Mesh::world(dims), seed); }));
+          } catch (const std::exception& e) {
+            failure = std::string("threw: ") + e.what();
+          }
+          INFO(c.name << " on mesh " << mesh_name(dims) << ", trial " << t);
+          CHECK(failure == "");
+        }
       }
-      INFO(c.name << " on mesh " << mesh_name(dims) << ", trial " << t);
-      CHECK(failure == "");
     }
+    return;
   }
+  FAIL("no op group " << title);
 }
-
-std::vector<Tensor> one(Tensor t) { return {std::move(t)}; }
 
 }  // namespace
 
-TEST_CASE("pointwise ops with broadcasting", "[dtensor]") {
-  check_case({"add bias", {{5, 7}, {7}}, [](auto& x, auto&) { return one(x[0] + x[1]); }, true});
-  check_case({"sub", {{3, 5, 2}, {5, 1}}, [](auto& x, auto&) { return one(x[0] - x[1]); }, true});
-  check_case({"mul", {{6, 5}, {6, 5}}, [](auto& x, auto&) { return one(x[0] * x[1]); }, true});
-  check_case({"div", {{4, 3}, {3}}, [](auto& x, auto&) { return one(x[0] / (x[1] * x[1] + 1.0)); }, true});
-  check_case({"scalar ops", {{7, 3}}, [](auto& x, auto&) { return one((x[0] + 1.5) * 2.0 - 0.25); }, true});
-  check_case({"unary", {{5, 6}}, [](auto& x, auto&) { return one(gelu(x[0]) + exp(x[0]) * tanh(x[0]) - neg(x[0])); },
-              true});
-  check_case({"maximum", {{5, 3}, {5, 3}}, [](auto& x, auto&) { return one(maximum(x[0], x[1])); }, true});
-  check_case({"where and compare", {{6, 4}, {6, 4}},
-              [](auto& x, auto&) { return one(where(gt(x[0], x[1]), x[0] * 2.0, x[1])); }, true});
-  check_case({"masked_fill", {{5, 5}}, [](auto& x, auto&) { return one(masked_fill(x[0], lt(x[0], 0.0), 7.0)); },
-              true});
-  check_case({"cast", {{4, 6}}, [](auto& x, auto&) { return one(x[0].to(DType::BFloat16).to(DType::Float32)); },
-              true});
-  check_case({"dropout", {{6, 5}},
-              [](auto& x, auto&) { return one(dropout(x[0], 0.4, PhiloxKey{7, 99})); }, true});
-  check_case({"swiglu", {{5, 4}, {5, 4}}, [](auto& x, auto&) { return one(swiglu(x[0], x[1])); }, true});
-}
-
-TEST_CASE("reductions (sum, mean, var, amax, argmax)", "[dtensor]") {
-  check_case({"sum all", {{5, 6}}, [](auto& x, auto&) { return one(sum(x[0])); }});
-  check_case({"sum dim", {{5, 6, 3}}, [](auto& x, auto&) { return one(sum(x[0], {1})); }});
-  check_case({"sum keepdim", {{5, 6}}, [](auto& x, auto&) { return one(sum(x[0], {0}, true)); }});
-  check_case({"mean", {{7, 4}}, [](auto& x, auto&) { return one(mean(x[0], {-1})); }});
-  check_case({"var", {{5, 6}}, [](auto& x, auto&) { return one(var(x[0], {0})); }});
-  check_case({"amax", {{6, 5}}, [](auto& x, auto&) { return one(amax(x[0], {1})); }, true});
-  check_case({"amax no grad", {{6, 5}}, [](auto& x, auto&) {
-                NoGradGuard ng;
-                return one(amax(x[0], {0}));
-              }, true, false});
-  check_case({"argmax", {{5, 7}}, [](auto& x, auto&) { return one(argmax(x[0], 1)); }, true, false, false});
-}
-
-TEST_CASE("matmul: batch, rows, columns and the contracted dim sharded", "[dtensor]") {
-  check_case({"2-D", {{5, 6}, {6, 7}}, [](auto& x, auto&) { return one(matmul(x[0], x[1])); }});
-  check_case({"3-D x 2-D weight", {{3, 5, 6}, {6, 4}}, [](auto& x, auto&) { return one(matmul(x[0], x[1])); }});
-  check_case({"linear", {{4, 3, 6}, {5, 6}, {5}}, [](auto& x, auto&) { return one(linear(x[0], x[1], x[2])); }});
-  check_case({"batched 4-D", {{2, 3, 5, 4}, {2, 3, 4, 6}}, [](auto& x, auto&) { return one(matmul(x[0], x[1])); }});
-  check_case({"broadcast batch", {{3, 5, 4}, {4, 6}}, [](auto& x, auto&) { return one(bmm(x[0], x[1].expand({3, 4, 6}))); }});
-}
-
-TEST_CASE("softmax, log_softmax and norms, including over sharded dims", "[dtensor]") {
-  check_case({"softmax last", {{5, 7}}, [](auto& x, auto&) { return one(softmax(x[0], -1)); }});
-  check_case({"softmax dim 0", {{6, 3}}, [](auto& x, auto&) { return one(softmax(x[0], 0)); }});
-  check_case({"log_softmax", {{4, 9}}, [](auto& x, auto&) { return one(log_softmax(x[0], 1)); }});
-  check_case({"layer_norm", {{3, 4, 6}, {6}, {6}},
-              [](auto& x, auto&) { return one(layer_norm(x[0], {6}, x[1], x[2])); }});
-  check_case({"rms_norm", {{5, 8}, {8}}, [](auto& x, auto&) { return one(rms_norm(x[0], {8}, x[1])); }});
-}
-
-TEST_CASE("views and reshapes of sharded dims", "[dtensor]") {
-  check_case({"transpose", {{5, 3}}, [](auto& x, auto&) { return one(x[0].t() * 1.0); }, true});
-  check_case({"permute", {{2, 3, 5}}, [](auto& x, auto&) { return one(x[0].permute({2, 0, 1}) * 1.0); }, true});
-  check_case({"reshape merge", {{4, 3, 2}}, [](auto& x, auto&) { return one(x[0].reshape({12, 2}) * 1.0); }, true});
-  check_case({"reshape split", {{8, 6}}, [](auto& x, auto&) { return one(x[0].reshape({8, 2, 3}) * 1.0); }, true});
-  check_case({"flatten", {{3, 4, 5}}, [](auto& x, auto&) { return one(x[0].flatten(1) * 1.0); }, true});
-  check_case({"slice", {{7, 4}}, [](auto& x, auto&) { return one(x[0].narrow(0, 2, 3) * 1.0); }, true});
-  check_case({"select", {{5, 6}}, [](auto& x, auto&) { return one(x[0].select(1, 4) * 1.0); }, true});
-  check_case({"unsqueeze/squeeze", {{5, 1, 3}},
-              [](auto& x, auto&) { return one(x[0].squeeze(1).unsqueeze(0) * 1.0); }, true});
-  check_case({"expand", {{1, 5}}, [](auto& x, auto&) { return one(x[0].expand({4, 5}) * 1.0); }, true});
-  check_case({"contiguous clone", {{5, 3}}, [](auto& x, auto&) { return one(x[0].t().contiguous().clone()); }, true});
-}
-
-TEST_CASE("cat, stack, split, chunk", "[dtensor]") {
-  check_case({"cat", {{3, 4}, {3, 2}}, [](auto& x, auto&) { return one(cat({x[0], x[1]}, 1)); }, true});
-  check_case({"cat dim 0", {{3, 4}, {5, 4}}, [](auto& x, auto&) { return one(cat({x[0], x[1]}, 0)); }, true});
-  check_case({"stack", {{3, 4}, {3, 4}}, [](auto& x, auto&) { return one(stack({x[0], x[1]}, 1)); }, true});
-  check_case({"split", {{7, 3}}, [](auto& x, auto&) { return split(x[0], 3, 0); }, true});
-  check_case({"chunk", {{4, 7}}, [](auto& x, auto&) { return chunk(x[0], 3, 1); }, true});
-}
-
-TEST_CASE("embedding (vocabulary-parallel too), gather, index ops", "[dtensor]") {
-  check_case({"embedding", {{9, 4}}, [](auto& x, auto& d) {
-                Tensor ids = d(randint({3, 5}, 5, 0, 9));
-                return one(embedding(x[0], ids));
-              }, true});
-  check_case({"gather", {{5, 6}}, [](auto& x, auto& d) {
-                Tensor idx = d(randint({5, 3}, 6, 0, 6));
-                return one(gather(x[0], 1, idx));
-              }, true});
-  check_case({"index_select", {{6, 4}}, [](auto& x, auto& d) {
-                Tensor idx = d(randint({5}, 8, 0, 6));
-                return one(index_select(x[0], 0, idx));
-              }, true});
-  check_case({"scatter_add", {{5, 4}, {3, 4}}, [](auto& x, auto& d) {
-                Tensor idx = d(randint({3, 4}, 9, 0, 5));
-                return one(scatter_add(x[0], 0, idx, x[1]));
-              }});
-  check_case({"index_add", {{5, 4}, {3, 4}}, [](auto& x, auto& d) {
-                Tensor idx = d(tensor(std::vector<int64_t>{4, 0, 2}));
-                return one(index_add(x[0], 0, idx, x[1]));
-              }});
-  check_case({"one_hot", {{2}}, [](auto&, auto& d) {
-                Tensor ids = d(randint({4, 3}, 11, 0, 6));
-                return one(one_hot(ids, 6));
-              }, true, false, false});
-}
-
-TEST_CASE("cross-entropy (vocabulary-parallel, token-parallel, ignore_index, smoothing)", "[dtensor]") {
-  check_case({"cross_entropy mean", {{6, 9}}, [](auto& x, auto& d) {
-                Tensor t = d(randint({6}, 3, 0, 9));
-                return one(cross_entropy(x[0], t));
-              }});
-  check_case({"cross_entropy 3-D, ignore_index", {{2, 5, 7}}, [](auto& x, auto& d) {
-                Tensor t = randint({2, 5}, 4, 0, 7);
-                t = where(ne(t, Scalar(int64_t(3))), t, Scalar(int64_t(-100)));
-                return one(cross_entropy(x[0], d(t)));
-              }});
-  check_case({"cross_entropy none + smoothing", {{5, 8}}, [](auto& x, auto& d) {
-                Tensor t = d(randint({5}, 6, 0, 8));
-                return one(cross_entropy(x[0], t, -100, "none", 0.1));
-              }});
-  check_case({"nll_loss sum", {{6, 5}}, [](auto& x, auto& d) {
-                Tensor t = d(randint({6}, 7, 0, 5));
-                return one(nll_loss(log_softmax(x[0], 1), t, -100, "sum"));
-              }});
-}
-
-TEST_CASE("triangles, rotary embeddings, sort/topk", "[dtensor]") {
-  check_case({"tril", {{5, 6}}, [](auto& x, auto&) { return one(tril(x[0], 1)); }, true});
-  check_case({"triu 3-D", {{2, 5, 5}}, [](auto& x, auto&) { return one(triu(x[0], -1)); }, true});
-  check_case({"rotary", {{2, 6, 3, 4}}, [](auto& x, auto&) {
-                auto [c, s] = rope_cache(8, 4);
-                return one(apply_rotary(x[0], c, s, 1));
-              }, true});
-  check_case({"sort", {{5, 6}}, [](auto& x, auto&) {
-                auto [v, i] = sort(x[0], 1);
-                return std::vector<Tensor>{v, i};
-              }, true});
-  check_case({"topk", {{6, 5}}, [](auto& x, auto&) {
-                auto [v, i] = topk(x[0], 2, 0);
-                return std::vector<Tensor>{v, i};
-              }, true});
-}
-
-TEST_CASE("attention with sharded heads (causal, GQA)", "[dtensor]") {
-  check_case({"sdpa causal", {{2, 4, 5, 3}, {2, 4, 5, 3}, {2, 4, 5, 3}}, [](auto& x, auto&) {
-                AttentionOptions o;
-                o.causal = true;
-                return one(scaled_dot_product_attention(x[0], x[1], x[2], o));
-              }});
-  check_case({"sdpa GQA", {{2, 4, 5, 3}, {2, 2, 5, 3}, {2, 2, 5, 3}}, [](auto& x, auto&) {
-                AttentionOptions o;
-                o.causal = true;
-                return one(scaled_dot_product_attention(x[0], x[1], x[2], o));
-              }});
-}
+TEST_CASE("pointwise ops with broadcasting", "[dtensor]") { check_group("pointwise ops with broadcasting"); }
+TEST_CASE("reductions (sum, mean, var, amax, argmax)", "[dtensor]") { check_group("reductions (sum, mean, var, amax, argmax)"); }
+TEST_CASE("matmul: batch, rows, columns and the contracted dim sharded", "[dtensor]") { check_group("matmul: batch, rows, columns and the contracted dim sharded"); }
+TEST_CASE("softmax, log_softmax and norms, including over sharded dims", "[dtensor]") { check_group("softmax, log_softmax and norms, including over sharded dims"); }
+TEST_CASE("views and reshapes of sharded dims", "[dtensor]") { check_group("views and reshapes of sharded dims"); }
+TEST_CASE("cat, stack, split, chunk", "[dtensor]") { check_group("cat, stack, split, chunk"); }
+TEST_CASE("embedding (vocabulary-parallel too), gather, index ops", "[dtensor]") { check_group("embedding (vocabulary-parallel too), gather, index ops"); }
+TEST_CASE("cross-entropy (vocabulary-parallel, token-parallel, ignore_index, smoothing)", "[dtensor]") { check_group("cross-entropy (vocabulary-parallel, token-parallel, ignore_index, smoothing)"); }
+TEST_CASE("triangles, rotary embeddings, sort/topk", "[dtensor]") { check_group("triangles, rotary embeddings, sort/topk"); }
+TEST_CASE("attention with sharded heads (causal, GQA)", "[dtensor]") { check_group("attention with sharded heads (causal, GQA)"); }
