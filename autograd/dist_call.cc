@@ -1,10 +1,24 @@
 #include "autograd/dist_call.h"
 
+#include <chrono>
+
 #include "autograd/ops/dist.h"
 #include "parallel/redistribute.h"
 #include "runtime/logging.h"
 
 namespace tessel::detail {
+
+DispatchStats& dispatch_stats() {
+  thread_local DispatchStats s;
+  return s;
+}
+bool& dispatch_profiling() {
+  thread_local bool on = false;
+  return on;
+}
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 DistCall::DistCall(const char* op, std::vector<const Tensor*> in) : inputs(std::move(in)) {
   ctx.op = op;

@@ -46,6 +46,18 @@ template <class Op>
 struct has_sharding_rule<Op, std::void_t<decltype(std::declval<Op&>().sharding(std::declval<const ShardingContext&>()))>>
     : std::true_type {};
 
+// Per-stage time of distributed dispatch (for `tessel bench dispatch`):
+// measured only while enabled, per thread.
+struct DispatchStats {
+  double propagate_s = 0;    // Meta run + sharding rule + plan checks
+  double redistribute_s = 0; // placing inputs (the redistribution decision, and any collective)
+  double kernel_s = 0;       // the op's forward on the local pieces
+  double wrap_s = 0;         // wrapping outputs and recording the node
+  int64_t calls = 0;
+};
+DispatchStats& dispatch_stats();
+bool& dispatch_profiling();  // off by default
+
 // What the dispatcher keeps between its steps (non-template parts in dist_call.cc).
 struct DistCall {
   ShardingContext ctx;
@@ -131,8 +143,12 @@ std::vector<bool> needs_from_edges(const Node& node);
 [[noreturn]] void rethrow_saved_error(const char* op, const SavedTensorError& e);
 void log_replicated_fallback(const char* op);
 
+double now_seconds();
+
 template <class Op, class... Args>
 auto call_distributed(const char* name, Op op, const Args&... args) {
+  const bool prof = dispatch_profiling();
+  double t0 = prof ? now_seconds() : 0, t1 = 0, t2 = 0, t3 = 0;
   std::vector<const Tensor*> inputs;
   (collect(inputs, args), ...);
   DistCall c(name, std::move(inputs));
@@ -148,13 +164,16 @@ auto call_distributed(const char* name, Op op, const Args&... args) {
     log_replicated_fallback(name);
     c.finish_plan(false);
   }
+  if (prof) t1 = now_seconds();
   c.place_inputs();
+  if (prof) t2 = now_seconds();
   using Out = std::decay_t<decltype(op.forward(args...))>;
   std::optional<Out> local_out;
   {
     NoGradGuard ng;
     local_out.emplace(run_forward(op, c.local_in, args...));
   }
+  if (prof) t3 = now_seconds();
   Out out;
   if constexpr (std::is_same_v<Out, Tensor>) out = c.wrap(*local_out, 0);
   else out = c.wrap(*local_out);
@@ -178,6 +197,14 @@ auto call_distributed(const char* name, Op op, const Args&... args) {
       for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, uint32_t(i));
       node->num_outputs = uint32_t(out.size());
     }
+  }
+  if (prof) {
+    DispatchStats& s = dispatch_stats();
+    s.propagate_s += t1 - t0;
+    s.redistribute_s += t2 - t1;
+    s.kernel_s += t3 - t2;
+    s.wrap_s += now_seconds() - t3;
+    ++s.calls;
   }
   return out;
 }
