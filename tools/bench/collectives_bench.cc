@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -209,6 +210,10 @@ int run_collectives_bench(const CollectivesBenchOptions& opts, std::ostream& out
     j["summed_sizes"] = size_names;
     j["per_op"] = per_op;
     j["reps"] = reps;
+    // The per-call cross-rank argument check (one small all-gather); off with
+    // TESSEL_COMM_CHECK=0.
+    const char* check = std::getenv("TESSEL_COMM_CHECK");
+    j["cross_rank_check"] = !(check && std::string(check) == "0");
     j["result_mismatches"] = mismatches;
     j["rows"] = table;
     out << j.dump() << "\n";
