@@ -24,7 +24,14 @@
 // canonical chunk count V, the result finishes the same tree a single device
 // would have built (docs/numerics.md). The transport moves the same bytes as
 // a ring all-reduce: reduce-scatter (all-to-all of slices + local tree) then
-// all-gather.
+// all-gather. Slices follow ceil-division (trailing slices short or empty).
+// Sum/Max/Min accept every dtype but Sum of bool (use Max for "any", Min for
+// "all"); Avg needs a floating dtype. Integer sums wrap.
+//
+// Before the data moves, the ranks compare what each passed (op, dtype, sizes,
+// counts, root): a mismatch is the same tessel::Error on every rank, and the
+// communicator stays usable. TESSEL_COMM_CHECK=0 skips this exchange on the
+// mpi/nccl backends (one small all-gather per call). See docs/comm.md.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -38,10 +45,19 @@
 namespace tessel::comm {
 
 // Timeout for any single collective: TESSEL_COMM_TIMEOUT (seconds, default 300).
+// On the mpi/nccl backends a timed-out communicator must not be used again:
+// its peers' state is unknown (finalize_mpi() calls MPI_Abort if the stalled
+// operation never completes; NCCL communicators are aborted).
 std::chrono::milliseconds default_timeout();
 void set_default_timeout(std::chrono::milliseconds t);
 
-// Handle on an asynchronous collective. wait() rethrows its failure.
+// Handle on an asynchronous collective. wait() rethrows its failure;
+// is_completed() never throws (a failed operation counts as completed).
+// Asynchronous operations of one communicator are issued to the transport in
+// the order they were started, whatever order they are waited for in. The
+// local backend completes collectives eagerly (async only defers receives);
+// tensors passed to an async operation must stay alive and untouched until it
+// has completed.
 class Work {
  public:
   virtual ~Work() = default;
@@ -84,7 +100,8 @@ class Communicator {
   virtual WorkPtr recv(const Tensor& t, int src, int tag = 0, bool async = false) = 0;
   virtual void barrier() = 0;
   // MPI_Comm_split semantics: collective over this communicator; ranks with the
-  // same color form a new communicator ordered by (key, old rank).
+  // same color form a new communicator ordered by (key, old rank), named
+  // "<parent>/split(<color>)". A negative color joins no group: returns null.
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 };
 using CommPtr = std::shared_ptr<Communicator>;
@@ -100,15 +117,18 @@ bool has_world();
 // the first failure is rethrown here (tessel::Error keeps its message).
 void run_local(int n, const std::function<void(int rank)>& fn);
 
-// MPI: initialises MPI (idempotent) and makes world() the MPI world for this
-// process. is_mpi_launch() tells whether the process was started by
+// MPI (link //runtime/comm:mpi): initialises MPI (idempotent) and makes
+// world() the MPI world for this process. is_mpi_launch() tells whether the process was started by
 // mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
 bool is_mpi_launch();
 void init_mpi();
 void finalize_mpi();  // also registered at exit by init_mpi
 
-// NCCL (CUDA builds): a world over the MPI world's ranks, one GPU per rank.
-// Throws a clear error in CPU-only builds.
+// NCCL (CUDA builds): initialises MPI, then makes world() a communicator over
+// the MPI world's ranks with one GPU per rank (the rank's index on its
+// machine, modulo the visible GPUs); tensors are CUDA tensors on that GPU.
+// Throws a clear error in CPU-only builds, without a GPU, or when
+// //runtime/comm:nccl is not linked.
 void init_nccl();
 
 }  // namespace tessel::comm

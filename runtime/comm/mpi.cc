@@ -1,17 +1,17 @@
 // The MPI backend: CPU ranks as processes (OpenMPI), launched by mpirun/srun.
 //
-// Every operation is a chain of stages of non-blocking MPI calls
-// (MPI_Iallgather, MPI_Ialltoallv, MPI_Iallgatherv, MPI_Ibcast, MPI_Isend,
-// MPI_Irecv, MPI_Ibarrier), polled with MPI_Testall against a deadline, so a
-// stalled peer becomes a CommError naming the rank and the op instead of a
-// hang. Reductions never use MPI's reduction ops: the ranks' slices are
-// exchanged (all-to-all) and combined by the deterministic tree (reduce.h),
-// then all-gathered — the bytes of a ring all-reduce.
+// Every operation is a chain of stages of non-blocking MPI calls, polled
+// against a deadline (mpi_work.h), so a stalled peer becomes a CommError
+// naming the rank and the op instead of a hang. Reductions never use MPI's
+// reduction ops: each rank receives its slice of every rank's buffer
+// (pairwise MPI_Isend/MPI_Irecv, an all-to-all), combines the slices with the
+// deterministic tree (reduce.h), and the reduced slices are all-gathered the
+// same way — the bytes of a ring all-reduce, in two latency rounds.
 //
 // Before the data moves, the ranks exchange a small description of the call
-// (detail::Meta) so a mismatch (different op, dtype or size) is the same
-// tessel::Error on every rank rather than memory corruption or a hang.
-// TESSEL_COMM_CHECK=0 skips that exchange (one latency per op).
+// (detail::Meta, one MPI_Iallgather) so a mismatch (different op, dtype or
+// size) is the same tessel::Error on every rank rather than memory corruption
+// or a hang. TESSEL_COMM_CHECK=0 skips that exchange (one latency per op).
 #include <mpi.h>
 #include <sched.h>
 
@@ -23,6 +23,7 @@
 
 #include "runtime/comm/backend.h"
 #include "runtime/comm/comm.h"
+#include "runtime/comm/mpi_work.h"
 #include "runtime/comm/reduce.h"
 #include "runtime/comm/tree.h"
 #include "runtime/error.h"
@@ -33,6 +34,8 @@ namespace {
 using detail::Clock;
 using detail::Meta;
 using detail::OpKind;
+using mpi_detail::check_mpi;
+using mpi_detail::MpiWork;
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -45,17 +48,6 @@ MPI_Datatype mpi_type(DType t) {
     case DType::Float64: return MPI_DOUBLE;
   }
   return MPI_BYTE;
-}
-
-std::string mpi_error_string(int code) {
-  char s[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, s, &len);
-  return std::string(s, size_t(len));
-}
-
-void check_mpi(int rc, const std::string& where, const char* call) {
-  if (rc != MPI_SUCCESS) throw CommError(fmt::format("{}: {} failed: {}", where, call, mpi_error_string(rc)));
 }
 
 // MPI counts and displacements are int.
@@ -78,82 +70,34 @@ struct MpiState {
   std::mutex mu;
   bool initialized = false;     // by init_mpi
   bool we_initialized = false;  // MPI_Init was ours to finalize
-  std::vector<WorkPtr> stale;   // ops that timed out; their requests may still complete
 };
 MpiState& state() {
-  static MpiState s;
-  return s;
+  static MpiState* s = new MpiState;  // never destroyed: used from atexit
+  return *s;
 }
 
-class MpiComm;
-
-// One operation in flight: stages run in order; each may post requests, and
-// the next runs when those completed.
-class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> {
- public:
-  using Stage = std::function<void(MpiWork&)>;
-  MpiWork(std::shared_ptr<MpiComm> c, std::string where)
-      : comm(std::move(c)), where(std::move(where)), deadline(Clock::now() + default_timeout()) {}
-  ~MpiWork() override;
-
-  void then(Stage s) { stages_.push_back(std::move(s)); }
-  MPI_Request* request() {
-    reqs_.push_back(MPI_REQUEST_NULL);
-    return &reqs_.back();
-  }
-  const std::vector<MPI_Status>& statuses() const { return statuses_; }
-
-  void wait() override;
-  bool is_completed() override;
-  // For an operation that timed out: have its pending requests completed
-  // since? (Never runs further stages; errors count as completed.)
-  bool requests_done() {
-    if (reqs_.empty()) return true;
-    int flag = 0;
-    if (MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return true;
-    return flag != 0;
-  }
-
-  std::shared_ptr<MpiComm> comm;
-  std::string where;
-  Clock::time_point deadline;
-  // Buffers that must live while requests are pending.
-  Meta my_meta;
-  std::vector<Meta> metas;
-  std::vector<char> scratch;
-  std::vector<int> sc, sd, rc, rd;
-  std::vector<int64_t> peer_counts, my_counts;
-  std::vector<const void*> srcs;
-  // Maps an MPI error code of a completed request to a message (p2p truncation).
-  std::function<void(int code)> on_request_error;
-
- private:
-  bool progress();  // non-blocking; true when every stage has completed
-  void fail(std::exception_ptr e) {
-    error_ = e;
-    done_ = true;
-  }
-  [[noreturn]] void timeout();
-
-  std::vector<Stage> stages_;
-  size_t next_ = 0;
-  std::vector<MPI_Request> reqs_;
-  std::vector<MPI_Status> statuses_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
+// Message tags of the pairwise exchanges on a communicator's internal copy.
+constexpr int kTagScatter = 1, kTagGather = 2, kTagAllToAll = 3;
 
 class MpiComm final : public Communicator, public std::enable_shared_from_this<MpiComm> {
  public:
+  // Takes ownership of `comm` (user point-to-point traffic) and makes an
+  // internal copy for the collectives' own messages, so user tags never
+  // match them.
   MpiComm(MPI_Comm comm, std::string name, std::vector<int> world_ranks)
       : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    check_mpi(MPI_Comm_dup(comm_, &coll_), name_, "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(coll_, MPI_ERRORS_RETURN);
   }
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    if (coll_ != MPI_COMM_NULL) MPI_Comm_free(&coll_);
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }
@@ -161,7 +105,6 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   const char* backend() const override { return "mpi"; }
   std::string name() const override { return name_; }
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
-  MPI_Comm handle() const { return comm_; }
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async) override;
   WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async) override;
@@ -178,136 +121,57 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   void barrier() override;
   std::shared_ptr<Communicator> split(int color, int key) override;
 
-  // Scratch buffers are recycled between operations (no allocation per call
-  // in steady state).
-  std::vector<char> take_scratch(size_t bytes) {
-    std::vector<char> b;
-    {
-      std::lock_guard<std::mutex> lk(pool_mu_);
-      if (!pool_.empty()) {
-        b = std::move(pool_.back());
-        pool_.pop_back();
-      }
-    }
-    if (b.size() < bytes) b.resize(bytes);
-    return b;
-  }
-  void give_scratch(std::vector<char>&& b) {
-    if (b.capacity() == 0) return;
-    std::lock_guard<std::mutex> lk(pool_mu_);
-    if (pool_.size() < 4) pool_.push_back(std::move(b));
-  }
-
  private:
-  std::shared_ptr<MpiWork> work(const std::string& where) {
-    return std::make_shared<MpiWork>(shared_from_this(), where);
+  // Operations keep their communicator alive (their stages use it).
+  std::shared_ptr<MpiWork> collective(const std::string& where) {
+    auto w = std::make_shared<MpiWork>(queue_, pool_, where);
+    w->owner = shared_from_this();
+    return w;
+  }
+  std::shared_ptr<MpiWork> p2p(const std::string& where) {
+    auto w = std::make_shared<MpiWork>(nullptr, pool_, where);
+    w->owner = shared_from_this();
+    return w;
+  }
+  WorkPtr finish(const std::shared_ptr<MpiWork>& w, bool async) {
+    // Post what can be posted now (an async send must be on the wire before
+    // the caller blocks elsewhere); later stages advance in is_completed() and
+    // wait().
+    w->start();
+    if (!async) w->wait();
+    return w;
   }
   // Stage 0: every rank's Meta (and, for all_to_all_v, its send counts).
   void add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine, const std::vector<int64_t>* send_counts = nullptr);
-  WorkPtr finish(const std::shared_ptr<MpiWork>& w, bool async) {
-    if (async) {
-      // Post the first stage now (an async send must be on the wire before
-      // the caller blocks elsewhere); later stages advance on is_completed()
-      // and wait().
-      w->is_completed();
-    } else {
-      w->wait();
-    }
-    return w;
-  }
-  // Reduce stage shared by all_reduce and reduce_scatter_v: combines the
-  // received blocks (scratch, block s at s * len) with this rank's own block.
+  // Posts, for every peer s: a receive of w.rc[s] elements at rbuf + w.rd[s]
+  // and a send of w.sc[s] elements from sbuf + w.sd[s]. Receives first, and
+  // sends to rank+1, rank+2, ... so the ranks do not all start on one peer.
+  void post_exchange(MpiWork& w, const void* sbuf, void* rbuf, DType dt, int tag);
+  // Combines the received blocks (scratch, block s at s * len) with this
+  // rank's own block by the tree; `out` may be `own`.
   void reduce_into(MpiWork& w, DType dt, ReduceOp op, const void* own, int64_t len, void* out) {
     const size_t isz = itemsize(dt);
     w.srcs.resize(size_t(size_));
     for (int s = 0; s < size_; ++s) {
-      w.srcs[size_t(s)] = s == rank_ ? own : w.scratch.data() + size_t(s) * size_t(len) * isz;
+      w.srcs[size_t(s)] = s == rank_ ? own : w.scratch_data() + size_t(s) * size_t(len) * isz;
     }
     tree_reduce(dt, op, w.srcs.data(), size_, len, out);
   }
+  void zero_counts(MpiWork& w) {
+    w.sc.assign(size_t(size_), 0);
+    w.sd.assign(size_t(size_), 0);
+    w.rc.assign(size_t(size_), 0);
+    w.rd.assign(size_t(size_), 0);
+  }
 
-  MPI_Comm comm_;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // user send/recv
+  MPI_Comm coll_ = MPI_COMM_NULL;  // collectives (meta exchange, pairwise data, bcast)
   int rank_ = 0, size_ = 1;
   std::string name_;
   std::vector<int> world_ranks_;
-  std::mutex pool_mu_;
-  std::vector<std::vector<char>> pool_;
+  std::shared_ptr<mpi_detail::OpQueue> queue_ = std::make_shared<mpi_detail::OpQueue>();
+  std::shared_ptr<mpi_detail::ScratchPool> pool_ = std::make_shared<mpi_detail::ScratchPool>();
 };
-
-// ---- MpiWork -------------------------------------------------------------------
-
-MpiWork::~MpiWork() {
-  if (comm) comm->give_scratch(std::move(scratch));
-}
-
-bool MpiWork::progress() {
-  for (;;) {
-    if (!reqs_.empty()) {
-      int flag = 0;
-      statuses_.resize(reqs_.size());
-      int rc = MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, statuses_.data());
-      if (rc == MPI_ERR_IN_STATUS) {
-        for (const auto& st : statuses_) {
-          if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) {
-            if (on_request_error) on_request_error(st.MPI_ERROR);
-            check_mpi(st.MPI_ERROR, where, "request");
-          }
-        }
-      }
-      check_mpi(rc, where, "MPI_Testall");
-      if (!flag) return false;
-      reqs_.clear();
-    }
-    if (next_ == stages_.size()) return true;
-    stages_[next_++](*this);
-  }
-}
-
-void MpiWork::timeout() {
-  // The pending requests may still complete once the peer arrives; keep them
-  // (and their buffers) alive. finalize_mpi() aborts the job if they never do.
-  {
-    std::lock_guard<std::mutex> lk(state().mu);
-    state().stale.push_back(shared_from_this());
-  }
-  std::string msg = fmt::format(
-      "{}: {} waiting for the other ranks (a peer stalled, failed or never called it); this communicator should not "
-      "be used again, and finalize_mpi() calls MPI_Abort if the operation never completes",
-      where, detail::timeout_message(default_timeout()));
-  fail(std::make_exception_ptr(CommError(msg)));
-  throw CommError(msg);
-}
-
-void MpiWork::wait() {
-  if (error_) std::rethrow_exception(error_);
-  if (done_) return;
-  int spins = 0;
-  try {
-    while (!progress()) {
-      if (Clock::now() >= deadline) timeout();
-      // Ranks may outnumber cores (mpirun --oversubscribe): after a short
-      // spin, give the core to the peer we are waiting for.
-      if (++spins > 64) sched_yield();
-    }
-  } catch (...) {
-    if (!error_) fail(std::current_exception());
-    throw;
-  }
-  done_ = true;
-}
-
-bool MpiWork::is_completed() {
-  if (done_) return true;
-  try {
-    if (progress()) done_ = true;
-    else if (Clock::now() >= deadline) timeout();
-  } catch (...) {
-    if (!error_) fail(std::current_exception());
-  }
-  return done_;  // a failure is "completed"; wait() rethrows it
-}
-
-// ---- MpiComm -------------------------------------------------------------------
 
 void MpiComm::add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine,
                              const std::vector<int64_t>* send_counts) {
@@ -318,55 +182,71 @@ void MpiComm::add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine,
   if (pairwise) w.my_counts = *send_counts;  // the caller's vector may be gone when the stage runs
   w.then([this, pairwise](MpiWork& w) {
     check_mpi(MPI_Iallgather(&w.my_meta, int(sizeof(Meta)), MPI_BYTE, w.metas.data(), int(sizeof(Meta)), MPI_BYTE,
-                             comm_, w.request()),
+                             coll_, w.request()),
               w.where, "MPI_Iallgather");
     if (pairwise) {
       // peer_counts[s] = what rank s sends to this rank.
       w.peer_counts.resize(size_t(size_));
-      check_mpi(MPI_Ialltoall(w.my_counts.data(), 1, MPI_INT64_T, w.peer_counts.data(), 1, MPI_INT64_T, comm_,
+      check_mpi(MPI_Ialltoall(w.my_counts.data(), 1, MPI_INT64_T, w.peer_counts.data(), 1, MPI_INT64_T, coll_,
                               w.request()),
                 w.where, "MPI_Ialltoall");
     }
   });
-  w.then([this, mine](MpiWork& w) {
+  // A copy of this rank's tensor description: `mine` may be gone when the stage runs.
+  std::string my_desc = mine ? mine->desc() : std::string();
+  w.then([this, my_desc](MpiWork& w) {
     detail::check_metas(w.where, w.metas.data(), size_, [&](int r) {
-      const std::string d = r == rank_ && mine ? mine->desc() : detail::describe_meta(w.metas[size_t(r)]);
-      if (OpKind(w.metas[size_t(r)].kind) == OpKind::AllGatherV || OpKind(w.metas[size_t(r)].kind) == OpKind::ReduceScatterV) {
-        return r == rank_ && !w.my_counts.empty() ? fmt::format("counts [{}]", fmt::join(w.my_counts, ", "))
-                                                  : fmt::format("other counts (hash {:x})", w.metas[size_t(r)].counts_hash);
+      const Meta& m = w.metas[size_t(r)];
+      if (OpKind(m.kind) == OpKind::AllGatherV || OpKind(m.kind) == OpKind::ReduceScatterV) {
+        return r == rank_ ? fmt::format("counts [{}]", fmt::join(w.my_counts, ", "))
+                          : fmt::format("other counts (hash {:x})", m.counts_hash);
       }
-      return d;
+      return r == rank_ && !my_desc.empty() ? my_desc : detail::describe_meta(m);
     });
   });
 }
 
+void MpiComm::post_exchange(MpiWork& w, const void* sbuf, void* rbuf, DType dt, int tag) {
+  const MPI_Datatype ty = mpi_type(dt);
+  const size_t isz = itemsize(dt);
+  for (int i = 1; i < size_; ++i) {
+    const int s = (rank_ + size_ - i) % size_;
+    if (w.rc[size_t(s)] == 0) continue;
+    check_mpi(MPI_Irecv(static_cast<char*>(rbuf) + size_t(w.rd[size_t(s)]) * isz, w.rc[size_t(s)], ty, s, tag, coll_,
+                        w.request()),
+              w.where, "MPI_Irecv");
+  }
+  for (int i = 1; i < size_; ++i) {
+    const int s = (rank_ + i) % size_;
+    if (w.sc[size_t(s)] == 0) continue;
+    check_mpi(MPI_Isend(static_cast<const char*>(sbuf) + size_t(w.sd[size_t(s)]) * isz, w.sc[size_t(s)], ty, s, tag,
+                        coll_, w.request()),
+              w.where, "MPI_Isend");
+  }
+}
+
 WorkPtr MpiComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
-  auto w = work(detail::where(*this, "all_reduce", op));
+  auto w = collective(detail::where(*this, "all_reduce", op));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   check_reduce_dtype(w->where, t.dtype(), op);
   as_int(t.numel(), w->where);
   if (size_ == 1) return detail::done_work();  // one contribution: the tree is the value (x / 1 == x)
   add_meta_stage(*w, detail::make_meta(OpKind::AllReduce, &t, nullptr, int(op)), &t);
-  // Reduce-scatter: slice s of every rank goes to rank s (ceil-division slices).
+  // Reduce-scatter: slice s of every rank goes to rank s (ceil-division
+  // slices); this rank's own slice is read in place.
   w->then([this, t](MpiWork& w) {
     const int64_t numel = t.numel();
     const int64_t len = slice_len(numel, size_, rank_);
-    w.scratch = take_scratch(size_t(size_) * size_t(len) * t.itemsize());
-    w.sc.assign(size_t(size_), 0);
-    w.sd.assign(size_t(size_), 0);
-    w.rc.assign(size_t(size_), 0);
-    w.rd.assign(size_t(size_), 0);
+    w.scratch(size_t(size_) * size_t(len) * t.itemsize());
+    zero_counts(w);
     for (int s = 0; s < size_; ++s) {
-      if (s == rank_) continue;  // this rank's own slice is read in place
+      if (s == rank_) continue;
       w.sc[size_t(s)] = int(slice_len(numel, size_, s));
       w.sd[size_t(s)] = int(slice_begin(numel, size_, s));
       w.rc[size_t(s)] = int(len);
       w.rd[size_t(s)] = int(s * len);
     }
-    const MPI_Datatype ty = mpi_type(t.dtype());
-    check_mpi(MPI_Ialltoallv(t.raw_data(), w.sc.data(), w.sd.data(), ty, w.scratch.data(), w.rc.data(), w.rd.data(),
-                             ty, comm_, w.request()),
-              w.where, "MPI_Ialltoallv");
+    post_exchange(w, t.raw_data(), w.scratch_data(), t.dtype(), kTagScatter);
   });
   // The tree over ranks on this rank's slice, then all-gather of the slices.
   w->then([this, t, op](MpiWork& w) {
@@ -375,12 +255,13 @@ WorkPtr MpiComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
     char* base = static_cast<char*>(t.raw_data());
     reduce_into(w, t.dtype(), op, base + size_t(lo) * t.itemsize(), len, base + size_t(lo) * t.itemsize());
     for (int s = 0; s < size_; ++s) {
+      if (s == rank_) continue;
+      w.sc[size_t(s)] = int(len);
+      w.sd[size_t(s)] = int(lo);
       w.rc[size_t(s)] = int(slice_len(numel, size_, s));
       w.rd[size_t(s)] = int(slice_begin(numel, size_, s));
     }
-    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw_data(), w.rc.data(), w.rd.data(),
-                              mpi_type(t.dtype()), comm_, w.request()),
-              w.where, "MPI_Iallgatherv");
+    post_exchange(w, t.raw_data(), t.raw_data(), t.dtype(), kTagGather);
   });
   return finish(w, async);
 }
@@ -398,7 +279,7 @@ WorkPtr MpiComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op
 
 WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                   ReduceOp op, bool async) {
-  auto w = work(detail::where(*this, "reduce_scatter_v", op));
+  auto w = collective(detail::where(*this, "reduce_scatter_v", op));
   detail::check_tensor(w->where, in, "input", DeviceType::CPU);
   detail::check_tensor(w->where, out, "output", DeviceType::CPU);
   detail::check_counts(w->where, counts, size_, "counts");
@@ -413,11 +294,8 @@ WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std
   add_meta_stage(*w, detail::make_meta(OpKind::ReduceScatterV, &in, &out, int(op), -1, &counts), &in);
   w->then([this, in](MpiWork& w) {
     const int64_t len = w.my_counts[size_t(rank_)];
-    w.scratch = take_scratch(size_t(size_) * size_t(len) * in.itemsize());
-    w.sc.assign(size_t(size_), 0);
-    w.sd.assign(size_t(size_), 0);
-    w.rc.assign(size_t(size_), 0);
-    w.rd.assign(size_t(size_), 0);
+    w.scratch(size_t(size_) * size_t(len) * in.itemsize());
+    zero_counts(w);
     int64_t off = 0;
     for (int s = 0; s < size_; ++s) {
       if (s != rank_) {
@@ -428,10 +306,7 @@ WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std
       }
       off += w.my_counts[size_t(s)];
     }
-    const MPI_Datatype ty = mpi_type(in.dtype());
-    check_mpi(MPI_Ialltoallv(in.raw_data(), w.sc.data(), w.sd.data(), ty, w.scratch.data(), w.rc.data(), w.rd.data(),
-                             ty, comm_, w.request()),
-              w.where, "MPI_Ialltoallv");
+    post_exchange(w, in.raw_data(), w.scratch_data(), in.dtype(), kTagScatter);
   });
   w->then([this, in, out, op](MpiWork& w) {
     int64_t off = 0;
@@ -454,7 +329,7 @@ WorkPtr MpiComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
 }
 
 WorkPtr MpiComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
-  auto w = work(detail::where(*this, "all_gather_v"));
+  auto w = collective(detail::where(*this, "all_gather_v"));
   detail::check_tensor(w->where, in, "input", DeviceType::CPU);
   detail::check_tensor(w->where, out, "output", DeviceType::CPU);
   detail::check_counts(w->where, counts, size_, "counts");
@@ -467,22 +342,22 @@ WorkPtr MpiComm::all_gather_v(const Tensor& in, const Tensor& out, const std::ve
   w->my_counts = counts;
   add_meta_stage(*w, detail::make_meta(OpKind::AllGatherV, &in, &out, -1, -1, &counts), &in);
   w->then([this, in, out](MpiWork& w) {
-    w.rc.resize(size_t(size_));
-    w.rd.resize(size_t(size_));
-    int64_t off = 0;
+    zero_counts(w);
+    int64_t off = 0, mine = 0;
     for (int s = 0; s < size_; ++s) {
+      if (s == rank_) mine = off;
       w.rc[size_t(s)] = int(w.my_counts[size_t(s)]);
       w.rd[size_t(s)] = int(off);
       off += w.my_counts[size_t(s)];
     }
-    const MPI_Datatype ty = mpi_type(in.dtype());
-    const char* mine = static_cast<const char*>(out.raw_data()) + size_t(w.rd[size_t(rank_)]) * in.itemsize();
-    // MPI forbids overlapping send and receive buffers except through MPI_IN_PLACE.
-    const bool in_place = in.raw_data() == mine;
-    if (!in_place && in.numel() > 0) std::memcpy(const_cast<char*>(mine), in.raw_data(), in.nbytes());
-    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.raw_data(), w.rc.data(), w.rd.data(), ty, comm_,
-                              w.request()),
-              w.where, "MPI_Iallgatherv");
+    for (int s = 0; s < size_; ++s) {
+      w.sc[size_t(s)] = int(in.numel());
+      w.sd[size_t(s)] = 0;
+    }
+    // Sends read `in`; this rank's own block is copied locally.
+    char* own = static_cast<char*>(out.raw_data()) + size_t(mine) * in.itemsize();
+    if (own != in.raw_data() && in.numel() > 0) std::memmove(own, in.raw_data(), in.nbytes());
+    post_exchange(w, in.raw_data(), out.raw_data(), in.dtype(), kTagGather);
   });
   return finish(w, async);
 }
@@ -501,7 +376,7 @@ WorkPtr MpiComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
 
 WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                               const std::vector<int64_t>& recv_counts, bool async) {
-  auto w = work(detail::where(*this, "all_to_all_v"));
+  auto w = collective(detail::where(*this, "all_to_all_v"));
   detail::check_tensor(w->where, in, "input", DeviceType::CPU);
   detail::check_tensor(w->where, out, "output", DeviceType::CPU);
   detail::check_counts(w->where, send_counts, size_, "send_counts");
@@ -514,12 +389,12 @@ WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send
   }
   as_int(in.numel(), w->where);
   as_int(out.numel(), w->where);
+  if (in.shares_storage(out)) TESSEL_FAIL(w->where, "input and output must not share storage");
   add_meta_stage(*w, detail::make_meta(OpKind::AllToAllV, &in, &out), &in, &send_counts);
-  std::vector<int64_t> recv = recv_counts;
-  w->then([this, in, out, send = send_counts, recv](MpiWork& w) {
+  w->then([this, in, out, send = send_counts, recv = recv_counts](MpiWork& w) {
     if (!w.peer_counts.empty()) {
-      // Only this rank's view of the pairs is known here; a mismatch fails on
-      // the receiving rank (the sender's counts came with the meta exchange).
+      // This rank sees what every rank sends to it; a mismatch fails on the
+      // receiving rank (and, through the communicator's timeout, nowhere hangs).
       for (int s = 0; s < size_; ++s) {
         if (w.peer_counts[size_t(s)] != recv[size_t(s)]) {
           TESSEL_FAIL(w.where, "rank {} sends {} elements to rank {}, which expects recv_counts[{}] = {}", s,
@@ -527,42 +402,41 @@ WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send
         }
       }
     }
-    w.sc.resize(size_t(size_));
-    w.sd.resize(size_t(size_));
-    w.rc.resize(size_t(size_));
-    w.rd.resize(size_t(size_));
+    zero_counts(w);
     int64_t so = 0, ro = 0;
     for (int s = 0; s < size_; ++s) {
       w.sc[size_t(s)] = int(send[size_t(s)]);
       w.sd[size_t(s)] = int(so);
       w.rc[size_t(s)] = int(recv[size_t(s)]);
       w.rd[size_t(s)] = int(ro);
+      if (s == rank_ && send[size_t(s)] > 0) {  // this rank's own block: a local copy
+        std::memcpy(static_cast<char*>(out.raw_data()) + size_t(ro) * in.itemsize(),
+                    static_cast<const char*>(in.raw_data()) + size_t(so) * in.itemsize(),
+                    size_t(send[size_t(s)]) * in.itemsize());
+      }
       so += send[size_t(s)];
       ro += recv[size_t(s)];
     }
-    const MPI_Datatype ty = mpi_type(in.dtype());
-    check_mpi(MPI_Ialltoallv(in.raw_data(), w.sc.data(), w.sd.data(), ty, out.raw_data(), w.rc.data(), w.rd.data(), ty,
-                             comm_, w.request()),
-              w.where, "MPI_Ialltoallv");
+    post_exchange(w, in.raw_data(), out.raw_data(), in.dtype(), kTagAllToAll);
   });
   return finish(w, async);
 }
 
 WorkPtr MpiComm::broadcast(const Tensor& t, int root, bool async) {
-  auto w = work(detail::where(*this, "broadcast"));
+  auto w = collective(detail::where(*this, "broadcast"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (root < 0 || root >= size_) TESSEL_FAIL(w->where, "root {} is not a rank of this communicator", root);
   as_int(t.numel(), w->where);
   add_meta_stage(*w, detail::make_meta(OpKind::Broadcast, &t, nullptr, -1, root), &t);
   w->then([this, t, root](MpiWork& w) {
-    check_mpi(MPI_Ibcast(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), root, comm_, w.request()), w.where,
+    check_mpi(MPI_Ibcast(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), root, coll_, w.request()), w.where,
               "MPI_Ibcast");
   });
   return finish(w, async);
 }
 
 WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
-  auto w = work(detail::where(*this, "send"));
+  auto w = p2p(detail::where(*this, "send"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (dst < 0 || dst >= size_) TESSEL_FAIL(w->where, "destination {} is not a rank of this communicator", dst);
   if (tag < 0) TESSEL_FAIL(w->where, "tag {} is negative", tag);
@@ -576,7 +450,7 @@ WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
 }
 
 WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
-  auto w = work(detail::where(*this, "recv"));
+  auto w = p2p(detail::where(*this, "recv"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (src < 0 || src >= size_) TESSEL_FAIL(w->where, "source {} is not a rank of this communicator", src);
   if (tag < 0) TESSEL_FAIL(w->where, "tag {} is negative", tag);
@@ -605,26 +479,26 @@ WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
 }
 
 void MpiComm::barrier() {
-  auto w = work(detail::where(*this, "barrier"));
+  auto w = collective(detail::where(*this, "barrier"));
   if (meta_check_enabled()) {
     // The meta all-gather completes only when every rank has joined: a barrier.
     add_meta_stage(*w, detail::make_meta(OpKind::Barrier, nullptr, nullptr), nullptr);
   } else {
-    w->then([this](MpiWork& w) { check_mpi(MPI_Ibarrier(comm_, w.request()), w.where, "MPI_Ibarrier"); });
+    w->then([this](MpiWork& w) { check_mpi(MPI_Ibarrier(coll_, w.request()), w.where, "MPI_Ibarrier"); });
   }
-  w->wait();
+  finish(w, false);
 }
 
 std::shared_ptr<Communicator> MpiComm::split(int color, int key) {
-  auto w = work(detail::where(*this, "split"));
+  auto w = collective(detail::where(*this, "split"));
   // Every member must be present before the blocking MPI_Comm_split, so a
   // missing rank is a timeout here rather than a hang there.
   if (meta_check_enabled()) {
     add_meta_stage(*w, detail::make_meta(OpKind::Split, nullptr, nullptr), nullptr);
   } else {
-    w->then([this](MpiWork& w) { check_mpi(MPI_Ibarrier(comm_, w.request()), w.where, "MPI_Ibarrier"); });
+    w->then([this](MpiWork& w) { check_mpi(MPI_Ibarrier(coll_, w.request()), w.where, "MPI_Ibarrier"); });
   }
-  w->wait();
+  finish(w, false);
   MPI_Comm sub = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), w->where, "MPI_Comm_split");
   if (sub == MPI_COMM_NULL) return nullptr;
@@ -653,11 +527,9 @@ void do_init_mpi() {
     }
     st.we_initialized = true;
   }
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   // Our own copy of the world: tessel's traffic never matches the application's.
   MPI_Comm dup = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "init_mpi", "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
   int n = 0;
   MPI_Comm_size(dup, &n);
   std::vector<int> ranks(static_cast<size_t>(n));
@@ -669,31 +541,17 @@ void do_init_mpi() {
 
 void do_finalize_mpi() {
   MpiState& st = state();
-  std::vector<WorkPtr> stale;
   {
     std::lock_guard<std::mutex> lk(st.mu);
     if (!st.initialized) return;
     st.initialized = false;
-    stale.swap(st.stale);
   }
   // Operations that timed out may have completed since (the peer arrived late).
-  bool stuck = false;
-  for (auto& w : stale) {
-    auto& mw = static_cast<MpiWork&>(*w);
-    const auto until = Clock::now() + std::chrono::seconds(2);
-    bool done = mw.requests_done();
-    while (!done && Clock::now() < until) {
-      sched_yield();
-      done = mw.requests_done();
-    }
-    stuck = stuck || !done;
-  }
-  if (stuck) {
+  if (!mpi_detail::drain_stale(std::chrono::seconds(2))) {
     std::fprintf(stderr, "tessel: an MPI operation that timed out never completed; calling MPI_Abort\n");
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  stale.clear();
   detail::set_process_world(nullptr);
   int finalized = 0;
   MPI_Finalized(&finalized);

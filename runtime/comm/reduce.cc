@@ -14,6 +14,65 @@ namespace {
 // combination order is exactly the tree of tree.h.
 constexpr int64_t kBlock = 512;
 
+// The loops of one block, as functions so that __restrict on their
+// parameters tells GCC the buffers do not overlap. kLen > 0 fixes the length
+// at compile time: full blocks then have constant trip counts, which is what
+// GCC's -O2 vectoriser (very-cheap cost model) needs to emit AVX code.
+template <int64_t kLen, class T, class Acc, class Combine>
+inline void combine_pair(Acc* __restrict s, const T* __restrict x, const T* __restrict y, int64_t len_rt) {
+  const int64_t len = kLen > 0 ? kLen : len_rt;
+  Combine combine;
+  for (int64_t k = 0; k < len; ++k) s[k] = combine(Acc(load(x[k])), Acc(load(y[k])));
+}
+template <int64_t kLen, class T, class Acc>
+inline void widen(Acc* __restrict s, const T* __restrict x, int64_t len_rt) {
+  const int64_t len = kLen > 0 ? kLen : len_rt;
+  for (int64_t k = 0; k < len; ++k) s[k] = Acc(load(x[k]));
+}
+template <int64_t kLen, class Acc, class Combine>
+inline void combine_into(Acc* __restrict a, const Acc* __restrict c, int64_t len_rt) {
+  const int64_t len = kLen > 0 ? kLen : len_rt;
+  Combine combine;
+  for (int64_t k = 0; k < len; ++k) a[k] = combine(a[k], c[k]);
+}
+template <int64_t kLen, class T, class Acc>
+inline void narrow(T* __restrict o, const Acc* __restrict s, int64_t len_rt) {
+  const int64_t len = kLen > 0 ? kLen : len_rt;
+  for (int64_t k = 0; k < len; ++k) o[k] = store<T>(s[k]);
+}
+template <int64_t kLen, class T, class Acc>
+inline void narrow_avg(T* __restrict o, const Acc* __restrict s, Acc div, int64_t len_rt) {
+  const int64_t len = kLen > 0 ? kLen : len_rt;
+  for (int64_t k = 0; k < len; ++k) o[k] = store<T>(s[k] / div);
+}
+
+// One block of elements [b, b + len).
+template <int64_t kLen, class T, class Acc, class Combine>
+inline void reduce_block(const void* const* src, int n, int64_t b, int64_t len, T* o, Acc* scratch, bool avg) {
+  const int m = (n + 1) / 2;
+  // Level w = 1 reads the sources: s[j] = v[2j] op v[2j+1].
+  for (int j = 0; j < m; ++j) {
+    Acc* s = scratch + int64_t(j) * kBlock;
+    const T* x = static_cast<const T*>(src[2 * j]) + b;
+    if (2 * j + 1 < n) {
+      combine_pair<kLen, T, Acc, Combine>(s, x, static_cast<const T*>(src[2 * j + 1]) + b, len);
+    } else {
+      widen<kLen, T, Acc>(s, x, len);
+    }
+  }
+  // Levels w >= 2 of the tree over v are levels w/2 of the same tree over s.
+  for (int w = 1; w < m; w *= 2) {
+    for (int i = 0; i + w < m; i += 2 * w) {
+      combine_into<kLen, Acc, Combine>(scratch + int64_t(i) * kBlock, scratch + int64_t(i + w) * kBlock, len);
+    }
+  }
+  if (avg) {
+    narrow_avg<kLen, T, Acc>(o, scratch, Acc(n), len);
+  } else {
+    narrow<kLen, T, Acc>(o, scratch, len);
+  }
+}
+
 template <class T, class Acc, class Combine>
 void reduce_typed(const void* const* src, int n, int64_t count, void* out, bool avg) {
   const int m = (n + 1) / 2;  // values left after the first tree level
@@ -21,37 +80,10 @@ void reduce_typed(const void* const* src, int n, int64_t count, void* out, bool 
   thread_local std::vector<Acc> scratch_storage;
   if (scratch_storage.size() < size_t(m) * kBlock) scratch_storage.resize(size_t(m) * kBlock);
   Acc* scratch = scratch_storage.data();
-  Combine combine;
   T* o = static_cast<T*>(out);
-  for (int64_t b = 0; b < count; b += kBlock) {
-    const int64_t len = std::min(kBlock, count - b);
-    // Level w = 1 reads the sources: s[j] = v[2j] op v[2j+1].
-    for (int j = 0; j < m; ++j) {
-      Acc* __restrict s = scratch + int64_t(j) * kBlock;
-      const T* x = static_cast<const T*>(src[2 * j]) + b;
-      if (2 * j + 1 < n) {
-        const T* y = static_cast<const T*>(src[2 * j + 1]) + b;
-        for (int64_t k = 0; k < len; ++k) s[k] = combine(Acc(load(x[k])), Acc(load(y[k])));
-      } else {
-        for (int64_t k = 0; k < len; ++k) s[k] = Acc(load(x[k]));
-      }
-    }
-    // Levels w >= 2 of the tree over v are levels w/2 of the same tree over s.
-    for (int w = 1; w < m; w *= 2) {
-      for (int i = 0; i + w < m; i += 2 * w) {
-        Acc* __restrict a = scratch + int64_t(i) * kBlock;
-        const Acc* __restrict c = scratch + int64_t(i + w) * kBlock;
-        for (int64_t k = 0; k < len; ++k) a[k] = combine(a[k], c[k]);
-      }
-    }
-    T* ob = o + b;
-    if (avg) {
-      const Acc div = Acc(n);
-      for (int64_t k = 0; k < len; ++k) ob[k] = store<T>(scratch[k] / div);
-    } else {
-      for (int64_t k = 0; k < len; ++k) ob[k] = store<T>(scratch[k]);
-    }
-  }
+  int64_t b = 0;
+  for (; b + kBlock <= count; b += kBlock) reduce_block<kBlock, T, Acc, Combine>(src, n, b, kBlock, o + b, scratch, avg);
+  if (b < count) reduce_block<0, T, Acc, Combine>(src, n, b, count - b, o + b, scratch, avg);
 }
 
 template <class T>

@@ -395,9 +395,13 @@ void async_cases(Communicator& c, Failures& f, uint64_t seed) {
   Tensor g_in = make_input(DType::BFloat16, 9, mix(seed, 5000 + uint64_t(me)));
   Tensor g_out = garbage(DType::BFloat16, 9 * n);
   ws.push_back(c.all_gather(g_in, g_out, true));
-  for (auto& w : ws) {
-    w->wait();
-    if (!w->is_completed()) f.push_back(fmt::format("async on '{}' rank {}: not completed after wait()", c.name(), me));
+  // Waited for in reverse order: the backend must still issue its messages
+  // in the order the operations were started, on every rank.
+  for (auto it = ws.rbegin(); it != ws.rend(); ++it) {
+    (*it)->wait();
+    if (!(*it)->is_completed()) {
+      f.push_back(fmt::format("async on '{}' rank {}: not completed after wait()", c.name(), me));
+    }
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     std::vector<Tensor> contrib;

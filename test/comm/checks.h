@@ -47,7 +47,7 @@ void all_to_all_cases(comm::Communicator& c, Failures& f, uint64_t seed);
 void broadcast_cases(comm::Communicator& c, Failures& f, uint64_t seed);
 // Ring of send/recv (async send, and async receive posted first), in-order delivery.
 void p2p_cases(comm::Communicator& c, Failures& f, uint64_t seed);
-// Several async collectives in flight, waited in order; is_completed after wait.
+// Several async collectives in flight, waited for in reverse order; is_completed after wait.
 void async_cases(comm::Communicator& c, Failures& f, uint64_t seed);
 // The world as a rows x cols grid (size() must be rows*cols): row and column
 // sub-communicators, their ranks and names, and reductions over each.

@@ -13,5 +13,6 @@ int run_selected(CLI::App& app);
 
 void register_info(CLI::App& app);
 void register_train(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace tessel::cli
