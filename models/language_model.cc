@@ -7,6 +7,12 @@
 
 namespace tessel::models {
 
+Tensor LanguageModel::forward(const Tensor& ids) {
+  Tensor x = embed(ids);
+  for (const auto& b : blocks()) x = (*b)(x);
+  return head(x);
+}
+
 Tensor LanguageModel::loss(const Tensor& logits, const Tensor& targets) {
   const int64_t V = logits.size(-1);
   Tensor l = cross_entropy(nn::cast_up(logits).reshape({-1, V}), targets.reshape({-1}));

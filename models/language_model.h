@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "models/config.h"
+#include "nn/container.h"
 #include "nn/module.h"
 #include "runtime/tensor.h"
 
@@ -14,8 +15,16 @@ class LanguageModel : public nn::Module {
       : nn::Module(std::move(type_name)), config(std::move(config)) {}
 
   // ids [B, T] (int64, T <= max_seq_len) -> logits [B, T, vocab] (float32
-  // under bf16 autocast too).
-  virtual Tensor forward(const Tensor& ids) = 0;
+  // under bf16 autocast too): head(blocks(embed(ids))), each block called
+  // through its forward hooks.
+  virtual Tensor forward(const Tensor& ids);
+
+  // The model as a chain of stages (pipeline parallelism splits it here):
+  // embed: ids [B, T] -> hidden [B, T, dim]; blocks: hidden -> hidden, in
+  // order; head: hidden -> logits. A model's code lives in these.
+  virtual Tensor embed(const Tensor& ids) = 0;
+  virtual const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const = 0;
+  virtual Tensor head(const Tensor& h) = 0;
   // Mean next-token cross-entropy of logits [B, T, V] against targets [B, T],
   // plus any auxiliary loss the last forward produced (Mixtral's router
   // load-balancing loss times aux_loss_coef).

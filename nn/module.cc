@@ -1,5 +1,6 @@
 #include "nn/module.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_set>
 
@@ -159,6 +160,36 @@ int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : named_parameters()) n += p.tensor.numel();
   return n;
+}
+
+int Module::register_forward_pre_hook(ForwardPreHook hook) {
+  pre_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+int Module::register_forward_hook(ForwardHook hook) {
+  post_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+void Module::remove_forward_hook(int handle) {
+  auto drop = [&](auto& v) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& h) { return h.first == handle; }), v.end());
+  };
+  drop(pre_hooks_);
+  drop(post_hooks_);
+}
+
+Tensor Module::run_forward_pre_hooks(const Tensor& input) {
+  Tensor x = input;
+  for (auto& [h, fn] : pre_hooks_) x = fn(*this, x);
+  return x;
+}
+
+Tensor Module::run_forward_hooks(const Tensor& input, const Tensor& output) {
+  Tensor y = output;
+  for (auto& [h, fn] : post_hooks_) y = fn(*this, input, y);
+  return y;
 }
 
 Module& Module::submodule(const std::string& path) {

@@ -43,7 +43,7 @@ Tensor MoE::forward(const Tensor& x) {
   Tensor logits;
   {
     AutocastScope off(std::nullopt);
-    logits = gate->forward(cast_up(xf));  // [N, E]
+    logits = (*gate)(cast_up(xf));  // [N, E]
   }
   Tensor probs = softmax(logits, -1);
   auto [top_p, top_i] = topk(probs, K, -1);  // [N, K]
@@ -66,7 +66,7 @@ Tensor MoE::forward(const Tensor& x) {
     const auto& tok = tokens[size_t(e)];
     counts_[size_t(e)] = int64_t(tok.size());
     if (tok.empty()) continue;
-    Tensor y = expert_list_[size_t(e)]->forward(index_select(xf, 0, index_tensor(tok, x.device())));
+    Tensor y = (*expert_list_[size_t(e)])(index_select(xf, 0, index_tensor(tok, x.device())));
     Tensor w = index_select(weights, 0, index_tensor(slots[size_t(e)], x.device())).unsqueeze(1);
     parts.push_back(mul(y, w));  // promotes to the routing dtype (float32 under autocast)
     dest.insert(dest.end(), tok.begin(), tok.end());
