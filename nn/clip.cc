@@ -2,7 +2,13 @@
 
 #include <cmath>
 
+#include <map>
+
 #include "autograd/api.h"
+#include "autograd/ops/common.h"
+#include "autograd/ops/dist.h"
+#include "parallel/sharding.h"
+#include "runtime/comm/comm.h"
 #include "kernels/canonical.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
@@ -34,15 +40,37 @@ float total_norm(const std::vector<Tensor>& params, const char* op) {
   if (padded > count) kernels::fill(device, raw::narrow(sums, 0, count, padded - count), Scalar(0.0));
   const int v = numerics::reduction_chunks();
   int64_t i = 0;
+  // Distributed gradients: each rank sums the squares of its piece; pieces of
+  // sharded mesh dims are then added over those dims' groups (replicas are
+  // counted once). Parameters sharded over the same mesh dims share one
+  // all-reduce.
+  MeshPtr mesh;
+  std::map<uint32_t, std::vector<int64_t>> by_shard_dims;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (!g.is_contiguous()) g = g.contiguous();
+    if (g.is_distributed()) {
+      if (g.placements().any_partial()) g = redistribute(g, sharding::unshard(g.placements(), {}, true));
+      uint32_t mask = 0;
+      for (int m = 0; m < g.placements().size(); ++m)
+        if (g.placements()[m].is_shard() && g.mesh()->size(m) > 1) mask |= 1u << m;
+      if (mask) by_shard_dims[mask].push_back(i);
+      mesh = g.mesh();
+      g = raw::local_of(g);
+    }
+    if (!g.is_contiguous()) g = detail::contiguous_raw(g);
     kernels::sum_squares(device, g, v, raw::select(sums, 0, i++));
   }
   if (device.is_meta()) return 0.0f;
   Tensor host = device.type == DeviceType::CPU ? sums : sums.to(kCPU);
   float* s = host.data<float>();
+  for (const auto& [mask, idx] : by_shard_dims) {
+    Tensor buf = raw::empty({int64_t(idx.size())}, DType::Float32, kCPU);
+    for (size_t k = 0; k < idx.size(); ++k) buf.data<float>()[k] = s[idx[k]];
+    for (int m = 0; m < mesh->ndim(); ++m)
+      if (mask >> m & 1u) mesh->comm(m)->all_reduce(buf, comm::ReduceOp::Sum)->wait();
+    for (size_t k = 0; k < idx.size(); ++k) s[idx[k]] = buf.data<float>()[k];
+  }
   const float total_sq = kernels::tree_combine(s, int(padded), kernels::SumCombine<float>());
   return std::sqrt(total_sq);
 }
@@ -65,7 +93,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, bool 
     for (const Tensor& p : params) {
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      kernels::scale_inplace(g.device(), g, scale);
+      kernels::scale_inplace(g.device(), raw::local_of(g), scale);
       g.bump_version();
     }
   }

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "autograd/api.h"
+#include "autograd/ops/dist.h"
 
 namespace tessel::nn {
 
@@ -255,7 +256,13 @@ void Module::reset_parameters(uint64_t seed) {
   for (auto& [path, slot] : parameter_slots()) {
     TESSEL_CHECK(!slot->tensor->device().is_meta(), "reset_parameters",
                  "parameter '{}' is on the meta device; call materialize(device) first", path);
-    slot->init(*slot->tensor, parameter_key(seed, path), GlobalBlock{});
+    const Tensor& t = *slot->tensor;
+    if (t.is_distributed()) {  // the piece draws its slice of the full parameter's values
+      slot->init(raw::local_of(t), parameter_key(seed, path), local_random_block(t));
+      t.bump_version();
+    } else {
+      slot->init(t, parameter_key(seed, path), GlobalBlock{});
+    }
   }
 }
 
@@ -278,7 +285,8 @@ void Module::materialize(Device device) {
     for (auto& p : m->params_) {
       Tensor& t = *p.tensor;
       if (!t.device().is_meta()) continue;
-      t = empty(t.shape(), TensorOptions(t.dtype()).with_device(device));
+      TensorOptions o = TensorOptions(t.dtype()).with_device(device);
+      t = t.is_distributed() ? empty(t.shape(), t.mesh(), t.placements(), o) : empty(t.shape(), o);
       t.requires_grad_(true);
     }
     for (auto& b : m->buffers_) {

@@ -1,5 +1,7 @@
 #include "nn/optim.h"
 
+#include "autograd/ops/dist.h"
+
 #include <cmath>
 #include <map>
 #include <unordered_map>
@@ -101,9 +103,18 @@ void Optimizer::step() {
       TESSEL_FAIL(name_, "parameter '{}' ({}) has gradient {}; expected float32, bfloat16 or float16 on {}", s.path,
                   s.param.desc(), g.desc(), s.param.device().str());
     }
+    // A distributed parameter is updated piece by piece: its gradient has its
+    // placements (AccumulateGrad sees to it), its state is shaped like its piece.
+    if (s.param.is_distributed()) {
+      TESSEL_CHECK(g.is_distributed() && g.placements() == s.param.placements(), name_,
+                   "parameter '{}' ({}) has gradient {} in another layout", s.path, s.param.desc(), g.desc());
+    }
     if (s.buffers.empty()) {
       for (size_t i = 0, n = buffer_names().size(); i < n; ++i)
-        s.buffers.push_back(zeros(s.param.shape(), TensorOptions(DType::Float32).with_device(s.param.device())));
+        s.buffers.push_back(s.param.is_distributed()
+                                ? zeros(s.param.shape(), s.param.mesh(), s.param.placements(),
+                                        TensorOptions(DType::Float32).with_device(s.param.device()))
+                                : zeros(s.param.shape(), TensorOptions(DType::Float32).with_device(s.param.device())));
     }
     ++s.step;
     update(s, g, lr_ * groups_[size_t(s.group)].lr_scale, group_weight_decay_[size_t(s.group)]);
@@ -234,7 +245,8 @@ void SGD::update(Slot& slot, const Tensor& grad, double lr, double weight_decay)
   const bool first = slot.step == 1;
   const kernels::SGDScalars s =
       kernels::sgd_scalars(lr, opts_.momentum, opts_.dampening, weight_decay, opts_.nesterov, first);
-  kernels::sgd_step(slot.param.device(), slot.param, grad, s.use_momentum ? slot.buffers[0] : Tensor(), s);
+  kernels::sgd_step(slot.param.device(), raw::local_of(slot.param), raw::local_of(grad),
+                    s.use_momentum ? raw::local_of(slot.buffers[0]) : Tensor(), s);
 }
 
 // ---- AdamW -----------------------------------------------------------------------------
@@ -255,7 +267,8 @@ std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_a
 void AdamW::update(Slot& slot, const Tensor& grad, double lr, double weight_decay) {
   const kernels::AdamWScalars s =
       kernels::adamw_scalars(lr, opts_.betas[0], opts_.betas[1], opts_.eps, weight_decay, slot.step);
-  kernels::adamw_step(slot.param.device(), slot.param, grad, slot.buffers[0], slot.buffers[1], s);
+  kernels::adamw_step(slot.param.device(), raw::local_of(slot.param), raw::local_of(grad),
+                      raw::local_of(slot.buffers[0]), raw::local_of(slot.buffers[1]), s);
 }
 
 }  // namespace tessel::nn

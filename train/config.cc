@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kOp = "config";
 
 using Member = std::variant<std::string TrainConfig::*, int64_t TrainConfig::*, uint64_t TrainConfig::*,
-                            double TrainConfig::*, std::array<double, 2> TrainConfig::*>;
+                            double TrainConfig::*, std::array<double, 2> TrainConfig::*, bool TrainConfig::*>;
 
 struct Field {
   const char* key;   // TOML key; the flag is "--" + key with '_' -> '-'
@@ -64,6 +64,10 @@ const std::vector<Field>& fields() {
       {"sample_length", &C::sample_length, "tokens to sample after training (0: none)"},
       {"temperature", &C::temperature, "sampling temperature (0: greedy)"},
       {"top_k", &C::top_k, "sample among the k most likely tokens (0: all)"},
+      {"mesh", &C::mesh, "device mesh as named dims, e.g. dp=2,tp=2 (empty: one device)"},
+      {"backend", &C::backend, "collectives: auto | local (ranks as threads) | mpi (under mpirun)"},
+      {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
+      {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
   };
   return f;
 }
@@ -146,6 +150,11 @@ void TrainConfig::load_toml(const std::string& path) {
                      if (!v) wrong("a number");
                      this->*m = *v;
                    },
+                   [&](bool TrainConfig::*m) {
+                     auto v = node.value_exact<bool>();
+                     if (!v) wrong("a boolean");
+                     this->*m = *v;
+                   },
                    [&](std::array<double, 2> TrainConfig::*m) {
                      const toml::array* arr = node.as_array();
                      if (!arr || arr->size() != 2) wrong("an array of two numbers");
@@ -223,6 +232,30 @@ void TrainConfig::validate() const {
   TESSEL_CHECK(sample_length >= 0, kOp, "sample_length must be >= 0, got {}", sample_length);
   non_negative("temperature", temperature);
   TESSEL_CHECK(top_k >= 0, kOp, "top_k must be >= 0, got {}", top_k);
+  one_of("backend", backend, {"auto", "local", "mpi"});
+  non_empty("plan", plan);
+  parse_mesh(mesh);  // throws naming the malformed part
+}
+
+std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec) {
+  std::vector<std::pair<std::string, int64_t>> dims;
+  if (spec.empty()) return dims;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string part = spec.substr(pos, comma - pos);
+    const size_t eq = part.find('=');
+    TESSEL_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < part.size(), kOp,
+                 "mesh '{}': '{}' is not NAME=SIZE (e.g. dp=2,tp=2)", spec, part);
+    const std::string name = part.substr(0, eq), size = part.substr(eq + 1);
+    TESSEL_CHECK(size.find_first_not_of("0123456789") == std::string::npos && std::stoll(size) > 0, kOp,
+                 "mesh '{}': the size of '{}' must be a positive integer, got '{}'", spec, name, size);
+    for (const auto& d : dims) TESSEL_CHECK(d.first != name, kOp, "mesh '{}': dim '{}' appears twice", spec, name);
+    dims.emplace_back(name, std::stoll(size));
+    pos = comma + 1;
+  }
+  return dims;
 }
 
 std::string TrainConfig::to_json(int indent) const {
@@ -265,6 +298,10 @@ void add_train_options(CLI::App& app, TrainConfig& cfg) {
     if (f.key == std::string("model_config")) flag = "--config," + flag;
     if (f.key == std::string("out_dir")) flag = "--out," + flag;
     std::visit(Overloaded{
+                   [&](bool TrainConfig::*m) {
+                     app.add_flag_function(
+                         flag, [&cfg, m](int64_t n) { cfg.*m = n > 0; }, f.help);
+                   },
                    [&](std::array<double, 2> TrainConfig::*m) {
                      app.add_option_function<std::vector<double>>(
                             flag, [&cfg, m](const std::vector<double>& v) { (cfg.*m) = {v[0], v[1]}; }, f.help)

@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/dtype.h"
 
@@ -61,6 +63,11 @@ struct TrainConfig {
   int64_t sample_length = 200;  // tokens; 0 = no sample
   double temperature = 0.8;     // 0 = greedy
   int64_t top_k = 40;           // 0 = no top-k filter
+  // parallelism (docs/parallel.md)
+  std::string mesh;               // "dp=2,tp=2": named mesh dims, in order; empty: one device
+  std::string backend = "auto";   // auto (mpi when launched by mpirun, else local threads) | local | mpi
+  std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
+  bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
 
   // Overwrites the fields present in a TOML file. Throws tessel::Error
   // naming the file (and line) on a syntax error, an unknown key, or a value
@@ -83,5 +90,8 @@ struct TrainConfig {
 // error); validation is left to the caller (cfg.validate()), which should
 // run before anything is created on disk.
 void add_train_options(CLI::App& app, TrainConfig& cfg);
+
+// "dp=2,tp=2" -> {{"dp", 2}, {"tp", 2}} (empty for ""); throws naming the bad part.
+std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec);
 
 }  // namespace tessel::train

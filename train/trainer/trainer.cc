@@ -6,6 +6,10 @@
 #include <filesystem>
 
 #include "autograd/api.h"
+#include "autograd/ops/dist.h"
+#include "nn/parallel/parallelize.h"
+#include "runtime/comm/comm.h"
+#include "runtime/mesh.h"
 #include "models/config.h"
 #include "nn/autocast.h"
 #include "nn/clip.h"
@@ -28,7 +32,8 @@ double unigram_entropy(const int32_t* tokens, int64_t n, int64_t vocab) {
   return h;
 }
 
-double evaluate(models::LanguageModel& model, const DataLoader& heldout, int64_t batches, uint64_t seed) {
+double evaluate(models::LanguageModel& model, const DataLoader& heldout, int64_t batches, uint64_t seed,
+                const BatchLayout& layout) {
   NoGradGuard ng;
   const bool was_training = model.is_training();
   model.eval();
@@ -36,7 +41,8 @@ double evaluate(models::LanguageModel& model, const DataLoader& heldout, int64_t
   for (int64_t i = 0; i < batches; ++i) {
     Batch b = heldout.global_batch(i);
     nn::ForwardScope scope({seed, uint64_t(i), 0, b.size()});
-    total += model.loss(model.forward(b.inputs), b.targets).item<double>();
+    Tensor ids = layout ? layout(b.inputs) : b.inputs, targets = layout ? layout(b.targets) : b.targets;
+    total += model.loss(model.forward(ids), targets).item<double>();
   }
   model.train(was_training);
   return total / double(batches);
@@ -53,7 +59,59 @@ std::string decode_ids(const Tokenizer& tok, const std::vector<int64_t>& ids) {
 
 }  // namespace
 
+namespace {
+
+// Checks that the mesh suits the model: tensor parallelism needs whole heads
+// (and whole key/value heads) per rank.
+void check_model_mesh(const models::ModelConfig& mc, const Mesh& mesh, const std::string& mesh_spec) {
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    const std::string& n = mesh.name(m);
+    const int64_t k = mesh.size(m);
+    if (n == "tp" && k > 1) {
+      TESSEL_CHECK(mc.n_head % k == 0, "train", "mesh {}: tp={} does not divide n_head={} of {} config '{}'",
+                   mesh_spec, k, mc.n_head, models::arch_name(mc.arch), mc.name);
+      TESSEL_CHECK(mc.n_kv_head % k == 0, "train", "mesh {}: tp={} does not divide n_kv_head={} of {} config '{}'",
+                   mesh_spec, k, mc.n_kv_head, models::arch_name(mc.arch), mc.name);
+    }
+  }
+}
+
+int64_t mesh_devices(const std::vector<std::pair<std::string, int64_t>>& dims) {
+  int64_t n = 1;
+  for (const auto& d : dims) n *= d.second;
+  return n;
+}
+
+std::string mib(int64_t bytes) { return fmt::format("{:.2f} MiB", double(bytes) / (1024.0 * 1024.0)); }
+
+TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in);
+
+}  // namespace
+
 TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
+  cfg.validate();
+  const auto dims = parse_mesh(cfg.mesh);
+  const int64_t devices = mesh_devices(dims);
+  // Already a rank of a running world (a caller's run_local, or mpirun): train here.
+  if (comm::has_world()) return run_rank(cfg, hooks);
+  if (cfg.backend == "mpi" || (cfg.backend == "auto" && comm::is_mpi_launch())) {
+    comm::init_mpi();
+    return run_rank(cfg, hooks);
+  }
+  if (devices <= 1) return run_rank(cfg, hooks);
+  // Ranks as threads: every rank trains, rank 0 reports.
+  std::vector<TrainResult> results(static_cast<size_t>(devices));
+  comm::run_local(int(devices), [&](int rank) { results[size_t(rank)] = run_rank(cfg, hooks); });
+  return results[0];
+}
+
+namespace {
+
+TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
+  const int rank = comm::has_world() ? comm::world()->rank() : 0;
+  const bool main_rank = rank == 0;
+  TrainHooks hooks = hooks_in;
+  if (!main_rank) hooks = TrainHooks{nullptr, /*quiet=*/true, hooks_in.keep_params};
   // ---- validate everything before touching the disk ---------------------------
   cfg.validate();
   auto tokenizer = make_tokenizer(cfg.tokenizer, cfg.vocab, cfg.merges);
@@ -79,7 +137,24 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   DataLoader loader(corpus.split.train, cfg.seq_len, cfg.batch_size, cfg.seed, "data");
   DataLoader heldout(corpus.split.heldout, cfg.seq_len, cfg.batch_size, cfg.seed, "eval");
 
+  // The mesh and the plan; the model is laid out before the optimiser sees it.
+  const auto mesh_dims = parse_mesh(cfg.mesh);
+  MeshPtr mesh;
+  parallel::ParallelPlan plan;
+  if (!mesh_dims.empty()) {
+    std::vector<Mesh::DimSpec> ds;
+    for (const auto& [n, k] : mesh_dims) ds.push_back({n, k});
+    const int world = comm::has_world() ? comm::world()->size() : 1;
+    TESSEL_CHECK(mesh_devices(mesh_dims) == world, "train", "mesh {} has {} devices but the run has {} ranks",
+                 cfg.mesh, mesh_devices(mesh_dims), world);
+    mesh = Mesh::world(ds);
+    check_model_mesh(mc, *mesh, cfg.mesh);
+    plan = parallel::load_plan(cfg.plan == "auto" ? cfg.model : cfg.plan, cfg.sequence_parallel);
+  }
   auto model = models::make_language_model(mc, cfg.seed);
+  if (mesh) parallel::parallelize(*model, mesh, plan);
+  BatchLayout layout;
+  if (mesh) layout = [mesh, plan](const Tensor& ids) { return parallel::distribute_batch(ids, mesh, plan); };
   model->train();
   nn::AdamWOptions ao;
   ao.lr = cfg.lr;
@@ -90,15 +165,18 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   nn::LrSchedule sched = nn::LrSchedule::cosine(cfg.lr, cfg.min_lr, std::min(cfg.warmup_steps, cfg.steps), cfg.steps);
   std::vector<Tensor> params = model->parameters();
 
-  // ---- outputs ---------------------------------------------------------------------
+  // ---- outputs (rank 0) ---------------------------------------------------------------
   OutputDir out(cfg.out_dir);
-  out.create();
-  out.remove_temporaries();
-  out.write("config.json", cfg.to_json() + "\n");
   const std::string metrics_path = cfg.metrics_path();
-  if (auto parent = std::filesystem::path(metrics_path).parent_path(); !parent.empty())
-    std::filesystem::create_directories(parent);
-  MetricsWriter metrics(metrics_path);
+  std::unique_ptr<MetricsWriter> metrics;
+  if (main_rank) {
+    out.create();
+    out.remove_temporaries();
+    out.write("config.json", cfg.to_json() + "\n");
+    if (auto parent = std::filesystem::path(metrics_path).parent_path(); !parent.empty())
+      std::filesystem::create_directories(parent);
+    metrics = std::make_unique<MetricsWriter>(metrics_path);
+  }
 
   if (!hooks.quiet) {
     std::printf("tessel train: %s\n", mc.describe().c_str());
@@ -109,6 +187,12 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     std::printf("  %lld steps x %lld sequences x %lld tokens (%lld micro-batches), lr %g, seed %llu\n",
                 (long long)cfg.steps, (long long)cfg.batch_size, (long long)cfg.seq_len,
                 (long long)cfg.micro_batches, cfg.lr, (unsigned long long)cfg.seed);
+    if (mesh) {
+      const int64_t pbytes = parallel::local_parameter_bytes(*model);
+      std::printf("  mesh %s (%s backend), plan %s; per rank: parameters %s, gradients %s, optimizer %s\n",
+                  mesh->str().c_str(), comm::world()->backend(), plan.name.c_str(), mib(pbytes).c_str(),
+                  mib(pbytes).c_str(), mib(2 * pbytes).c_str());
+    }
     std::fflush(stdout);
   }
 
@@ -127,7 +211,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
       nn::ForwardScope scope({cfg.seed, uint64_t(step), b.first_sample, cfg.batch_size});
       std::optional<nn::AutocastScope> autocast;
       if (compute != DType::Float32) autocast.emplace(compute);
-      Tensor loss = model->loss(model->forward(b.inputs), b.targets);
+      Tensor ids = layout ? layout(b.inputs) : b.inputs, targets = layout ? layout(b.targets) : b.targets;
+      Tensor loss = model->loss(model->forward(ids), targets);
       loss_sum += loss.item<double>();
       (cfg.micro_batches == 1 ? loss : loss / double(cfg.micro_batches)).backward();
     }
@@ -148,9 +233,9 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     if (aux.defined()) sm.extras.emplace_back("aux_loss", aux.item<double>());
     const bool last = step + 1 == cfg.steps;
     if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last)) {
-      sm.extras.emplace_back("eval_loss", evaluate(*model, heldout, cfg.eval_batches, cfg.seed));
+      sm.extras.emplace_back("eval_loss", evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout));
     }
-    metrics.write(sm);
+    if (metrics) metrics->write(sm);
     if (hooks.on_step) hooks.on_step(sm);
     if (bar) bar->update(step + 1, *sm.loss, *sm.tokens_per_s);
     result.final_loss = *sm.loss;
@@ -158,13 +243,17 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   }
   bar.reset();
   result.steps = cfg.steps;
+  if (hooks.keep_params) {
+    NoGradGuard ng;
+    for (auto& [name, t] : model->named_parameters()) result.final_params.emplace_back(name, full_tensor(t.detach()));
+  }
   result.tokens_per_s = train_seconds > 0 ? tokens_per_step * double(cfg.steps) / train_seconds : 0;
-  result.heldout_loss = evaluate(*model, heldout, cfg.eval_batches, cfg.seed);
+  result.heldout_loss = evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout);
   result.unigram_entropy =
       unigram_entropy(corpus.split.train.data(), corpus.split.train.size, tokenizer->vocab_size());
 
   // ---- plot and samples ----------------------------------------------------------------
-  write_loss_curve_svg(out.path("loss.svg"), loss_series(read_metrics(metrics_path)));
+  if (main_rank) write_loss_curve_svg(out.path("loss.svg"), loss_series(read_metrics(metrics_path)));
   std::string samples;
   if (cfg.sample_length > 0) {
     model->eval();
@@ -182,7 +271,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     result.sampled_text = decode_ids(*tokenizer, generate(logits_fn, prompt, so));
     samples = "--- greedy ---\n" + result.greedy_sample + "\n--- temperature " + std::to_string(cfg.temperature) +
               ", top-k " + std::to_string(cfg.top_k) + " ---\n" + result.sampled_text + "\n";
-    out.write("sample.txt", samples);
+    if (main_rank) out.write("sample.txt", samples);
   }
   if (!hooks.quiet) {
     std::printf("  held-out loss %.4f nats/token; unigram entropy of the training tokens %.4f nats/token\n",
@@ -195,4 +284,5 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   return result;
 }
 
+}  // namespace
 }  // namespace tessel::train

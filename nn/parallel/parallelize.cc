@@ -1,0 +1,112 @@
+#include "nn/parallel/parallelize.h"
+
+#include <regex>
+
+#include "autograd/api.h"
+#include "autograd/ops/dist.h"
+#include "parallel/redistribute.h"
+
+namespace tessel::parallel {
+namespace {
+
+std::vector<std::string> sample(const std::vector<std::string>& names, size_t n) {
+  std::vector<std::string> s(names.begin(), names.begin() + std::min(n, names.size()));
+  if (names.size() > n) s.push_back("...");
+  return s;
+}
+
+}  // namespace
+
+ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const ParallelPlan& plan) {
+  TESSEL_CHECK(mesh != nullptr, "parallelize", "needs a mesh");
+  ParallelizeResult result;
+  const Placements replicated = Placements::replicated(mesh->ndim());
+
+  // ---- check the whole plan before touching the model ------------------------------
+  std::vector<std::pair<std::string, const nn::ParameterSlot*>> slots = model.parameter_slots();
+  std::vector<std::string> param_names, module_names;
+  for (auto& [path, slot] : slots) param_names.push_back(path);
+  for (auto& [path, m] : model.named_modules()) module_names.push_back(path);
+  std::vector<std::regex> param_re, module_re;
+  for (const ParamRule& r : plan.params) param_re.emplace_back(r.match);
+  for (const ModuleRule& r : plan.modules) module_re.emplace_back(r.match);
+  for (size_t i = 0; i < plan.params.size(); ++i) {
+    bool hit = false;
+    for (const auto& n : param_names) hit = hit || std::regex_match(n, param_re[i]);
+    TESSEL_CHECK(hit, "parallelize", "plan '{}': parameter rule '{}' matches no parameter of the model (parameters: {})",
+                 plan.name, plan.params[i].match, fmt::join(sample(param_names, 6), ", "));
+  }
+  for (size_t i = 0; i < plan.modules.size(); ++i) {
+    bool hit = false;
+    for (const auto& n : module_names) hit = hit || std::regex_match(n, module_re[i]);
+    TESSEL_CHECK(hit, "parallelize", "plan '{}': module rule '{}' matches no module of the model (modules: {})",
+                 plan.name, plan.modules[i].match, fmt::join(sample(module_names, 6), ", "));
+  }
+  std::vector<Placements> chosen;
+  for (auto& [path, slot] : slots) {
+    Placements p = replicated;
+    for (size_t i = 0; i < plan.params.size(); ++i) {
+      if (!std::regex_match(path, param_re[i])) continue;
+      p = plan.params[i].layout.on(*mesh, replicated);
+      break;
+    }
+    parallel::check_placements(("parallelize '" + path + "'").c_str(), *mesh, p, slot->tensor->dim());
+    chosen.push_back(p);
+  }
+
+  // ---- parameters ---------------------------------------------------------------------------
+  NoGradGuard ng;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Tensor& t = *slots[i].second->tensor;
+    TESSEL_CHECK(!t.is_distributed(), "parallelize", "parameter '{}' is already distributed ({})", slots[i].first,
+                 t.desc());
+    Tensor d;
+    if (t.device().is_meta()) {
+      d = empty(t.shape(), mesh, chosen[i], TensorOptions(t.dtype()).with_device(kMeta));
+    } else {
+      d = distribute_tensor(t.detach(), mesh, chosen[i]);
+      // A private copy of the piece: the full parameter is released, and the
+      // piece never aliases another parameter's storage.
+      d = raw::make_distributed(raw::local_of(d).clone(), mesh, chosen[i], t.shape());
+    }
+    d.requires_grad_(true);
+    t = d;
+    result.params.emplace_back(slots[i].first, chosen[i]);
+  }
+
+  // ---- module layouts -----------------------------------------------------------------------
+  for (auto& [path, m] : model.named_modules()) {
+    for (size_t i = 0; i < plan.modules.size(); ++i) {
+      if (!std::regex_match(path, module_re[i])) continue;
+      const ModuleRule& r = plan.modules[i];
+      if (!r.input.empty()) {
+        m->register_forward_pre_hook([layout = r.input](nn::Module&, const Tensor& x) {
+          if (!x.is_distributed()) return x;
+          return redistribute(x, layout.on(*x.mesh(), x.placements()));
+        });
+        ++result.module_hooks;
+      }
+      if (!r.output.empty()) {
+        m->register_forward_hook([layout = r.output](nn::Module&, const Tensor&, const Tensor& y) {
+          if (!y.is_distributed()) return y;
+          return redistribute(y, layout.on(*y.mesh(), y.placements()));
+        });
+        ++result.module_hooks;
+      }
+    }
+  }
+  return result;
+}
+
+Tensor distribute_batch(const Tensor& ids, const MeshPtr& mesh, const ParallelPlan& plan) {
+  Placements p = plan.data.on(*mesh, Placements::replicated(mesh->ndim()));
+  return distribute_tensor(ids, mesh, p);
+}
+
+int64_t local_parameter_bytes(const nn::Module& model) {
+  int64_t n = 0;
+  for (const Tensor& t : model.parameters()) n += int64_t(raw::local_of(t).nbytes());
+  return n;
+}
+
+}  // namespace tessel::parallel
