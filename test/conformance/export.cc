@@ -11,21 +11,21 @@
 //                        adamw_losses [steps]: the loss before each of `steps`
 //                        AdamW updates on the same batch
 //   meta.json            the resolved model config, the batch shape, the
-//                        optimizer's hyper-parameters and param groups (paths),
-//                        and the paths that got no gradient (unused experts)
+//                        optimizer's hyper-parameters and param groups (paths)
+// (weights, batch and meta.json: tools/bench/torch_reference.h)
 // test/conformance/reference.py rebuilds the model in PyTorch from these and
 // compares. Dropout is 0, so nothing random happens after initialisation.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "autograd/api.h"
 #include "checkpoint/safetensors.h"
 #include "models/language_model.h"
 #include "nn/optim.h"
+#include "tools/bench/torch_reference.h"
 
 using namespace tessel;
 
@@ -46,24 +46,6 @@ struct Options {
   double weight_decay = 0.1;
 };
 
-nlohmann::json config_json(const models::ModelConfig& c) {
-  return {{"arch", models::arch_name(c.arch)}, {"name", c.name},
-          {"vocab_size", c.vocab_size},        {"max_seq_len", c.max_seq_len},
-          {"n_layer", c.n_layer},              {"dim", c.dim},
-          {"n_head", c.n_head},                {"n_kv_head", c.n_kv_head},
-          {"hidden", c.hidden},                {"norm_eps", c.norm_eps},
-          {"rope_theta", c.rope_theta},        {"dropout", c.dropout},
-          {"tie_embeddings", c.tie_embeddings}, {"bias", c.bias},
-          {"num_experts", c.num_experts},      {"top_k", c.top_k},
-          {"aux_loss_coef", c.aux_loss_coef}};
-}
-
-checkpoint::NamedTensors to_pairs(const std::vector<nn::NamedTensor>& v, const std::string& prefix = "") {
-  checkpoint::NamedTensors out;
-  for (const auto& nt : v) out.emplace_back(prefix + nt.name, nt.tensor.detach());
-  return out;
-}
-
 int run(const Options& o) {
   models::ModelConfig mc = models::model_config(o.model, o.config);
   mc.dropout = 0.0;
@@ -75,15 +57,12 @@ int run(const Options& o) {
   std::filesystem::create_directories(o.out);
   const auto path = [&](const char* name) { return (std::filesystem::path(o.out) / name).string(); };
 
-  // Parameters before any update, in registration order.
-  std::vector<nn::NamedTensor> params = model->named_parameters();
-  checkpoint::save_safetensors(path("weights.safetensors"), to_pairs(params), {{"model", o.model}, {"config", o.config}});
-
   // A fixed batch: next-token targets of one random token stream.
   Tensor stream = randint(0, mc.vocab_size, {o.batch, o.seq + 1}, PhiloxKey{o.seed, stream_for("conformance.batch")});
   Tensor ids = stream.slice(1, 0, o.seq).contiguous();
   Tensor targets = stream.slice(1, 1, o.seq + 1).contiguous();
-  checkpoint::save_safetensors(path("batch.safetensors"), {{"ids", ids}, {"targets", targets}});
+  // Parameters before any update, in registration order.
+  std::vector<nn::NamedTensor> params = model->named_parameters();
 
   nn::AdamWOptions ao;
   ao.lr = o.lr;
@@ -92,10 +71,14 @@ int run(const Options& o) {
   ao.weight_decay = o.weight_decay;
   std::vector<nn::ParamGroup> groups = nn::default_param_groups(*model, o.weight_decay);
   nn::AdamW opt(groups, ao);
+  // The inputs of the reference, before any update.
+  nlohmann::json meta = {{"model", o.model}, {"seed", o.seed}, {"steps", o.steps}, {"adamw", tools::adamw_json(ao)},
+                         {"param_groups", tools::param_groups_json(groups, o.weight_decay)}};
+  tools::write_reference_inputs(o.out, *model, ids, targets, meta);
 
   checkpoint::NamedTensors out;
   std::vector<float> losses;
-  nlohmann::json no_grad = nlohmann::json::array();
+  std::vector<std::string> no_grad;  // unused experts (the reference must agree)
   for (int64_t step = 0; step < o.steps; ++step) {
     opt.zero_grad();
     Tensor logits = model->forward(ids);
@@ -117,32 +100,10 @@ int run(const Options& o) {
   out.emplace_back("adamw_losses", tensor(losses, Dims{int64_t(losses.size())}));
   checkpoint::save_safetensors(path("tessel.safetensors"), out);
 
-  nlohmann::json groups_json = nlohmann::json::array();
-  for (const auto& g : groups) {
-    nlohmann::json names = nlohmann::json::array();
-    for (const auto& p : g.params) names.push_back(p.name);
-    groups_json.push_back({{"name", g.name}, {"weight_decay", g.weight_decay.value_or(o.weight_decay)}, {"params", names}});
-  }
-  nlohmann::json meta = {
-      {"model", o.model},
-      {"config", config_json(mc)},
-      {"seed", o.seed},
-      {"batch", o.batch},
-      {"seq", o.seq},
-      {"steps", o.steps},
-      {"adamw", {{"lr", o.lr}, {"betas", {o.beta1, o.beta2}}, {"eps", o.eps}, {"weight_decay", o.weight_decay}}},
-      {"param_groups", groups_json},
-      {"params", [&] {
-         nlohmann::json a = nlohmann::json::array();
-         for (const auto& nt : params) a.push_back(nt.name);
-         return a;
-       }()},
-      {"no_grad", no_grad},
-  };
-  std::ofstream(path("meta.json")) << meta.dump(2) << "\n";
   std::printf("tessel conformance export: %s -> %s (%zu parameters, loss %.6f -> %.6f after %lld AdamW steps)\n",
               mc.describe().c_str(), o.out.c_str(), params.size(), double(losses.front()), double(losses.back()),
               (long long)o.steps);
+  if (!no_grad.empty()) std::printf("  no gradient in step 1 (idle experts): %s\n", fmt::format("{}", fmt::join(no_grad, ", ")).c_str());
   return 0;
 }
 
