@@ -4,11 +4,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <filesystem>
 #include <ostream>
-#include <sstream>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -38,24 +43,63 @@ struct PartTimes {
   std::vector<double> forward, backward, optimizer, total;
 };
 
-// Quotes for /bin/sh.
-std::string sh_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+// The PyTorch side as a child process answering one JSON line per command.
+class Reference {
+ public:
+  explicit Reference(const std::vector<std::string>& argv) {
+    std::signal(SIGPIPE, SIG_IGN);  // a dead child must give an error, not kill us
+    int to[2], from[2];
+    TESSEL_CHECK(pipe(to) == 0 && pipe(from) == 0, "bench step", "pipe failed: {}", std::strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+    for (int fd : {to[0], to[1], from[0], from[1]}) posix_spawn_file_actions_addclose(&fa, fd);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const int rc = posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(to[0]);
+    close(from[1]);
+    if (rc != 0) {
+      close(to[1]);
+      close(from[0]);
+      TESSEL_FAIL("bench step", "cannot start '{}': {}", argv[0], std::strerror(rc));
+    }
+    in_ = fdopen(to[1], "w");
+    out_ = fdopen(from[0], "r");
+  }
+  ~Reference() {
+    if (in_) {
+      std::fputs("quit\n", in_);
+      std::fclose(in_);
+    }
+    if (out_) std::fclose(out_);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+  // The next answer (after sending `cmd`, unless empty); a non-object on failure.
+  nlohmann::json ask(const char* cmd) {
+    if (*cmd) {
+      std::fputs(cmd, in_);
+      std::fputc('\n', in_);
+      std::fflush(in_);
+    }
+    std::string line;
+    for (int c; (c = std::fgetc(out_)) != EOF && c != '\n';) line += char(c);
+    return nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  }
 
-// Runs `cmd`, returns its stdout (stderr passes through) and exit status.
-std::pair<std::string, int> run_capture(const std::string& cmd) {
-  std::FILE* p = popen(cmd.c_str(), "r");
-  TESSEL_CHECK(p != nullptr, "bench step", "cannot run '{}'", cmd);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : 128};
-}
+ private:
+  pid_t pid_ = -1;
+  std::FILE* in_ = nullptr;
+  std::FILE* out_ = nullptr;
+};
+
+// Other threads (ours or OpenMP's, which spin a while after each region)
+// go idle before a timed step starts.
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
 
 nlohmann::ordered_json part(double ours, double ref, bool have_ref) {
   nlohmann::ordered_json j = {{"ours_s", ours}};
@@ -93,6 +137,13 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   std::vector<nn::ParamGroup> groups = nn::default_param_groups(*model, ao.weight_decay);
 
   // Hand the initial weights to PyTorch before our steps change them.
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup;
   std::string dir, python;
   if (o.reference) {
     python = o.python.empty() ? reference_python() : o.python;
@@ -102,6 +153,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     char tmpl[] = "/tmp/tessel-bench-step.XXXXXX";
     TESSEL_CHECK(mkdtemp(tmpl) != nullptr, op, "cannot create a temporary folder");
     dir = tmpl;
+    cleanup.dir = dir;
     nlohmann::json meta = {{"model", o.model}, {"adamw", adamw_json(ao)},
                            {"param_groups", param_groups_json(groups, ao.weight_decay)}};
     write_reference_inputs(dir, *model, ids, targets, meta);
@@ -110,10 +162,25 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   out << fmt::format("bench step: {}; batch {} x {} tokens, {} threads, fp32, AdamW; {} warm-up + {} timed steps\n",
                      mc.describe(), B, T, threads, o.warmup, o.steps);
   out.flush();
+  std::unique_ptr<Reference> ref;
+  std::string ref_name;
+  int rc = 0;
+  if (o.reference) {
+    const std::string script = (std::filesystem::path(repository_root()) / "tools/bench/step_bench.py").string();
+    ref = std::make_unique<Reference>(std::vector<std::string>{python, script, dir, "--threads", std::to_string(threads)});
+    nlohmann::json hello = ref->ask("");
+    TESSEL_CHECK(hello.is_object() && hello.value("ready", false), op,
+                 "the PyTorch side ({} {}) did not start; its errors are above", python, script);
+    ref_name = fmt::format("pytorch {} (CPU, {} threads)", hello["torch"].get<std::string>(), hello["threads"].get<int>());
+  }
+
+  // Steps alternate between the two sides (who goes first alternates too),
+  // so a machine that gets busier or quieter during the run affects both alike.
   nn::AdamW opt(groups, ao);
-  PartTimes ours;
-  double first_loss = 0;
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
+  PartTimes ours, theirs;
+  double first_loss = 0, ref_loss = 0;
+  auto our_step = [&](int s) {
+    settle();
     auto t0 = Clock::now();
     Tensor loss = model->loss(model->forward(ids), targets);
     const double f = seconds_since(t0);
@@ -125,45 +192,44 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     opt.zero_grad();
     const double u = seconds_since(t2);
     if (s == 0) first_loss = loss.item<double>();
-    if (s < o.warmup) continue;
+    if (s < o.warmup) return;
     ours.forward.push_back(f);
     ours.backward.push_back(b);
     ours.optimizer.push_back(u);
     ours.total.push_back(f + b + u);
+  };
+  auto their_step = [&](int s) {
+    settle();
+    nlohmann::json r = ref->ask("step");
+    TESSEL_CHECK(r.is_object() && r.contains("forward"), op, "the PyTorch side failed at step {}: {}", s + 1,
+                 r.is_discarded() ? "no answer (its errors are above)" : r.dump());
+    if (s == 0) ref_loss = r["loss"].get<double>();
+    if (s < o.warmup) return;
+    const double f = r["forward"], b = r["backward"], u = r["optimizer"];
+    theirs.forward.push_back(f);
+    theirs.backward.push_back(b);
+    theirs.optimizer.push_back(u);
+    theirs.total.push_back(f + b + u);
+  };
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    if (s % 2 == 0 || !ref) our_step(s);
+    if (ref) their_step(s);
+    if (s % 2 == 1 && ref) our_step(s);
+    if (s < o.warmup) {
+      out << fmt::format("  step {}/{}: warm-up\n", s + 1, o.warmup + o.steps);
+    } else {
+      out << fmt::format("  step {}/{}: tessel {:.3f} s", s + 1, o.warmup + o.steps, ours.total.back());
+      if (ref) out << fmt::format(", pytorch {:.3f} s", theirs.total.back());
+      out << "\n";
+    }
+    out.flush();
   }
+  ref.reset();
+  const bool have_ref = o.reference;
   const double of = median(ours.forward), ob = median(ours.backward), oo = median(ours.optimizer),
                ot = median(ours.total);
-
-  // PyTorch's side.
-  bool have_ref = false;
-  double rf = 0, rb = 0, ro = 0, rt = 0, ref_loss = 0;
-  std::string ref_name;
-  int rc = 0;
-  if (o.reference) {
-    const std::string script = (std::filesystem::path(repository_root()) / "tools/bench/step_bench.py").string();
-    const std::string cmd = fmt::format("{} {} {} --threads {} --warmup {} --steps {}", sh_quote(python),
-                                        sh_quote(script), sh_quote(dir), threads, o.warmup, o.steps);
-    auto [stdout_text, status] = run_capture(cmd);
-    std::filesystem::remove_all(dir);
-    // The last line of its stdout is the result.
-    std::string last;
-    std::istringstream lines(stdout_text);
-    for (std::string line; std::getline(lines, line);)
-      if (!line.empty()) last = line;
-    nlohmann::json r = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-    if (status != 0 || !r.is_object() || !r.contains("total")) {
-      out << fmt::format("bench step: the PyTorch side failed (exit {}): {}\n", status, stdout_text);
-      rc = 1;
-    } else {
-      have_ref = true;
-      rf = r["forward"].get<double>();
-      rb = r["backward"].get<double>();
-      ro = r["optimizer"].get<double>();
-      rt = r["total"].get<double>();
-      ref_loss = r["first_loss"].get<double>();
-      ref_name = fmt::format("pytorch {} (CPU, {} threads)", r["torch"].get<std::string>(), r["threads"].get<int>());
-    }
-  }
+  const double rf = median(theirs.forward), rb = median(theirs.backward), ro = median(theirs.optimizer),
+               rt = median(theirs.total);
 
   const double tokens = double(B * T);
   out << fmt::format("  {:10s} {:>12s} {:>12s} {:>9s}\n", "part", "tessel (s)", "pytorch (s)", "speedup");

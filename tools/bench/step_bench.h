@@ -4,10 +4,12 @@
 // on the CPU in the same run: same weights (handed over as safetensors), same
 // batch, same thread count, float32.
 //
-// tessel's steps run first, then tools/bench/step_bench.py runs PyTorch's
-// (torch.set_num_threads(threads)) and reports its times as JSON. Each side
-// takes `warmup` untimed steps, then the median over `steps` timed steps of
-// each part and of the whole step. Prints a table and ends with one JSON line:
+// tools/bench/step_bench.py runs PyTorch's side (torch.set_num_threads(threads))
+// as a child process that takes one step per request; the two sides' steps
+// alternate (after a 100 ms pause each, so neither side's idle threads are
+// still spinning), so both see the same machine even when it is shared and
+// its load changes. Each side takes `warmup` untimed steps, then the median
+// over `steps` timed steps of each part and of the whole step. Prints a table and ends with one JSON line:
 //   {"bench": "step", "model", "config", "ours_s", "reference": "pytorch X.Y (CPU, N threads)",
 //    "reference_s", "speedup": reference_s / ours_s,
 //    "forward": {"ours_s", "reference_s", "speedup"}, "backward": {...}, "optimizer": {...},

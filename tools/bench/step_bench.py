@@ -1,21 +1,22 @@
 #!/usr/bin/env python3
 """PyTorch's side of `tessel bench step` (tools/bench/step_bench.h).
 
-    python step_bench.py DIR --threads N --warmup W --steps S
+    python step_bench.py DIR --threads N
 
 DIR holds what tessel wrote (weights.safetensors, batch.safetensors,
 meta.json: tools/bench/torch_reference.h). Builds the model with the plain
 PyTorch modules of the conformance suite (test/conformance/reference.py:
 F.scaled_dot_product_attention, nn.Linear, nn.LayerNorm, ...), loads the same
-weights, and times W untimed then S timed steps of forward + loss, backward,
-and torch.optim.AdamW (PyTorch's default implementation) + zero_grad(). Prints
-one JSON line with the medians (seconds), the first step's loss, the torch
-version and thread count.
+weights, then serves tessel's bench over stdin/stdout, one JSON line per
+answer: first {"ready", "torch", "threads"}; then for each "step" line one
+training step -- forward + loss, backward, torch.optim.AdamW (PyTorch's
+default implementation) + zero_grad() -- answered with its times in seconds
+and the loss; "quit" ends. tessel alternates its own steps with these, so
+both see the same machine (the machine may be shared and busy).
 """
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -26,12 +27,22 @@ from safetensors.torch import load_file  # noqa: E402
 import reference  # noqa: E402
 
 
+def step(model, opt, ids, targets):
+    t0 = time.perf_counter()
+    loss = reference.model_loss(model, model(ids), targets)
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    t3 = time.perf_counter()
+    return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "loss": loss.item()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("folder")
     ap.add_argument("--threads", type=int, required=True)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -43,29 +54,19 @@ def main():
     model = reference.load_model(args.folder, meta)
     opt = reference.adamw(model, meta)
 
-    times = {"forward": [], "backward": [], "optimizer": [], "total": []}
-    first_loss = None
-    for step in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        loss = reference.model_loss(model, model(ids), targets)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        t3 = time.perf_counter()
-        if first_loss is None:
-            first_loss = loss.item()
-        if step >= args.warmup:
-            times["forward"].append(t1 - t0)
-            times["backward"].append(t2 - t1)
-            times["optimizer"].append(t3 - t2)
-            times["total"].append(t3 - t0)
-        print(f"  pytorch step {step + 1}/{args.warmup + args.steps}: {t3 - t0:.3f} s", file=sys.stderr)
+    def say(obj):
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
 
-    result = {k: statistics.median(v) for k, v in times.items()}
-    result.update(first_loss=first_loss, torch=torch.__version__.split("+")[0], threads=torch.get_num_threads())
-    print(json.dumps(result))
+    say({"ready": True, "torch": torch.__version__.split("+")[0], "threads": torch.get_num_threads()})
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "step":
+            say(step(model, opt, ids, targets))
+        elif cmd == "quit":
+            break
+        else:
+            say({"error": f"unknown command {cmd!r}"})
 
 
 if __name__ == "__main__":
