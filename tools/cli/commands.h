@@ -17,5 +17,6 @@ CLI::App* bench_command(CLI::App& app);
 void register_info(CLI::App& app);
 void register_train(CLI::App& app);
 void register_bench_step(CLI::App& app);
+void register_bench_gemm(CLI::App& app);
 
 }  // namespace tessel::cli

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tessel::cli::register_info(app);
   tessel::cli::register_train(app);
+  tessel::cli::register_bench_gemm(app);
   tessel::cli::register_bench_step(app);
   try {
     app.parse(argc, argv);
