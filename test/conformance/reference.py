@@ -241,12 +241,33 @@ def model_loss(model, logits, targets):
     return loss
 
 
-def load_model(folder, meta):
-    model = build_model(meta["config"])
-    weights = load_file(os.path.join(folder, "weights.safetensors"))
+def load_model(folder, meta, dtype=torch.float32):
+    model = build_model(meta["config"]).to(dtype)
+    weights = {k: v.to(dtype) for k, v in load_file(os.path.join(folder, "weights.safetensors")).items()}
     model.load_state_dict(weights, strict=True)  # names are tessel's paths: any mismatch fails here
     model.train()
     return model
+
+
+def adamw_losses(model, opt, ids, targets, steps):
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = model_loss(model, model(ids), targets)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return losses
+
+
+def float64_check(folder, meta, ids, targets, ours, theirs):
+    """Which side is nearer the exact answer? The same run in float64 (weights
+    and RoPE tables are float32 values, so only the arithmetic differs)."""
+    model = load_model(folder, meta, torch.float64)
+    exact = adamw_losses(model, adamw(model, meta), ids, targets, meta["steps"])
+    print("  float64 check: each float32 side's relative distance from the float64 run")
+    for i, (e, a, b) in enumerate(zip(exact, ours, theirs)):
+        print(f"    step {i + 1:2d}: float64 {e:.8f}   tessel {(a - e) / e:+.1e}   torch {(b - e) / e:+.1e}")
 
 
 def adamw(model, meta):
@@ -281,6 +302,8 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-5, help="largest relative error accepted")
     ap.add_argument("-v", "--verbose", action="store_true", help="one row per gradient")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--float64-check", action="store_true",
+                    help="also run the reference in float64 and show how far each side's losses are from it")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -345,6 +368,8 @@ def main():
           f"torch {losses[0]:.6f} -> {losses[-1]:.6f}")
     if gaps:
         print(f"  smallest top-k routing margin: {min(gaps):.3e}")
+    if args.float64_check:
+        float64_check(args.folder, meta, ids, targets, tessel["adamw_losses"].double().tolist(), losses)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": meta["model"], "failed": failed,

@@ -4,7 +4,7 @@
 # losses of 10 AdamW steps (test/conformance/export.cc); a plain PyTorch
 # reference (reference.py) loads the same weights by tessel's paths and
 # compares within 1e-5 relative. Run through `./tessel conformance`.
-#   ./tessel conformance [--models "nanogpt llama"] [--config tiny] [--tol 1e-5] [-v]
+#   ./tessel conformance [--models "nanogpt llama"] [--config tiny] [--tol 1e-5] [-v] [--float64-check]
 # Exit status: 0 when every model passes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -13,14 +13,15 @@ cd "$ROOT"
 models="nanogpt llama mixtral"
 config="tiny"
 tol="1e-5"
-verbose=()
+extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --models) models="$2"; shift 2 ;;
     --config) config="$2"; shift 2 ;;
     --tol) tol="$2"; shift 2 ;;
-    -v|--verbose) verbose=(-v); shift ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -v|--verbose) extra+=(-v); shift ;;
+    --float64-check) extra+=(--float64-check); shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "conformance: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +41,7 @@ for m in $models; do
     continue
   fi
   # Threads do not change tessel's bits; they may change PyTorch's rounding, which the tolerance absorbs.
-  if ! "$PY" test/conformance/reference.py "$OUT/$m" --tol "$tol" --json "$OUT/$m/result.json" "${verbose[@]}"; then
+  if ! "$PY" test/conformance/reference.py "$OUT/$m" --tol "$tol" --json "$OUT/$m/result.json" "${extra[@]}"; then
     failed+=("$m")
   fi
 done
