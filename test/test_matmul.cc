@@ -92,6 +92,17 @@ TEST_CASE("gradients of matmul, bmm and linear") {
                   {grad_input({2, 3, 4}, 13), grad_input({5, 4}, 14), grad_input({5}, 15)});
 }
 
+TEST_CASE("linear's weight gradient arrives contiguous, with the bits of x^T g") {
+  for (int64_t K : {5, 64, 300}) {
+    Tensor x = uniform({3, 17, K}, 30), w = uniform({11, K}, 31).requires_grad_(), g = uniform({3, 17, 11}, 32);
+    linear(x, w).backward(g);
+    // The definition: dW^T = x^T g over all rows, transposed.
+    Tensor ref = matmul(x.reshape({-1, K}).t(), g.reshape({-1, 11})).t().contiguous();
+    REQUIRE(w.grad().is_contiguous());
+    CHECK(bitwise_equal(w.grad(), ref));
+  }
+}
+
 TEST_CASE("half-precision matmul widens to float32 and rounds once") {
   Tensor a = uniform({8, 16}, 20), b = uniform({16, 4}, 21);
   Tensor ref = matmul(a.to(DType::BFloat16).to(DType::Float32), b.to(DType::BFloat16).to(DType::Float32));

@@ -26,7 +26,18 @@ struct BmmOp {
     const Tensor& g = grads[0];
     Tensor ga, gb;
     if (ctx.needs(0)) ga = bmm(g, b.get().transpose(1, 2));
-    if (ctx.needs(1)) gb = bmm(a.get().transpose(1, 2), g);
+    if (ctx.needs(1)) {
+      const Tensor& bt = b.get();
+      if (bt.stride(1) == 1 && bt.stride(2) != 1) {
+        // b is a transposed view (linear's weight.t()): compute the gradient in
+        // the weight's own layout, (g^T a)^T, so the weight's .grad arrives
+        // contiguous and is taken without a copy. Same bits as a^T g: each
+        // element is the same canonical sum of the same products (a*b == b*a).
+        gb = bmm(g.transpose(1, 2), a.get()).transpose(1, 2);
+      } else {
+        gb = bmm(a.get().transpose(1, 2), g);
+      }
+    }
     return {ga, gb};
   }
 };
