@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <ostream>
@@ -43,7 +44,14 @@ double median(std::vector<double> v) {
 
 struct PartTimes {
   std::vector<double> forward, backward, optimizer, total;
+  std::vector<double> cpu;  // process CPU seconds of the step (all threads)
 };
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
 
 // The PyTorch side as a child process answering one JSON line per command.
 class Reference {
@@ -183,6 +191,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   double first_loss = 0, ref_loss = 0;
   auto our_step = [&](int s) {
     settle();
+    const double c0 = process_cpu_seconds();
     auto t0 = Clock::now();
     Tensor loss = model->loss(model->forward(ids), targets);
     const double f = seconds_since(t0);
@@ -193,12 +202,14 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     opt.step();
     opt.zero_grad();
     const double u = seconds_since(t2);
+    const double cpu = process_cpu_seconds() - c0;
     if (s == 0) first_loss = loss.item<double>();
     if (s < o.warmup) return;
     ours.forward.push_back(f);
     ours.backward.push_back(b);
     ours.optimizer.push_back(u);
     ours.total.push_back(f + b + u);
+    ours.cpu.push_back(cpu);
   };
   auto their_step = [&](int s) {
     settle();
@@ -212,6 +223,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     theirs.backward.push_back(b);
     theirs.optimizer.push_back(u);
     theirs.total.push_back(f + b + u);
+    theirs.cpu.push_back(r["cpu"].get<double>());
   };
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     if (s % 2 == 0 || !ref) our_step(s);
@@ -243,6 +255,9 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   row("backward", ob, rb);
   row("optimizer", oo, ro);
   row("step", ot, rt);
+  const double oc = median(ours.cpu), rc_cpu = median(theirs.cpu);
+  if (have_ref) out << fmt::format("  {:10s} {:12.4f} {:12.4f} {:9.2f}\n", "step CPU", oc, rc_cpu, rc_cpu / oc);
+  else out << fmt::format("  {:10s} {:12.4f} {:>12s} {:>9s}\n", "step CPU", oc, "-", "-");
   out << fmt::format("  tessel {:.0f} tokens/s", tokens / ot);
   if (have_ref) out << fmt::format(", pytorch {:.0f} tokens/s", tokens / rt);
   out << "\n";
@@ -269,6 +284,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   j["forward"] = part(of, rf, have_ref);
   j["backward"] = part(ob, rb, have_ref);
   j["optimizer"] = part(oo, ro, have_ref);
+  j["cpu"] = part(oc, rc_cpu, have_ref);
   j["tokens_per_s"] = tokens / ot;
   if (have_ref) j["reference_tokens_per_s"] = tokens / rt;
   j["batch"] = B;

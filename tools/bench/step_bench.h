@@ -13,6 +13,8 @@
 //   {"bench": "step", "model", "config", "ours_s", "reference": "pytorch X.Y (CPU, N threads)",
 //    "reference_s", "speedup": reference_s / ours_s,
 //    "forward": {"ours_s", "reference_s", "speedup"}, "backward": {...}, "optimizer": {...},
+//    "cpu": {...} (process CPU seconds per step, all threads: robust to other load at 1 thread;
+//    at more threads PyTorch's OpenMP workers spin while waiting, which counts),
 //    "tokens_per_s", "reference_tokens_per_s", "batch", "seq", "threads", "steps", "first_loss": {...}}
 #include <cstdint>
 #include <iosfwd>

@@ -10,8 +10,8 @@ F.scaled_dot_product_attention, nn.Linear, nn.LayerNorm, ...), loads the same
 weights, then serves tessel's bench over stdin/stdout, one JSON line per
 answer: first {"ready", "torch", "threads"}; then for each "step" line one
 training step -- forward + loss, backward, torch.optim.AdamW (PyTorch's
-default implementation) + zero_grad() -- answered with its times in seconds
-and the loss; "quit" ends. tessel alternates its own steps with these, so
+default implementation) + zero_grad() -- answered with its times in seconds,
+the process CPU time of the step ("cpu") and the loss; "quit" ends. tessel alternates its own steps with these, so
 both see the same machine (the machine may be shared and busy).
 """
 import argparse
@@ -28,6 +28,7 @@ import reference  # noqa: E402
 
 
 def step(model, opt, ids, targets):
+    c0 = time.process_time()
     t0 = time.perf_counter()
     loss = reference.model_loss(model, model(ids), targets)
     t1 = time.perf_counter()
@@ -36,7 +37,8 @@ def step(model, opt, ids, targets):
     opt.step()
     opt.zero_grad(set_to_none=True)
     t3 = time.perf_counter()
-    return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "loss": loss.item()}
+    c3 = time.process_time()
+    return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "cpu": c3 - c0, "loss": loss.item()}
 
 
 def main():
