@@ -10,6 +10,8 @@
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/dist.h"
 #include "autograd/ops/factory.h"
+#include "parallel/sharding.h"
+#include "runtime/numerics.h"
 
 namespace tessel {
 
@@ -156,11 +158,17 @@ struct ReadyOrder {
 // Replicate piece joins a Partial(sum) one by zeroing off the root (no
 // communication); other differences use the first one's layout.
 Tensor sum_gradients(const Tensor& a, const Tensor& b) {
-  if (!a.is_distributed() || !b.is_distributed() || a.placements() == b.placements()) return add(a, b);
+  if (!a.is_distributed() || !b.is_distributed()) return add(a, b);
+  if (numerics::bitwise()) {  // one device adds the finished gradients: reduce both first
+    const Placements r = sharding::unshard(a.placements(), {}, true);
+    return add(redistribute(a, r), redistribute(b, sharding::unshard(b.placements(), {}, true)));
+  }
+  if (a.placements() == b.placements()) return add(a, b);
   Placements target = a.placements();
   for (int m = 0; m < target.size(); ++m) {
     const Placement pa = a.placements()[m], pb = b.placements()[m];
-    if ((pa.is_partial_sum() && pb.is_replicate()) || (pa.is_replicate() && pb.is_partial_sum())) target[m] = Partial();
+    if ((pa.is_partial_sum() && pb.is_replicate()) || (pa.is_replicate() && pb.is_partial_sum()))
+      target[m] = numerics::bitwise() ? Replicate() : Partial();  // bitwise: reduce first, then add as one device does
   }
   return add(redistribute(a, target), redistribute(b, target));
 }

@@ -9,6 +9,7 @@
 #include "autograd/ops/dist.h"
 #include "parallel/sharding.h"
 #include "runtime/comm/comm.h"
+#include "runtime/numerics.h"
 #include "kernels/canonical.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
@@ -49,8 +50,21 @@ float total_norm(const std::vector<Tensor>& params, const char* op) {
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    int v_local = v;
     if (g.is_distributed()) {
       if (g.placements().any_partial()) g = redistribute(g, sharding::unshard(g.placements(), {}, true));
+      if (numerics::bitwise()) {
+        // The single-device sum of squares runs over the whole gradient in
+        // memory order: a piece may compute its subtree only if it is a whole
+        // run of the canonical chunks; otherwise gather the gradient.
+        std::vector<int> all;
+        for (int d = 0; d < g.dim(); ++d) all.push_back(d);
+        v_local = sharding::local_chunks(g.shape(), g.placements(), *g.mesh(), all, v);
+        if (v_local == 0) {
+          g = redistribute(g, Placements::replicated(g.mesh()->ndim()));
+          v_local = v;
+        }
+      }
       uint32_t mask = 0;
       for (int m = 0; m < g.placements().size(); ++m)
         if (g.placements()[m].is_shard() && g.mesh()->size(m) > 1) mask |= 1u << m;
@@ -59,7 +73,7 @@ float total_norm(const std::vector<Tensor>& params, const char* op) {
       g = raw::local_of(g);
     }
     if (!g.is_contiguous()) g = detail::contiguous_raw(g);
-    kernels::sum_squares(device, g, v, raw::select(sums, 0, i++));
+    kernels::sum_squares(device, g, v_local, raw::select(sums, 0, i++));
   }
   if (device.is_meta()) return 0.0f;
   Tensor host = device.type == DeviceType::CPU ? sums : sums.to(kCPU);
@@ -67,7 +81,9 @@ float total_norm(const std::vector<Tensor>& params, const char* op) {
   for (const auto& [mask, idx] : by_shard_dims) {
     Tensor buf = raw::empty({int64_t(idx.size())}, DType::Float32, kCPU);
     for (size_t k = 0; k < idx.size(); ++k) buf.data<float>()[k] = s[idx[k]];
-    for (int m = 0; m < mesh->ndim(); ++m)
+    // Inner mesh dims first: neighbouring pieces differ in the innermost
+    // cutting dim, so this finishes the canonical tree level by level.
+    for (int m = mesh->ndim() - 1; m >= 0; --m)
       if (mask >> m & 1u) mesh->comm(m)->all_reduce(buf, comm::ReduceOp::Sum)->wait();
     for (size_t k = 0; k < idx.size(); ++k) s[idx[k]] = buf.data<float>()[k];
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kernels/elementwise.h"
+#include "runtime/numerics.h"
 #include "runtime/comm/comm.h"
 
 namespace tessel::parallel {
@@ -109,6 +110,17 @@ std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Placements& fr
     if (std::string(c) != "none") steps.push_back({m, cur[m], target, c});
     cur[m] = target;
   };
+  if (numerics::bitwise()) {
+    // Pieces of a pending sum nest in mesh order (outer dim major), and the
+    // canonical tree combines the innermost first: with more than one
+    // Partial dim being reduced, all-reduce them innermost first (the
+    // nesting rules below could otherwise reduce an outer dim first).
+    int reducing = 0;
+    for (int m = 0; m < mesh.ndim(); ++m) reducing += from[m].is_partial() && !to[m].is_partial();
+    if (reducing > 1)
+      for (int m = mesh.ndim() - 1; m >= 0; --m)
+        if (cur[m].is_partial() && !to[m].is_partial()) push(m, Replicate());
+  }
   for (int guard = 0; cur != to; ++guard) {
     TESSEL_ASSERT(guard < 4 * kMaxMeshDims + 4);
     bool progressed = false;
@@ -194,8 +206,10 @@ struct Exec {
       out = contiguous_copy(raw::narrow(t, d, r.begin, r.size()));
     } else if (c == "zero") {
       if (s.to.op == comm::ReduceOp::Sum && mesh.coordinate(m) != 0) {
+        // -0.0, the exact additive identity (x + -0 == x for every x, -0
+        // included), so the pending sum gives back the value bit for bit.
         out = raw::empty(t.shape(), t.dtype(), t.device());
-        kernels::fill(t.device(), out, Scalar(0));
+        kernels::fill(t.device(), out, is_floating(t.dtype()) ? Scalar(-0.0) : Scalar(0));
       } else {
         out = t;
       }

@@ -9,7 +9,7 @@
 //   Partial  -> Shard(d)     reduce-scatter along d
 //   Shard(a) -> Shard(b)     all-to-all
 //   Replicate -> Shard(d)    local slice (no communication)
-//   Replicate -> Partial     keep on coordinate 0, zeros elsewhere (sum);
+//   Replicate -> Partial     keep on coordinate 0, -0.0 elsewhere (sum);
 //                            unchanged (max, min)
 // Other changes go through Replicate. Shards of one tensor dim nest in
 // mesh-dim order, so a mesh dim can only be changed while no later mesh dim

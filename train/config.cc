@@ -68,6 +68,7 @@ const std::vector<Field>& fields() {
       {"backend", &C::backend, "collectives: auto | local (ranks as threads) | mpi (under mpirun)"},
       {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
+      {"bitwise", &C::bitwise, "bitwise mode: any mesh gives the one-device run's bits"},
   };
   return f;
 }

@@ -68,6 +68,7 @@ struct TrainConfig {
   std::string backend = "auto";   // auto (mpi when launched by mpirun, else local threads) | local | mpi
   std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
   bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
+  bool bitwise = false;           // every layout gives the one-device run's bits (docs/numerics.md)
 
   // Overwrites the fields present in a TOML file. Throws tessel::Error
   // naming the file (and line) on a syntax error, an unknown key, or a value

@@ -1,6 +1,8 @@
 // The distributed op cases (see cases.h).
 #include "test/dtensor/cases.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "autograd/api.h"
@@ -21,6 +23,13 @@ std::string compare(const std::string& what, const Tensor& got, const Tensor& wa
     return what + ": got " + got.desc() + ", want " + want.desc();
   bool ok = bitwise ? bitwise_equal(got, want) : allclose(got.to(DType::Float64), want.to(DType::Float64), 2e-5, 2e-5);
   if (ok) return "";
+  if (getenv("TESSEL_DEBUG_CASES")) {
+    Tensor a = got.to(DType::Float64).contiguous(), b = want.to(DType::Float64).contiguous();
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      double x = a.data<double>()[i], y = b.data<double>()[i];
+      if (x != y) fprintf(stderr, "  [%lld] got %a want %a\n", (long long)i, x, y);
+    }
+  }
   return what + (bitwise ? " differs bitwise" : " differs") + " (max |diff| " +
          std::to_string(max_abs_diff(got.to(DType::Float64), want.to(DType::Float64))) + ")";
 }
@@ -37,7 +46,7 @@ Tensor weighted_loss(const std::vector<Tensor>& outs, uint64_t seed) {
   return loss;
 }
 
-std::string run_case_impl(const OpCase& c_in, const MeshPtr& mesh, uint64_t seed) {
+std::string run_case_impl(const OpCase& c_in, const MeshPtr& mesh, uint64_t seed, bool all_bitwise) {
   OpCase c = c_in;
   if (c.random_shapes) c.shapes = c.random_shapes(seed);
   // Reference: one device.
@@ -70,7 +79,7 @@ std::string run_case_impl(const OpCase& c_in, const MeshPtr& mesh, uint64_t seed
   for (size_t j = 0; j < out.size(); ++j) {
     if (!out[j].is_distributed()) return "output " + std::to_string(j) + " is not distributed" + where;
     std::string r = compare("output " + std::to_string(j) + " " + out[j].placements().str(), full_tensor(out[j]),
-                            ref_out[j], c.bitwise);
+                            ref_out[j], c.bitwise || all_bitwise);
     if (!r.empty()) return r + where;
   }
   if (ref_loss.defined()) {
@@ -82,7 +91,7 @@ std::string run_case_impl(const OpCase& c_in, const MeshPtr& mesh, uint64_t seed
       if (!g.defined()) return "no gradient for input " + std::to_string(i) + where;
       if (g.placements() != placements[i])
         return "gradient of input " + std::to_string(i) + " has placements " + g.placements().str() + where;
-      std::string r = compare("gradient of input " + std::to_string(i), full_tensor(g), ref_grad[i], false);
+      std::string r = compare("gradient of input " + std::to_string(i), full_tensor(g), ref_grad[i], all_bitwise);
       if (!r.empty()) return r + where;
     }
   }
@@ -100,7 +109,9 @@ struct Sizes {
 
 }  // namespace
 
-std::string run_op_case(const OpCase& c, const MeshPtr& mesh, uint64_t seed) { return run_case_impl(c, mesh, seed); }
+std::string run_op_case(const OpCase& c, const MeshPtr& mesh, uint64_t seed, bool all_bitwise) {
+  return run_case_impl(c, mesh, seed, all_bitwise);
+}
 
 std::vector<OpGroup> dtensor_op_groups() {
   std::vector<OpGroup> groups;

@@ -10,6 +10,7 @@
 #include "nn/parallel/parallelize.h"
 #include "runtime/comm/comm.h"
 #include "runtime/mesh.h"
+#include "runtime/numerics.h"
 #include "models/config.h"
 #include "nn/autocast.h"
 #include "nn/clip.h"
@@ -112,6 +113,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   const bool main_rank = rank == 0;
   TrainHooks hooks = hooks_in;
   if (!main_rank) hooks = TrainHooks{nullptr, /*quiet=*/true, hooks_in.keep_params};
+  numerics::BitwiseGuard bitwise(cfg.bitwise);
   // ---- validate everything before touching the disk ---------------------------
   cfg.validate();
   auto tokenizer = make_tokenizer(cfg.tokenizer, cfg.vocab, cfg.merges);
