@@ -1,9 +1,10 @@
 // Pipeline parallelism: the schedule generators and their checker (plain
 // data), the stage cut, and training equivalence: NanoGPT (dropout on), LLaMA
-// and Mixtral, 20 steps on pp2 with GPipe, 1F1B and interleaved 1F1B and on
-// dp2 x tp2 x pp2 (the local backend: ranks as threads) give the
-// single-device losses, grad norms and final parameters within float
-// tolerance (as test_parallel_train).
+// and Mixtral, 20 steps on pp2 with GPipe, 1F1B and interleaved 1F1B, on
+// tp2 + sequence parallel x pp2 and on dp2 x tp2 x pp2 (the local backend:
+// ranks as threads) give the single-device losses, grad norms and final
+// parameters within float tolerance (as test_parallel_train); on pp2 alone
+// LLaMA and Mixtral give the same bits.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -215,7 +216,7 @@ TEST_CASE("each rank holds only its stage's parameters; tied wte on the first an
 namespace {
 
 struct Run {
-  std::vector<double> losses, grad_norms, comm_wait;
+  std::vector<double> losses, grad_norms, comm_wait, comm_wait_mean;
   std::vector<std::pair<std::string, Tensor>> params;
   std::string param_hash;
   double heldout = 0;
@@ -249,8 +250,10 @@ Run run(TrainConfig c) {
   h.on_step = [&](const train::StepMetrics& m) {
     r.losses.push_back(*m.loss);
     r.grad_norms.push_back(*m.grad_norm);
-    for (auto& [k, v] : m.extras)
+    for (auto& [k, v] : m.extras) {
       if (k == "comm_wait_s") r.comm_wait.push_back(v);
+      if (k == "comm_wait_mean_s") r.comm_wait_mean.push_back(v);
+    }
   };
   train::TrainResult res = train::run_training(c, h);
   r.params = res.final_params;
@@ -281,11 +284,12 @@ void check_same(const Run& ref, const Run& got, const std::string& what) {
   // The metrics' hash covers every stage's parameters.
   CHECK(got.param_hash == train::param_hash(got.params));
   CHECK(got.comm_wait.size() == got.losses.size());
+  CHECK(got.comm_wait_mean.size() == got.losses.size());
 }
 
 }  // namespace
 
-TEST_CASE("20 steps on pp2 (gpipe, 1f1b, interleaved) and dp2 x tp2 x pp2 match one device",
+TEST_CASE("20 steps on pp2 (gpipe, 1f1b, interleaved), tp2+sp x pp2 and dp2 x tp2 x pp2 match one device",
           "[pipeline][train]") {
   for (std::string model : {"nanogpt", "llama", "mixtral"}) {
     const Run ref = run(base(model, scratch(model + "_ref")));
@@ -295,16 +299,20 @@ TEST_CASE("20 steps on pp2 (gpipe, 1f1b, interleaved) and dp2 x tp2 x pp2 match 
       const char* mesh;
       const char* schedule;
       const char* split;
+      bool sp;
     };
-    for (Layout l : {Layout{"pp=2", "gpipe", "layers"}, Layout{"pp=2", "1f1b", "params"},
-                     Layout{"pp=2", "interleaved", "layers"}, Layout{"dp=2,tp=2,pp=2", "1f1b", "layers"},
-                     Layout{"dp=2,tp=2,pp=2", "interleaved", "layers"}}) {
+    for (Layout l : {Layout{"pp=2", "gpipe", "layers", false}, Layout{"pp=2", "1f1b", "params", false},
+                     Layout{"pp=2", "interleaved", "layers", false}, Layout{"tp=2,pp=2", "gpipe", "layers", true},
+                     Layout{"dp=2,tp=2,pp=2", "1f1b", "layers", false},
+                     Layout{"dp=2,tp=2,pp=2", "interleaved", "layers", false}}) {
       TrainConfig c = base(model, scratch(model + "_pp"));
       c.mesh = l.mesh;
       c.pipeline_schedule = l.schedule;
       c.pipeline_split = l.split;
+      c.sequence_parallel = l.sp;
       const Run got = run(c);
-      check_same(ref, got, model + " on " + l.mesh + " " + l.schedule + " split by " + l.split);
+      check_same(ref, got,
+                 model + " on " + l.mesh + (l.sp ? " + sp " : " ") + l.schedule + " split by " + l.split);
       if (model != "nanogpt" && std::string(l.mesh) == "pp=2") {
         // Pipeline stages alone change no arithmetic: each micro-batch's
         // gradients accumulate in the same order, and the norm is combined

@@ -23,6 +23,7 @@ double pipeline_forward_backward(Pipeline& pipe, const TrainConfig& cfg, const D
   const auto r = pipe.train_step(cfg.seed, uint64_t(step), cfg.batch_size, mbs);
   if (r.aux_loss) extras.emplace_back("aux_loss", *r.aux_loss);
   extras.emplace_back("comm_wait_s", r.comm_wait_s);
+  extras.emplace_back("comm_wait_mean_s", r.comm_wait_mean_s);
   return r.loss;
 }
 

@@ -23,8 +23,11 @@ std::unique_ptr<Pipeline> make_pipeline(const TrainConfig& cfg, const models::Mo
                                         const parallel::ParallelPlan& plan);
 
 // Forwards and backwards of step `step`'s micro-batches; returns the step's
-// loss (mean over micro-batches) and adds "aux_loss" (MoE) and
-// "comm_wait_s" (time rank 0 was blocked in pipeline transfers) to `extras`.
+// loss (mean over micro-batches) and adds to `extras`: "aux_loss" (MoE),
+// "comm_wait_s" (seconds this rank was blocked in pipeline transfers during
+// the forwards and backwards: rank 0's in the metrics) and "comm_wait_mean_s"
+// (the same averaged over the pp ranks). Divided by the step time they give
+// the share of the step spent waiting, bubble included.
 double pipeline_forward_backward(Pipeline& pipe, const TrainConfig& cfg, const DataLoader& loader, int64_t step,
                                  std::vector<std::pair<std::string, double>>& extras);
 

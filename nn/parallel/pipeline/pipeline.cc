@@ -62,16 +62,18 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
     mbs.push_back({stage_->layout(b.inputs), stage_->layout(b.targets), {seed, step, b.first_sample, global_batch}});
   const StepStats st = executor_->run(schedule_, mbs);
   // The step's loss and aux loss are spread over the stages: sum them over pp.
-  Tensor sums = raw::empty({3}, DType::Float64);
+  Tensor sums = raw::empty({4}, DType::Float64);
   double* s = sums.data<double>();
   s[0] = st.loss_sum;
   s[1] = st.aux_last;
   s[2] = st.has_aux ? 1.0 : 0.0;
+  s[3] = st.comm_wait_s;
   if (const auto& c = stage_->pp_comm()) c->all_reduce(sums, comm::ReduceOp::Sum)->wait();
   PipelineStepResult r;
   r.loss = s[0] / double(micro_batches.size());
   if (s[2] > 0) r.aux_loss = s[1];
   r.comm_wait_s = st.comm_wait_s;
+  r.comm_wait_mean_s = s[3] / double(stage_->pp_size());
   return r;
 }
 
