@@ -177,6 +177,8 @@ TEST_CASE("partitions by layer count and by parameter count", "[pipeline][partit
   CHECK(partition_by_params({5, 1, 1, 1, 1, 1}, 0, 0, 3).str() == "[0, 1) [1, 3) [3, 6)");
   CHECK_THROWS_WITH(partition_by_layers(3, 4), Catch::Contains("3 blocks cannot fill 4 pipeline stages"));
   CHECK_THROWS_WITH(make_partition("flops", {1, 1}, 0, 0, 2, "m"), Catch::Contains("unknown split 'flops'"));
+  CHECK_THROWS_WITH(make_partition("params", {1, 1}, 0, 0, 3, "model m"),
+                    Catch::Contains("model m: every stage needs at least one block"));
 }
 
 // ---- the stage cut ----------------------------------------------------------------------
@@ -345,14 +347,14 @@ TEST_CASE("bad pipeline settings fail before anything is written", "[pipeline][t
   bad.pipeline_schedule = "interleaved";
   bad.micro_batches = 2;
   bad.n_layer = 2;
-  expect(bad, "2 blocks cannot fill 4 pipeline stages");
+  expect(bad, "has 2 blocks, fewer than the pp x V = 2 x 2 = 4 stages of mesh (pp=2)");
   bad = c;
   bad.mesh = "pp=2";
   bad.pipeline_schedule = "interleaved";
   bad.micro_batches = 8;
   bad.batch_size = 8;
   bad.virtual_stages = 3;
-  expect(bad, "4 blocks cannot fill 6 pipeline stages");
+  expect(bad, "has 4 blocks, fewer than the pp x V = 2 x 3 = 6 stages");
   bad = c;
   bad.mesh = "pp=2";
   bad.pipeline_schedule = "interleaved";
@@ -374,3 +376,19 @@ TEST_CASE("bad pipeline settings fail before anything is written", "[pipeline][t
   expect(bad, "pipeline_split must be one of layers | params");
 }
 
+
+// Not run by default: prints the schedules and the simulated bubbles quoted
+// in docs/parallel.md (test_pipeline "[.print]").
+TEST_CASE("print schedules and bubbles", "[.print]") {
+  std::printf("%s\n%s\n%s\n", gpipe(2, 4).str().c_str(), one_f_one_b(2, 4).str().c_str(),
+              interleaved_1f1b(2, 4, 2).str().c_str());
+  std::printf("pp  M  gpipe  1f1b  interleaved V=2  V=4   | peak in flight on rank 0: gpipe 1f1b V=2 V=4\n");
+  for (int pp : {2, 4, 8}) {
+    for (int m : {pp, 2 * pp, 4 * pp}) {
+      auto g = check_schedule(gpipe(pp, m)), f = check_schedule(one_f_one_b(pp, m));
+      auto i2 = check_schedule(interleaved_1f1b(pp, m, 2)), i4 = check_schedule(interleaved_1f1b(pp, m, 4));
+      std::printf("%2d %2d  %.3f  %.3f  %.3f           %.3f | %d %d %d %d\n", pp, m, g.bubble, f.bubble, i2.bubble,
+                  i4.bubble, g.peak_in_flight[0], f.peak_in_flight[0], i2.peak_in_flight[0], i4.peak_in_flight[0]);
+    }
+  }
+}

@@ -74,13 +74,11 @@ Partition partition_by_params(const std::vector<int64_t>& blocks, int64_t embed,
 
 Partition make_partition(const std::string& method, const std::vector<int64_t>& block_params, int64_t embed_params,
                          int64_t head_params, int stages, const std::string& what) {
-  try {
-    if (method == "layers") return partition_by_layers(int64_t(block_params.size()), stages);
-    if (method == "params") return partition_by_params(block_params, embed_params, head_params, stages);
-  } catch (const Error& e) {
-    TESSEL_FAIL(kOp, "{}: {}", what, e.what());
-  }
-  TESSEL_FAIL(kOp, "unknown split '{}' (layers | params)", method);
+  TESSEL_CHECK(method == "layers" || method == "params", kOp, "unknown split '{}' (layers | params)", method);
+  TESSEL_CHECK(int64_t(block_params.size()) >= stages, kOp,
+               "{}: every stage needs at least one block (use fewer pp ranks or virtual stages, or more layers)", what);
+  if (method == "layers") return partition_by_layers(int64_t(block_params.size()), stages);
+  return partition_by_params(block_params, embed_params, head_params, stages);
 }
 
 }  // namespace tessel::parallel::pipeline

@@ -78,8 +78,8 @@ Schedule gpipe(int pp, int m) {
 
 Schedule one_f_one_b(int pp, int m) {
   Schedule s = empty_schedule("1f1b", pp, m, 1);
-  TESSEL_CHECK(m >= pp, kOp, "1f1b needs micro_batches >= pp (the warm-up of rank 0 alone is pp - 1 forwards); got "
-               "micro_batches = {}, pp = {} (use gpipe, or more micro-batches)", m, pp);
+  TESSEL_CHECK(m >= pp, kOp, "1f1b needs micro_batches >= pp (with fewer, every rank only warms up and drains: that "
+               "is gpipe); got micro_batches = {}, pp = {}", m, pp);
   for (int r = 0; r < pp; ++r) {
     const int warmup = std::min(pp - r - 1, m);
     int f = 0, b = 0;

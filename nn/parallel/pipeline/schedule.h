@@ -19,9 +19,10 @@
 // never block (they complete asynchronously); a receive blocks until its
 // message is there. check_schedule proves, before any work, that such an
 // execution completes: every (vs, mb) is run forward once and backward once
-// after it, each receive is preceded by the compute that needs it...,
-// messages on each channel are received in the order they are sent, and a
-// simulation of all ranks ends without a deadlock.
+// after it, receives come before the compute that needs them and sends after
+// the compute that produces them, messages on each channel are received in
+// the order they are sent, and a simulation of all ranks ends without a
+// deadlock.
 #include <cstdint>
 #include <string>
 #include <vector>

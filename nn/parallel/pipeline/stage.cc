@@ -95,10 +95,10 @@ PipelineStage::PipelineStage(const models::ModelConfig& config, const MeshPtr& m
   }
   const int S = num_stages();
   partition_ = make_partition(opts.split, block_params, embed_params, head_params, S,
-                              fmt::format("{} config '{}' has {} blocks; mesh {} with {} virtual stage(s) per pp rank "
-                                          "asks for pp x V = {} stages",
-                                          m.type_name(), config.name, blocks.size(), mesh->str(),
-                                          opts.virtual_stages, S));
+                              fmt::format("{} config '{}' has {} blocks, fewer than the pp x V = {} x {} = {} "
+                                          "stages of mesh {}",
+                                          m.type_name(), config.name, blocks.size(), pp_size_,
+                                          opts.virtual_stages, S, mesh->str()));
 
   // Who holds what.
   std::vector<int> rank_of_block(blocks.size());
