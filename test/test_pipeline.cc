@@ -147,6 +147,11 @@ TEST_CASE("check_schedule names what is wrong", "[pipeline][schedule]") {
   auto& l1 = s.ranks[1];
   for (Instr& in : l1) in.mb = 1 - in.mb;
   CHECK_THROWS_WITH(check_schedule(s), Catch::Contains("disagree on the order"));
+  // Backwards in another order than the forwards.
+  s = gpipe(2, 2);
+  for (Instr& in : s.ranks[0])
+    if (in.op == Op::Backward || in.op == Op::RecvGrad) in.mb = 1 - in.mb;
+  CHECK_THROWS_WITH(check_schedule(s), Catch::Contains("backwards run the micro-batches in the order [1, 0]"));
   // A missing backward.
   s = gpipe(2, 2);
   s.ranks[0].pop_back();

@@ -42,10 +42,12 @@ void Executor::exec(const Schedule& s, const Instr& in, const std::vector<MicroB
       break;
     case Op::SendAct:
       p2p_.send_act(sl.output, (vs + 1) % pp, vs + 1);
-      if (!training) sl.output = Tensor();
+      if (training) sl.pending_grad = p2p_.post_recv_grad(sl.output, (vs + 1) % pp, S + vs);
+      else sl.output = Tensor();
       break;
     case Op::RecvGrad:
-      sl.grad_out = p2p_.recv_grad(sl.output, (vs + 1) % pp, S + vs);
+      TESSEL_ASSERT(sl.pending_grad.work != nullptr);
+      sl.grad_out = p2p_.wait(sl.pending_grad);
       break;
     case Op::Backward:
       backward_chunk(vs, sl);

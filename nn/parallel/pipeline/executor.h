@@ -10,6 +10,9 @@
 //                  Each block's auxiliary loss (Mixtral's router loss) is
 //                  added where the block runs, scaled by coef / M.
 //   RecvAct        the input arrives as a leaf requiring grad (p2p.h)
+//   SendAct        also posts the receive of the output's gradient, so
+//                  RecvGrad only waits for it (check_schedule guarantees each
+//                  chunk's backwards come in the order of its forwards)
 //   Backward c mb  autograd::backward({output, aux}, {received grad, 1}) (the
 //                  last stage: from its scaled loss); the input leaf's .grad()
 //                  is kept for SendGrad. Activations are dropped after it.
@@ -55,7 +58,8 @@ class Executor {
     Tensor output;    // stage output kept for backward; logits in forward-only runs
     Tensor root;      // the last stage's scaled loss
     Tensor aux_root;  // this chunk's aux loss x coef / M
-    Tensor grad_out;  // received gradient of output
+    P2P::PendingRecv pending_grad;  // gradient of output, posted at SendAct
+    Tensor grad_out;                // ... received (RecvGrad)
     Tensor grad_in;   // gradient of input to send
   };
   void exec(const Schedule& s, const Instr& in, const std::vector<MicroBatch>& mbs, bool training, StepStats& st);

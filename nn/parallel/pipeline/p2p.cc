@@ -55,7 +55,7 @@ Tensor P2P::header_of(const Tensor& t) const {
 // returns the distributed (or plain) tensor over it.
 Tensor P2P::from_header(const Tensor& header, const char* what, Tensor* local_out) const {
   const int64_t* p = header.data<int64_t>();
-  TESSEL_CHECK(p[0] == kMagic && p[2] >= 0 && p[2] <= kMaxTensorDims, kOp,
+  TESSEL_CHECK(p[0] == kMagic && p[1] >= 0 && p[1] < kNumDTypes && p[2] >= 0 && p[2] <= kMaxTensorDims, kOp,
                "{} on '{}': the message is not an activation header (do all pp ranks run the same schedule?)", what,
                comm_->name());
   const DType dtype = DType(p[1]);
@@ -115,12 +115,22 @@ Tensor P2P::recv_act(int src, int tag) {
 
 void P2P::send_grad(const Tensor& g, int dst, int tag) { send(contiguous_local(g), dst, tag); }
 
-Tensor P2P::recv_grad(const Tensor& output, int src, int tag) {
+P2P::PendingRecv P2P::post_recv_grad(const Tensor& output, int src, int tag) {
+  WaitTimer timer(wait_s_);
   const Tensor& lo = raw::local_of(output);
   Tensor local = raw::empty(lo.shape(), output.dtype());
-  recv(local, src, tag);
-  if (!output.is_distributed()) return local;
-  return raw::make_distributed(local, output.mesh(), output.placements(), output.shape());
+  PendingRecv r;
+  r.work = comm_->recv(local, src, tag, /*async=*/true);
+  r.grad = output.is_distributed() ? raw::make_distributed(local, output.mesh(), output.placements(), output.shape())
+                                   : local;
+  return r;
+}
+
+Tensor P2P::wait(PendingRecv& r) {
+  WaitTimer timer(wait_s_);
+  r.work->wait();
+  r.work.reset();
+  return std::move(r.grad);
 }
 
 Tensor P2P::broadcast(const Tensor& t, int root) {

@@ -7,7 +7,8 @@
 // int64 header (dtype, global shape, placements; one extra message, a few
 // microseconds) and then the piece; the receiver re-wraps it over its own
 // stage mesh. A gradient needs no header: it has the shape and layout of the
-// output it belongs to, which the receiving side still holds.
+// output it belongs to, which the receiving side still holds, so its
+// receive is posted as soon as the activation has been sent.
 //
 // Sends are asynchronous: the tensors are kept until their transfer is done
 // (wait_sends at the end of a step), so two neighbours may send to each other
@@ -31,8 +32,15 @@ class P2P {
   // A tensor laid out as the sender's was (no autograd history).
   Tensor recv_act(int src, int tag);
   void send_grad(const Tensor& local_grad, int dst, int tag);
-  // The gradient of `output` (same global shape, placements and dtype).
-  Tensor recv_grad(const Tensor& output, int src, int tag);
+  // Posts the receive of the gradient of `output` (same global shape,
+  // placements and dtype) without waiting: the executor posts it when it
+  // sends the activation, so the transfer lands while other work runs.
+  struct PendingRecv {
+    Tensor grad;
+    comm::WorkPtr work;
+  };
+  PendingRecv post_recv_grad(const Tensor& output, int src, int tag);
+  Tensor wait(PendingRecv& r);
   // The tensor `t` of pp rank `root` on every pp rank (collective over pp).
   Tensor broadcast(const Tensor& t, int root);
 

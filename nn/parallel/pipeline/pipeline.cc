@@ -56,6 +56,7 @@ int64_t Pipeline::local_parameter_bytes() const {
 
 PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t global_batch,
                                         const std::vector<MicroBatchIds>& micro_batches) {
+  TESSEL_CHECK(model().is_training(), kOp, "train_step needs the model in training mode (model().train())");
   std::vector<MicroBatch> mbs;
   mbs.reserve(micro_batches.size());
   for (const MicroBatchIds& b : micro_batches)

@@ -164,6 +164,20 @@ void check_structure(const Schedule& s) {
                    s.name, r, op_name(in.op), in.chunk, in.mb, p, i);
       p = i;
     }
+    // Each chunk's backwards in the order of its forwards: the executor posts
+    // a gradient's receive when it sends the activation.
+    if (!s.forward_only) {
+      std::vector<std::vector<int>> fwd(static_cast<size_t>(V)), bwd(static_cast<size_t>(V));
+      for (const Instr& in : l) {
+        if (in.op == Op::Forward) fwd[size_t(in.chunk)].push_back(in.mb);
+        if (in.op == Op::Backward) bwd[size_t(in.chunk)].push_back(in.mb);
+      }
+      for (int c = 0; c < V; ++c)
+        TESSEL_CHECK(fwd[size_t(c)] == bwd[size_t(c)] || bwd[size_t(c)].size() != size_t(M), kOp,
+                     "'{}' rank {} chunk {}: backwards run the micro-batches in the order [{}], the forwards in [{}]; "
+                     "they must agree (gradient receives are posted when the activation is sent)",
+                     s.name, r, c, fmt::join(bwd[size_t(c)], ", "), fmt::join(fwd[size_t(c)], ", "));
+    }
     for (int c = 0; c < V; ++c) {
       const int vs = s.stage_of(r, c);
       for (int mb = 0; mb < M; ++mb) {

@@ -19,7 +19,9 @@
 // never block (they complete asynchronously); a receive blocks until its
 // message is there. check_schedule proves, before any work, that such an
 // execution completes: every (vs, mb) is run forward once and backward once
-// after it, receives come before the compute that needs them and sends after
+// after it (each chunk's backwards in the order of its forwards: the executor
+// posts a gradient's receive when it sends the activation), receives come
+// before the compute that needs them and sends after
 // the compute that produces them, messages on each channel are received in
 // the order they are sent, and a simulation of all ranks ends without a
 // deadlock.

@@ -172,8 +172,9 @@ void PipelineStage::sync_tied_grads() const {
     TESSEL_CHECK(g.defined(), kOp, "tied parameter '{}' has no gradient on pp rank {} (both holders must use it)",
                  p.name, pp_rank_);
     Tensor local = raw::local_of(g);
-    TESSEL_ASSERT(local.is_contiguous());
-    tied_comm_->all_reduce(local, comm::ReduceOp::Sum)->wait();
+    Tensor buf = local.is_contiguous() ? local : local.contiguous();
+    tied_comm_->all_reduce(buf, comm::ReduceOp::Sum)->wait();
+    if (!buf.is_same(local)) local.copy_(buf);
     g.bump_version();
   }
 }
