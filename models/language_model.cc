@@ -13,9 +13,13 @@ Tensor LanguageModel::forward(const Tensor& ids) {
   return head(x);
 }
 
-Tensor LanguageModel::loss(const Tensor& logits, const Tensor& targets) {
+Tensor LanguageModel::token_loss(const Tensor& logits, const Tensor& targets) const {
   const int64_t V = logits.size(-1);
-  Tensor l = cross_entropy(nn::cast_up(logits).reshape({-1, V}), targets.reshape({-1}));
+  return cross_entropy(nn::cast_up(logits).reshape({-1, V}), targets.reshape({-1}));
+}
+
+Tensor LanguageModel::loss(const Tensor& logits, const Tensor& targets) {
+  Tensor l = token_loss(logits, targets);
   Tensor aux = aux_loss();
   if (aux.defined() && is_training()) l = l + aux * config.aux_loss_coef;
   return l;

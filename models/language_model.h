@@ -29,8 +29,14 @@ class LanguageModel : public nn::Module {
   // plus any auxiliary loss the last forward produced (Mixtral's router
   // load-balancing loss times aux_loss_coef).
   virtual Tensor loss(const Tensor& logits, const Tensor& targets);
+  // The cross-entropy part of loss() alone (pipeline stages add each block's
+  // auxiliary loss where the block runs: see block_aux_loss).
+  Tensor token_loss(const Tensor& logits, const Tensor& targets) const;
   // The auxiliary loss of the last forward (undefined when none).
   virtual Tensor aux_loss() const { return Tensor(); }
+  // The auxiliary loss block i produced in its last forward (undefined when
+  // none); aux_loss() is their sum over the blocks.
+  virtual Tensor block_aux_loss(size_t /*i*/) const { return Tensor(); }
   // Tokens routed to each expert in the last forward, summed over layers (MoE only).
   virtual std::vector<int64_t> expert_counts() const { return {}; }
 

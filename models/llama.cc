@@ -81,6 +81,12 @@ Tensor Llama::aux_loss() const {
   return total;
 }
 
+Tensor Llama::block_aux_loss(size_t i) const {
+  if (config.arch != Arch::Mixtral) return Tensor();
+  TESSEL_CHECK(i < llama_blocks_.size(), "mixtral", "block {} of {}", i, llama_blocks_.size());
+  return llama_blocks_[i]->moe->last_aux_loss();
+}
+
 std::vector<int64_t> Llama::expert_counts() const {
   std::vector<int64_t> counts;
   if (config.arch != Arch::Mixtral) return counts;

@@ -18,8 +18,14 @@
 namespace tessel::nn {
 namespace {
 
-// Steps 1-3 of clip.h: the float32 total norm of the defined gradients.
 float total_norm(const std::vector<Tensor>& params, const char* op) {
+  return norm_of_square_sums(square_sums(params, op));
+}
+
+}  // namespace
+
+// Step 1 of clip.h for each parameter (-1 where there is no gradient).
+std::vector<float> square_sums(const std::vector<Tensor>& params, const char* op) {
   int64_t count = 0;
   Device device = kCPU;
   for (const Tensor& p : params) {
@@ -33,12 +39,10 @@ float total_norm(const std::vector<Tensor>& params, const char* op) {
                  g.device().str());
     ++count;
   }
-  if (count == 0) return 0.0f;
-  int64_t padded = 1;
-  while (padded < count) padded *= 2;
-  // One slot per parameter, padded with +0 to a power of two; the tree runs in place.
-  Tensor sums = raw::empty({padded}, DType::Float32, device);
-  if (padded > count) kernels::fill(device, raw::narrow(sums, 0, count, padded - count), Scalar(0.0));
+  std::vector<float> out(params.size(), -1.0f);
+  if (count == 0) return out;
+  // One slot per defined gradient.
+  Tensor sums = raw::empty({count}, DType::Float32, device);
   const int v = numerics::reduction_chunks();
   int64_t i = 0;
   // Distributed gradients: each rank sums the squares of its piece; pieces of
@@ -75,7 +79,11 @@ float total_norm(const std::vector<Tensor>& params, const char* op) {
     if (!g.is_contiguous()) g = detail::contiguous_raw(g);
     kernels::sum_squares(device, g, v_local, raw::select(sums, 0, i++));
   }
-  if (device.is_meta()) return 0.0f;
+  if (device.is_meta()) {
+    for (size_t k = 0; k < params.size(); ++k)
+      if (params[k].grad().defined()) out[k] = 0.0f;
+    return out;
+  }
   Tensor host = device.type == DeviceType::CPU ? sums : sums.to(kCPU);
   float* s = host.data<float>();
   for (const auto& [mask, idx] : by_shard_dims) {
@@ -87,9 +95,26 @@ float total_norm(const std::vector<Tensor>& params, const char* op) {
       if (mask >> m & 1u) mesh->comm(m)->all_reduce(buf, comm::ReduceOp::Sum)->wait();
     for (size_t k = 0; k < idx.size(); ++k) s[idx[k]] = buf.data<float>()[k];
   }
-  const float total_sq = kernels::tree_combine(s, int(padded), kernels::SumCombine<float>());
-  return std::sqrt(total_sq);
+  i = 0;
+  for (size_t k = 0; k < params.size(); ++k)
+    if (params[k].grad().defined()) out[k] = s[i++];
+  return out;
 }
+
+// Steps 2-3: the entries >= 0, padded with +0 to a power of two, combined by
+// the balanced tree; the square root.
+float norm_of_square_sums(const std::vector<float>& sums) {
+  std::vector<float> leaves;
+  for (float x : sums)
+    if (x >= 0) leaves.push_back(x);
+  if (leaves.empty()) return 0.0f;
+  size_t padded = 1;
+  while (padded < leaves.size()) padded *= 2;
+  leaves.resize(padded, 0.0f);
+  return std::sqrt(kernels::tree_combine(leaves.data(), int(padded), kernels::SumCombine<float>()));
+}
+
+namespace {
 
 }  // namespace
 

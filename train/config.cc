@@ -69,6 +69,9 @@ const std::vector<Field>& fields() {
       {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
       {"bitwise", &C::bitwise, "bitwise mode: any mesh gives the one-device run's bits"},
+      {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
+      {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
+      {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
   };
   return f;
 }
@@ -235,6 +238,9 @@ void TrainConfig::validate() const {
   TESSEL_CHECK(top_k >= 0, kOp, "top_k must be >= 0, got {}", top_k);
   one_of("backend", backend, {"auto", "local", "mpi"});
   non_empty("plan", plan);
+  one_of("pipeline_schedule", pipeline_schedule, {"gpipe", "1f1b", "interleaved"});
+  TESSEL_CHECK(virtual_stages >= 0, kOp, "virtual_stages must be >= 0 (0: automatic), got {}", virtual_stages);
+  one_of("pipeline_split", pipeline_split, {"layers", "params"});
   parse_mesh(mesh);  // throws naming the malformed part
 }
 

@@ -21,6 +21,7 @@
 #include "train/data.h"
 #include "train/plot.h"
 #include "train/sample.h"
+#include "train/trainer/pipeline_train.h"
 
 namespace tessel::train {
 
@@ -34,7 +35,7 @@ double unigram_entropy(const int32_t* tokens, int64_t n, int64_t vocab) {
 }
 
 double evaluate(models::LanguageModel& model, const DataLoader& heldout, int64_t batches, uint64_t seed,
-                const BatchLayout& layout) {
+                const BatchLayout& layout, const ForwardFn& forward) {
   NoGradGuard ng;
   const bool was_training = model.is_training();
   model.eval();
@@ -43,7 +44,7 @@ double evaluate(models::LanguageModel& model, const DataLoader& heldout, int64_t
     Batch b = heldout.global_batch(i);
     nn::ForwardScope scope({seed, uint64_t(i), 0, b.size()});
     Tensor ids = layout ? layout(b.inputs) : b.inputs, targets = layout ? layout(b.targets) : b.targets;
-    total += model.loss(model.forward(ids), targets).item<double>();
+    total += model.loss(forward ? forward(ids) : model.forward(ids), targets).item<double>();
   }
   model.train(was_training);
   return total / double(batches);
@@ -153,19 +154,23 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     check_model_mesh(mc, *mesh, cfg.mesh);
     plan = parallel::load_plan(cfg.plan == "auto" ? cfg.model : cfg.plan, cfg.sequence_parallel);
   }
-  auto model = models::make_language_model(mc, cfg.seed);
-  if (mesh) parallel::parallelize(*model, mesh, plan);
+  std::unique_ptr<Pipeline> pipe = make_pipeline(cfg, mc, mesh, plan);  // a "pp" mesh dim: this rank's stages
+  auto model = pipe ? pipe->stage().model_ptr() : models::make_language_model(mc, cfg.seed);
+  if (mesh && !pipe) parallel::parallelize(*model, mesh, plan);
   BatchLayout layout;
   if (mesh) layout = [mesh, plan](const Tensor& ids) { return parallel::distribute_batch(ids, mesh, plan); };
+  if (pipe) layout = [p = pipe.get()](const Tensor& ids) { return p->layout(ids); };
+  ForwardFn forward;
+  if (pipe) forward = [p = pipe.get()](const Tensor& ids) { return p->forward(ids); };
   model->train();
   nn::AdamWOptions ao;
   ao.lr = cfg.lr;
   ao.betas = {cfg.betas[0], cfg.betas[1]};
   ao.weight_decay = cfg.weight_decay;
-  nn::AdamW opt(nn::default_param_groups(*model, cfg.weight_decay), ao);
+  nn::AdamW opt(pipe ? pipe->param_groups(cfg.weight_decay) : nn::default_param_groups(*model, cfg.weight_decay), ao);
   // A run shorter than the warmup warms up over the whole run.
   nn::LrSchedule sched = nn::LrSchedule::cosine(cfg.lr, cfg.min_lr, std::min(cfg.warmup_steps, cfg.steps), cfg.steps);
-  std::vector<Tensor> params = model->parameters();
+  std::vector<Tensor> params = pipe ? pipe->stage().parameters() : model->parameters();
 
   // ---- outputs (rank 0) ---------------------------------------------------------------
   OutputDir out(cfg.out_dir);
@@ -190,10 +195,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                 (long long)cfg.steps, (long long)cfg.batch_size, (long long)cfg.seq_len,
                 (long long)cfg.micro_batches, cfg.lr, (unsigned long long)cfg.seed);
     if (mesh) {
-      const int64_t pbytes = parallel::local_parameter_bytes(*model);
+      const int64_t pbytes = pipe ? pipe->local_parameter_bytes() : parallel::local_parameter_bytes(*model);
       std::printf("  mesh %s (%s backend), plan %s; per rank: parameters %s, gradients %s, optimizer %s\n",
                   mesh->str().c_str(), comm::world()->backend(), plan.name.c_str(), mib(pbytes).c_str(),
                   mib(pbytes).c_str(), mib(2 * pbytes).c_str());
+      if (pipe) std::printf("  pipeline %s, %s\n", pipe->schedule().name.c_str(), pipe->stage().describe().c_str());
     }
     std::fflush(stdout);
   }
@@ -208,7 +214,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     const double lr = sched.lr(step);
     opt.set_lr(lr);
     double loss_sum = 0;
-    for (int64_t m = 0; m < cfg.micro_batches; ++m) {
+    std::vector<std::pair<std::string, double>> pipe_extras;
+    if (pipe) loss_sum = cfg.micro_batches * pipeline_forward_backward(*pipe, cfg, loader, step, pipe_extras);
+    for (int64_t m = 0; !pipe && m < cfg.micro_batches; ++m) {
       Batch b = loader.micro_batch(step, m, cfg.micro_batches);
       nn::ForwardScope scope({cfg.seed, uint64_t(step), b.first_sample, cfg.batch_size});
       std::optional<nn::AutocastScope> autocast;
@@ -218,7 +226,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       loss_sum += loss.item<double>();
       (cfg.micro_batches == 1 ? loss : loss / double(cfg.micro_batches)).backward();
     }
-    const double gnorm = cfg.grad_clip > 0 ? nn::clip_grad_norm_(params, cfg.grad_clip) : nn::grad_norm(params);
+    const double gnorm = pipe                 ? pipe->clip_grad_norm_(cfg.grad_clip)
+                         : cfg.grad_clip > 0 ? nn::clip_grad_norm_(params, cfg.grad_clip)
+                                             : nn::grad_norm(params);
     opt.step();
     opt.zero_grad();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -230,12 +240,13 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     sm.lr = lr;
     sm.grad_norm = gnorm;
     sm.tokens_per_s = tokens_per_step / secs;
-    sm.param_hash = param_hash(model->named_parameters());
-    Tensor aux = model->aux_loss();
+    sm.param_hash = pipe ? pipeline_param_hash(*pipe) : param_hash(model->named_parameters());
+    sm.extras = pipe_extras;
+    Tensor aux = pipe ? Tensor() : model->aux_loss();
     if (aux.defined()) sm.extras.emplace_back("aux_loss", aux.item<double>());
     const bool last = step + 1 == cfg.steps;
     if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last)) {
-      sm.extras.emplace_back("eval_loss", evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout));
+      sm.extras.emplace_back("eval_loss", evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout, forward));
     }
     if (metrics) metrics->write(sm);
     if (hooks.on_step) hooks.on_step(sm);
@@ -247,10 +258,12 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   result.steps = cfg.steps;
   if (hooks.keep_params) {
     NoGradGuard ng;
-    for (auto& [name, t] : model->named_parameters()) result.final_params.emplace_back(name, full_tensor(t.detach()));
+    if (pipe) result.final_params = pipe->gather_parameters();  // on rank 0
+    else
+      for (auto& [name, t] : model->named_parameters()) result.final_params.emplace_back(name, full_tensor(t.detach()));
   }
   result.tokens_per_s = train_seconds > 0 ? tokens_per_step * double(cfg.steps) / train_seconds : 0;
-  result.heldout_loss = evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout);
+  result.heldout_loss = evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout, forward);
   result.unigram_entropy =
       unigram_entropy(corpus.split.train.data(), corpus.split.train.size, tokenizer->vocab_size());
 
@@ -260,7 +273,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   if (cfg.sample_length > 0) {
     model->eval();
     NoGradGuard ng;
-    auto logits_fn = [&](const Tensor& ids) { return model->forward(ids); };
+    auto logits_fn = [&](const Tensor& ids) { return forward ? forward(ids) : model->forward(ids); };
     std::vector<int64_t> prompt{int64_t(tokenizer->encode("\n")[0])};
     SampleOptions so;
     so.max_new_tokens = cfg.sample_length;

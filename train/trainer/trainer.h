@@ -52,9 +52,12 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks = {});
 // Lays a batch of token ids out for the model (identity on one device).
 using BatchLayout = std::function<Tensor(const Tensor&)>;
 
+// The logits of (laid-out) ids, when not model.forward's (a pipeline's).
+using ForwardFn = std::function<Tensor(const Tensor&)>;
+
 // Mean cross-entropy over `batches` held-out batches (no grad, eval mode).
 double evaluate(models::LanguageModel& model, const class DataLoader& heldout, int64_t batches, uint64_t seed,
-                const BatchLayout& layout = nullptr);
+                const BatchLayout& layout = nullptr, const ForwardFn& forward = nullptr);
 
 // Entropy of the unigram token distribution of `tokens` (nats).
 double unigram_entropy(const int32_t* tokens, int64_t n, int64_t vocab);
