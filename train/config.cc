@@ -68,6 +68,8 @@ const std::vector<Field>& fields() {
       {"backend", &C::backend, "collectives: auto | local (ranks as threads) | mpi (under mpirun)"},
       {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
+      {"zero", &C::zero, "data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP"},
+      {"ddp_bucket_mb", &C::ddp_bucket_mb, "gradient bucket size in MiB (DDP, ZeRO-1/2); 0: one per parameter"},
   };
   return f;
 }
@@ -234,7 +236,15 @@ void TrainConfig::validate() const {
   TESSEL_CHECK(top_k >= 0, kOp, "top_k must be >= 0, got {}", top_k);
   one_of("backend", backend, {"auto", "local", "mpi"});
   non_empty("plan", plan);
-  parse_mesh(mesh);  // throws naming the malformed part
+  const auto dims = parse_mesh(mesh);  // throws naming the malformed part
+  TESSEL_CHECK(zero >= 0 && zero <= 3, kOp, "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got {}", zero);
+  non_negative("ddp_bucket_mb", ddp_bucket_mb);
+  if (zero > 0) {
+    bool dp = false;
+    for (const auto& d : dims) dp = dp || (d.first == "dp" && d.second > 1);
+    TESSEL_CHECK(dp, kOp, "zero = {} needs a mesh with a dp dim of size > 1 (e.g. --mesh dp=2), got mesh '{}'", zero,
+                 mesh);
+  }
 }
 
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec) {

@@ -68,6 +68,8 @@ struct TrainConfig {
   std::string backend = "auto";   // auto (mpi when launched by mpirun, else local threads) | local | mpi
   std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
   bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
+  int64_t zero = 0;               // data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP
+  double ddp_bucket_mb = 25;      // gradient bucket size (MiB) of DDP and ZeRO-1/2; 0: one per parameter
 
   // Overwrites the fields present in a TOML file. Throws tessel::Error
   // naming the file (and line) on a syntax error, an unknown key, or a value

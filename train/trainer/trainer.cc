@@ -7,6 +7,7 @@
 
 #include "autograd/api.h"
 #include "autograd/ops/dist.h"
+#include "nn/parallel/data_parallel.h"
 #include "nn/parallel/parallelize.h"
 #include "runtime/comm/comm.h"
 #include "runtime/mesh.h"
@@ -153,6 +154,14 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   }
   auto model = models::make_language_model(mc, cfg.seed);
   if (mesh) parallel::parallelize(*model, mesh, plan);
+  // Data parallelism over dp (DDP or a ZeRO stage); FSDP shards the parameters here.
+  std::unique_ptr<parallel::DataParallel> dp;
+  if (mesh && parallel::DataParallel::applies(*mesh)) {
+    std::vector<nn::Module*> blocks;
+    for (const auto& b : model->blocks()) blocks.push_back(b.get());
+    dp = std::make_unique<parallel::DataParallel>(*model, blocks,
+                                                  parallel::DataParallelOptions{int(cfg.zero), cfg.ddp_bucket_mb});
+  }
   BatchLayout layout;
   if (mesh) layout = [mesh, plan](const Tensor& ids) { return parallel::distribute_batch(ids, mesh, plan); };
   model->train();
@@ -160,10 +169,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   ao.lr = cfg.lr;
   ao.betas = {cfg.betas[0], cfg.betas[1]};
   ao.weight_decay = cfg.weight_decay;
-  nn::AdamW opt(nn::default_param_groups(*model, cfg.weight_decay), ao);
+  auto groups = nn::default_param_groups(*model, cfg.weight_decay);
+  nn::AdamW opt(dp ? dp->optimizer_groups(groups) : groups, ao);
   // A run shorter than the warmup warms up over the whole run.
   nn::LrSchedule sched = nn::LrSchedule::cosine(cfg.lr, cfg.min_lr, std::min(cfg.warmup_steps, cfg.steps), cfg.steps);
-  std::vector<Tensor> params = model->parameters();
+  std::vector<Tensor> params = dp ? dp->parameters() : model->parameters();  // what the optimizer updates
 
   // ---- outputs (rank 0) ---------------------------------------------------------------
   OutputDir out(cfg.out_dir);
@@ -188,10 +198,19 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                 (long long)cfg.steps, (long long)cfg.batch_size, (long long)cfg.seq_len,
                 (long long)cfg.micro_batches, cfg.lr, (unsigned long long)cfg.seed);
     if (mesh) {
-      const int64_t pbytes = parallel::local_parameter_bytes(*model);
-      std::printf("  mesh %s (%s backend), plan %s; per rank: parameters %s, gradients %s, optimizer %s\n",
-                  mesh->str().c_str(), comm::world()->backend(), plan.name.c_str(), mib(pbytes).c_str(),
-                  mib(pbytes).c_str(), mib(2 * pbytes).c_str());
+      parallel::DataParallelMemory mem;
+      if (dp) {
+        mem = dp->memory(opt);
+      } else {
+        mem.params = mem.grads = parallel::local_parameter_bytes(*model);
+        mem.optimizer = opt.state_bytes();
+      }
+      std::printf("  mesh %s (%s backend), plan %s%s\n", mesh->str().c_str(), comm::world()->backend(),
+                  plan.name.c_str(), dp ? (", " + dp->describe()).c_str() : "");
+      std::printf("  per rank: parameters %s, gradients %s, optimizer %s, comm buffers %s%s\n",
+                  mib(mem.params).c_str(), mib(mem.grads).c_str(), mib(mem.optimizer).c_str(),
+                  mib(mem.comm).c_str(),
+                  mem.gathered ? (", gathered at once " + mib(mem.gathered)).c_str() : "");
     }
     std::fflush(stdout);
   }
@@ -207,6 +226,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     opt.set_lr(lr);
     double loss_sum = 0;
     for (int64_t m = 0; m < cfg.micro_batches; ++m) {
+      if (dp) dp->begin_micro_batch(m + 1 == cfg.micro_batches);
       Batch b = loader.micro_batch(step, m, cfg.micro_batches);
       nn::ForwardScope scope({cfg.seed, uint64_t(step), b.first_sample, cfg.batch_size});
       std::optional<nn::AutocastScope> autocast;
@@ -216,8 +236,10 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       loss_sum += loss.item<double>();
       (cfg.micro_batches == 1 ? loss : loss / double(cfg.micro_batches)).backward();
     }
+    if (dp) dp->finish();
     const double gnorm = cfg.grad_clip > 0 ? nn::clip_grad_norm_(params, cfg.grad_clip) : nn::grad_norm(params);
     opt.step();
+    if (dp) dp->after_step();
     opt.zero_grad();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     train_seconds += secs;
