@@ -129,14 +129,22 @@ StagingRing::Slot& AllGatherBucket::launch(StagingRing& ring, const std::vector<
                                            std::function<void(const Tensor& gathered)> on_gathered) {
   TESSEL_CHECK(ring.numel() >= slot_numel(), "AllGatherBucket", "ring slots of {} elements; the bucket needs {}",
                ring.numel(), slot_numel());
-  const int64_t me = layout_.member(0).dp_rank;
   StagingRing::Slot& slot = ring.acquire();
   const Tensor out = raw::narrow(slot.buffer, 0, 0, layout_.total());
-  const Tensor in = raw::narrow(slot.buffer, 0, layout_.total(), layout_.counts()[size_t(me)]);
-  layout_.pack_block(mine, me, in);
-  slot.work = comm_->all_gather_v(in, out, layout_.counts(), /*async=*/true);
+  slot.work = launch(raw::narrow(slot.buffer, 0, layout_.total(), block_numel()), out, mine);
   slot.on_done = [out, fn = std::move(on_gathered)] { fn(out); };
   return slot;
+}
+
+comm::WorkPtr AllGatherBucket::launch(const Tensor& in, const Tensor& out, const std::vector<Tensor>& mine) {
+  TESSEL_CHECK(in.numel() >= block_numel() && out.numel() >= layout_.total(), "AllGatherBucket",
+               "needs buffers of {} (in) and {} (out) elements, got {} and {}", block_numel(), layout_.total(),
+               in.desc(), out.desc());
+  const Tensor i = raw::narrow(in, 0, 0, block_numel()), o = raw::narrow(out, 0, 0, layout_.total());
+  const bool overlap = i.shares_storage(o) && i.offset() < o.offset() + o.numel() && o.offset() < i.offset() + i.numel();
+  TESSEL_CHECK(!overlap, "AllGatherBucket", "the input block {} overlaps the output {}", i.desc(), o.desc());
+  layout_.pack_block(mine, layout_.member(0).dp_rank, i);
+  return comm_->all_gather_v(i, o, layout_.counts(), /*async=*/true);
 }
 
 }  // namespace tessel::parallel

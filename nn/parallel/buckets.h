@@ -105,6 +105,10 @@ class AllGatherBucket {
   // the slot (for StagingRing::complete).
   StagingRing::Slot& launch(StagingRing& ring, const std::vector<Tensor>& mine,
                             std::function<void(const Tensor& gathered)> on_gathered);
+  // The same with buffers of the caller's: `in` (at least this rank's block)
+  // receives `mine`, `out` (at least layout().total() elements) the blocks.
+  comm::WorkPtr launch(const Tensor& in, const Tensor& out, const std::vector<Tensor>& mine);
+  int64_t block_numel() const { return layout_.counts()[size_t(layout_.member(0).dp_rank)]; }
   void unpack(const Tensor& gathered, const std::vector<Tensor>& full_pieces) const {
     layout_.unpack_all(gathered, full_pieces);
   }

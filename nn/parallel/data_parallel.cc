@@ -89,12 +89,14 @@ DataParallel::DataParallel(nn::Module& model, const std::vector<nn::Module*>& bl
   }
   reducer_ = std::make_unique<GradReducer>(
       ptrs, opts_.zero == 2 ? GradReducer::Mode::ReduceScatter : GradReducer::Mode::AllReduce, bucket_bytes);
-  int64_t slot_numel = reducer_->slot_numel();
+  int64_t slot_numel = reducer_->slot_numel(), in_numel = 0;
   if (opts_.zero >= 1) {
     // All-gather buckets after the step: the same grouping as the gradients.
     std::unordered_map<std::string, size_t> by_path;
     for (size_t i = 0; i < params_.size(); ++i) by_path[params_[i].path] = i;
-    for (const auto& bucket : reducer_->bucket_paths()) {
+    const auto paths = reducer_->bucket_paths();
+    for (size_t bi = 0; bi < paths.size(); ++bi) {
+      const auto& bucket = paths[bi];
       std::vector<size_t> members;
       std::vector<const DpShard*> geos;
       for (const std::string& path : bucket) {
@@ -106,12 +108,16 @@ DataParallel::DataParallel(nn::Module& model, const std::vector<nn::Module*>& bl
       if (members.empty()) continue;
       gathers_.push_back(std::make_unique<AllGatherBucket>(geos, mesh_->comm(dp_), params_[0].param.device()));
       gather_members_.push_back(members);
+      gather_bucket_.push_back(bi);
       slot_numel = std::max(slot_numel, gathers_.back()->slot_numel());
+      in_numel = std::max(in_numel, gathers_.back()->block_numel());
     }
   }
-  if (slot_numel > 0) {
-    ring_ = std::make_unique<StagingRing>(kStagingSlots, slot_numel, DType::Float32, params_[0].param.device());
-    if (opts_.zero == 2) reducer_->set_ring(ring_.get());
+  const Device dev = params_[0].param.device();
+  if (opts_.zero == 1 && in_numel > 0) gather_in_ = raw::empty({in_numel}, DType::Float32, dev);
+  if (opts_.zero == 2) {
+    ring_ = std::make_unique<StagingRing>(kStagingSlots, slot_numel, DType::Float32, dev);
+    reducer_->set_ring(ring_.get());
   }
 }
 
@@ -155,12 +161,23 @@ void DataParallel::after_step() {
       mine.push_back(raw::local_of(params_[i].shard));
       full.push_back(raw::local_of(params_[i].param));
     }
-    gathers_[b]->launch(*ring_, mine, [this, b, full](const Tensor& gathered) {
+    auto unpack = [this, b, full](const Tensor& gathered) {
       gathers_[b]->unpack(gathered, full);
       for (size_t i : gather_members_[b]) params_[i].param.bump_version();
-    });
+    };
+    if (opts_.zero == 1) {  // the gradients were used: gather into their bucket
+      for (size_t i : gather_members_[b]) {
+        params_[i].param.zero_grad();
+        params_[i].shard.zero_grad();
+      }
+      const Tensor& out = reducer_->flat(gather_bucket_[b]);
+      gathers_[b]->launch(gather_in_, out, mine)->wait();
+      unpack(out);
+    } else {
+      gathers_[b]->launch(*ring_, mine, unpack);
+    }
   }
-  ring_->complete_all();
+  if (ring_) ring_->complete_all();
 }
 
 DataParallelMemory DataParallel::memory(const nn::Optimizer& opt) const {
@@ -176,6 +193,7 @@ DataParallelMemory DataParallel::memory(const nn::Optimizer& opt) const {
     m.comm += reducer_->comm_bytes();
   }
   if (ring_) m.comm += ring_->bytes();
+  if (gather_in_.defined()) m.comm += int64_t(gather_in_.nbytes());
   if (fsdp_) {
     m.grads += fsdp_->grad_bytes();
     m.comm += fsdp_->comm_bytes();

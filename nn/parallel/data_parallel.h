@@ -88,7 +88,8 @@ class DataParallel {
   void begin_micro_batch(bool last);
   // After the step's last backward, before clipping and the optimizer.
   void finish();
-  // After the optimizer step.
+  // After the optimizer step. ZeRO-1 gathers the parameters through the
+  // gradient buckets: the gradients are dropped here.
   void after_step();
 
   const DataParallelOptions& options() const { return opts_; }
@@ -109,7 +110,9 @@ class DataParallel {
   // ZeRO-1/2: all-gather of the updated shards after the step.
   std::vector<std::unique_ptr<AllGatherBucket>> gathers_;
   std::vector<std::vector<size_t>> gather_members_;
-  // Staging for ZeRO-2's reduce-scatters and ZeRO-1/2's all-gathers: they
+  std::vector<size_t> gather_bucket_;  // the gradient bucket each one mirrors
+  Tensor gather_in_;                   // ZeRO-1: this rank's block (the gradient buckets take the rest)
+  // ZeRO-2: staging for the reduce-scatters and the all-gathers; they
   // never run at the same time (backward / after the step), so they share it.
   std::unique_ptr<StagingRing> ring_;
 };

@@ -65,6 +65,10 @@ class GradReducer {
   int64_t grad_bytes() const;
   // Bytes of the used-flags (the staging ring is its owner's).
   int64_t comm_bytes() const;
+  // All-reduce mode: bucket b's flat buffer (gradient pieces, then flags).
+  // Free between the optimizer step and the next backward: ZeRO-1 gathers
+  // the updated parameters through it.
+  const Tensor& flat(size_t b) const { return buckets_[b].flat; }
   // Parameter paths per bucket (for logs and tests).
   std::vector<std::vector<std::string>> bucket_paths() const;
 

@@ -9,6 +9,7 @@
 #include "autograd/ops/dist.h"
 #include "nn/parallel/data_parallel.h"
 #include "nn/parallel/parallelize.h"
+#include "runtime/allocator.h"
 #include "runtime/comm/comm.h"
 #include "runtime/mesh.h"
 #include "models/config.h"
@@ -215,6 +216,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     std::fflush(stdout);
   }
 
+  cpu_allocator()->reset_peak();  // the training loop's peak, not the setup's (full model before sharding)
   std::unique_ptr<ProgressBar> bar;
   if (!hooks.quiet) bar = std::make_unique<ProgressBar>(cfg.steps);
   TrainResult result;
@@ -299,6 +301,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     std::printf("  held-out loss %.4f nats/token; unigram entropy of the training tokens %.4f nats/token\n",
                 result.heldout_loss, result.unigram_entropy);
     std::printf("  %.0f tokens/s; final param_hash %s\n", result.tokens_per_s, result.param_hash.c_str());
+    std::printf("  allocator peak during training %s (this process: %s)\n",
+                mib(cpu_allocator()->stats().peak_bytes).c_str(),
+                comm::has_world() && comm::world()->size() > 1 && std::string(comm::world()->backend()) == "local"
+                    ? "every rank's thread"
+                    : "one rank");
     std::printf("  wrote %s, %s/loss.svg%s\n", metrics_path.c_str(), cfg.out_dir.c_str(),
                 samples.empty() ? "" : (", " + cfg.out_dir + "/sample.txt").c_str());
     if (!samples.empty()) std::printf("%s", samples.c_str());
