@@ -106,7 +106,8 @@ TEST_CASE("20 steps with DDP, ZeRO-1, ZeRO-2 and FSDP match one device", "[paral
       bool sp;
     };
     for (Layout l : {Layout{"dp=2", 0, false}, Layout{"dp=2", 1, false}, Layout{"dp=2", 2, false},
-                     Layout{"dp=2", 3, false}, Layout{"dp=2,tp=2", 3, false}, Layout{"dp=2,tp=2", 2, true}}) {
+                     Layout{"dp=2", 3, false}, Layout{"dp=2,tp=2", 3, false}, Layout{"dp=2,tp=2", 2, true},
+                     Layout{"dp=2,tp=2", 3, true}}) {
       TrainConfig c = base(model, scratch(model + "_zero"));
       c.mesh = l.mesh;
       c.zero = l.zero;

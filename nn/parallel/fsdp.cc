@@ -268,8 +268,13 @@ Fsdp::~Fsdp() {
     U.module->remove_forward_hook(U.pre_hook);
     U.module->remove_forward_hook(U.post_hook);
   }
-  state_->ag_ring.complete_all();
-  state_->rs_ring.complete_all();
+  // Normally idle (finish() waited). If a rank failed mid-step, the
+  // collectives report it; a destructor must not throw.
+  try {
+    state_->ag_ring.complete_all();
+    state_->rs_ring.complete_all();
+  } catch (const std::exception&) {
+  }
 }
 
 void Fsdp::finish() {

@@ -75,6 +75,13 @@ void GradReducer::set_ring(StagingRing* ring) {
 }
 
 GradReducer::~GradReducer() {
+  // Normally nothing is in flight (finish() waited); a destructor must not throw.
+  for (Bucket& b : buckets_) {
+    try {
+      if (b.work) b.work->wait();
+    } catch (const std::exception&) {
+    }
+  }
   size_t h = 0;
   for (Bucket& b : buckets_) {
     for (size_t i : b.members) {
