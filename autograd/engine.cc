@@ -42,6 +42,12 @@ const Tensor& SavedTensor::get() const {
     throw SavedTensorError(
         "saved tensors were freed by an earlier backward; call backward(..., retain_graph=true) the first time");
   }
+  if (tensor_.defined() && tensor_.storage() && tensor_.storage()->released()) {
+    throw SavedTensorError(fmt::format(
+        "a tensor saved for backward ({}) lives in storage that was released (FSDP frees gathered parameters "
+        "after a module's forward; they must be gathered again before its backward runs)",
+        tensor_.desc()));
+  }
   if (tensor_.defined() && tensor_.storage() && tensor_.version() != version_) {
     throw SavedTensorError(fmt::format(
         "a tensor saved for backward ({}) was modified by an in-place operation (version {} when saved, now {})",
@@ -85,9 +91,10 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     if (r.defined()) g = r;
   }
   if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
-  if (leaf->dist) {  // gradients come out with the placements of their parameters
-    if (!g.is_distributed()) g = distribute_tensor(g, var.mesh(), var.placements());
-    else if (g.placements() != var.placements()) g = redistribute(g, var.placements());
+  if (leaf->dist) {  // gradients come out with the placements of their parameters (or the ones the leaf asks for)
+    const Placements& target = m.grad_placements ? *m.grad_placements : var.placements();
+    if (!g.is_distributed()) g = distribute_tensor(g, var.mesh(), target);
+    else if (g.placements() != target) g = redistribute(g, target);
   }
   if (!m.grad.defined()) {
     // Take the incoming buffer when nobody else can see it; copy otherwise.

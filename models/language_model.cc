@@ -7,10 +7,14 @@
 
 namespace tessel::models {
 
-Tensor LanguageModel::forward(const Tensor& ids) {
+Tensor LanguageModel::forward(const Tensor& ids_in) {
+  // The model is the root: nobody calls it through a parent, so its own
+  // forward hooks run here (FSDP gathers the parameters outside the blocks).
+  const Tensor ids = has_forward_hooks() ? run_forward_pre_hooks(ids_in) : ids_in;
   Tensor x = embed(ids);
   for (const auto& b : blocks()) x = (*b)(x);
-  return head(x);
+  Tensor logits = head(x);
+  return has_forward_hooks() ? run_forward_hooks(ids, logits) : logits;
 }
 
 Tensor LanguageModel::token_loss(const Tensor& logits, const Tensor& targets) const {

@@ -16,7 +16,8 @@ class LanguageModel : public nn::Module {
 
   // ids [B, T] (int64, T <= max_seq_len) -> logits [B, T, vocab] (float32
   // under bf16 autocast too): head(blocks(embed(ids))), each block called
-  // through its forward hooks.
+  // through its forward hooks. The model's own forward hooks run around it
+  // (it is the root module; FSDP gathers the non-block parameters there).
   virtual Tensor forward(const Tensor& ids);
 
   // The model as a chain of stages (pipeline parallelism splits it here):

@@ -36,6 +36,15 @@ std::vector<ParamGroup> default_param_groups(const Module& module, double weight
 }
 
 // ---- Optimizer -------------------------------------------------------------------------
+namespace {
+// A state buffer shaped like the parameter: for a distributed parameter, a
+// distributed tensor with its placements (only the local piece is allocated).
+Tensor state_zeros(const Tensor& param) {
+  const TensorOptions o = TensorOptions(DType::Float32).with_device(param.device());
+  return param.is_distributed() ? zeros(param.shape(), param.mesh(), param.placements(), o) : zeros(param.shape(), o);
+}
+}  // namespace
+
 void Optimizer::fail_option(const char* option, double value, const char* requirement) const {
   TESSEL_FAIL(name_, "invalid {} = {} ({})", option, value, requirement);
 }
@@ -110,11 +119,7 @@ void Optimizer::step() {
                    "parameter '{}' ({}) has gradient {} in another layout", s.path, s.param.desc(), g.desc());
     }
     if (s.buffers.empty()) {
-      for (size_t i = 0, n = buffer_names().size(); i < n; ++i)
-        s.buffers.push_back(s.param.is_distributed()
-                                ? zeros(s.param.shape(), s.param.mesh(), s.param.placements(),
-                                        TensorOptions(DType::Float32).with_device(s.param.device()))
-                                : zeros(s.param.shape(), TensorOptions(DType::Float32).with_device(s.param.device())));
+      for (size_t i = 0, n = buffer_names().size(); i < n; ++i) s.buffers.push_back(state_zeros(s.param));
     }
     ++s.step;
     update(s, g, lr_ * groups_[size_t(s.group)].lr_scale, group_weight_decay_[size_t(s.group)]);
@@ -144,6 +149,13 @@ std::vector<NamedTensor> Optimizer::state_dict() const {
     for (size_t i = 0; i < s.buffers.size(); ++i) out.push_back({s.path + "." + names[i], s.buffers[i]});
   }
   return out;
+}
+
+int64_t Optimizer::state_bytes() const {
+  const int64_t per_element = int64_t(buffer_names().size()) * int64_t(itemsize(DType::Float32));
+  int64_t n = 0;
+  for (const Slot& s : slots_) n += raw::local_of(s.param).numel() * per_element;
+  return n;
 }
 
 void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
@@ -209,8 +221,7 @@ void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
     s.step = it->second.step->item<int64_t>();
     if (s.buffers.size() != names.size()) {
       s.buffers.clear();
-      for (size_t b = 0; b < names.size(); ++b)
-        s.buffers.push_back(empty(s.param.shape(), TensorOptions(DType::Float32).with_device(s.param.device())));
+      for (size_t b = 0; b < names.size(); ++b) s.buffers.push_back(state_zeros(s.param));
     }
     for (size_t b = 0; b < names.size(); ++b) s.buffers[b].copy_(*it->second.buffers[b]);
   }

@@ -97,6 +97,27 @@ TEST_CASE("20 steps on dp2, tp2, tp2+sp, dp2xtp2 match one device", "[parallel][
   }
 }
 
+TEST_CASE("20 steps with DDP, ZeRO-1, ZeRO-2 and FSDP match one device", "[parallel][train][zero]") {
+  for (std::string model : {"nanogpt", "llama", "mixtral"}) {
+    const Run ref = run(base(model, scratch(model + "_ref")));
+    struct Layout {
+      const char* mesh;
+      int zero;
+      bool sp;
+    };
+    for (Layout l : {Layout{"dp=2", 0, false}, Layout{"dp=2", 1, false}, Layout{"dp=2", 2, false},
+                     Layout{"dp=2", 3, false}, Layout{"dp=2,tp=2", 3, false}, Layout{"dp=2,tp=2", 2, true},
+                     Layout{"dp=2,tp=2", 3, true}}) {
+      TrainConfig c = base(model, scratch(model + "_zero"));
+      c.mesh = l.mesh;
+      c.zero = l.zero;
+      c.sequence_parallel = l.sp;
+      c.ddp_bucket_mb = 0.02;  // several buckets
+      check_same(ref, run(c), model + " on " + l.mesh + " zero=" + std::to_string(l.zero) + (l.sp ? " + sp" : ""));
+    }
+  }
+}
+
 TEST_CASE("bad parallel settings fail before anything is written", "[parallel][train]") {
   auto expect = [](TrainConfig c, const std::string& needle) {
     std::string out = scratch("bad");

@@ -72,6 +72,8 @@ const std::vector<Field>& fields() {
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
+      {"zero", &C::zero, "data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP"},
+      {"ddp_bucket_mb", &C::ddp_bucket_mb, "gradient bucket size in MiB (DDP, ZeRO-1/2); 0: one per parameter"},
   };
   return f;
 }
@@ -241,7 +243,15 @@ void TrainConfig::validate() const {
   one_of("pipeline_schedule", pipeline_schedule, {"gpipe", "1f1b", "interleaved"});
   TESSEL_CHECK(virtual_stages >= 0, kOp, "virtual_stages must be >= 0 (0: automatic), got {}", virtual_stages);
   one_of("pipeline_split", pipeline_split, {"layers", "params"});
-  parse_mesh(mesh);  // throws naming the malformed part
+  const auto dims = parse_mesh(mesh);  // throws naming the malformed part
+  TESSEL_CHECK(zero >= 0 && zero <= 3, kOp, "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got {}", zero);
+  non_negative("ddp_bucket_mb", ddp_bucket_mb);
+  if (zero > 0) {
+    bool dp = false;
+    for (const auto& d : dims) dp = dp || (d.first == "dp" && d.second > 1);
+    TESSEL_CHECK(dp, kOp, "zero = {} needs a mesh with a dp dim of size > 1 (e.g. --mesh dp=2), got mesh '{}'", zero,
+                 mesh);
+  }
 }
 
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec) {

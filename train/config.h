@@ -72,6 +72,8 @@ struct TrainConfig {
   std::string pipeline_schedule = "1f1b";  // with a "pp" mesh dim: gpipe | 1f1b | interleaved
   int64_t virtual_stages = 0;              // chunks per pp rank; 0: 1, or 2 for interleaved
   std::string pipeline_split = "layers";   // cut the blocks into stages by: layers | params
+  int64_t zero = 0;               // data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP
+  double ddp_bucket_mb = 25;      // gradient bucket size (MiB) of DDP and ZeRO-1/2; 0: one per parameter
 
   // Overwrites the fields present in a TOML file. Throws tessel::Error
   // naming the file (and line) on a syntax error, an unknown key, or a value

@@ -7,7 +7,9 @@
 
 #include "autograd/api.h"
 #include "autograd/ops/dist.h"
+#include "nn/parallel/data_parallel.h"
 #include "nn/parallel/parallelize.h"
+#include "runtime/allocator.h"
 #include "runtime/comm/comm.h"
 #include "runtime/mesh.h"
 #include "runtime/numerics.h"
@@ -157,6 +159,15 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   std::unique_ptr<Pipeline> pipe = make_pipeline(cfg, mc, mesh, plan);  // a "pp" mesh dim: this rank's stages
   auto model = pipe ? pipe->stage().model_ptr() : models::make_language_model(mc, cfg.seed);
   if (mesh && !pipe) parallel::parallelize(*model, mesh, plan);
+  // Data parallelism over dp (DDP or a ZeRO stage); FSDP shards the parameters here.
+  // (A pipeline reduces its own dp gradients.)
+  std::unique_ptr<parallel::DataParallel> dp;
+  if (mesh && !pipe && parallel::DataParallel::applies(*mesh)) {
+    std::vector<nn::Module*> blocks;
+    for (const auto& b : model->blocks()) blocks.push_back(b.get());
+    dp = std::make_unique<parallel::DataParallel>(*model, blocks,
+                                                  parallel::DataParallelOptions{int(cfg.zero), cfg.ddp_bucket_mb});
+  }
   BatchLayout layout;
   if (mesh) layout = [mesh, plan](const Tensor& ids) { return parallel::distribute_batch(ids, mesh, plan); };
   if (pipe) layout = [p = pipe.get()](const Tensor& ids) { return p->layout(ids); };
@@ -167,10 +178,13 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   ao.lr = cfg.lr;
   ao.betas = {cfg.betas[0], cfg.betas[1]};
   ao.weight_decay = cfg.weight_decay;
-  nn::AdamW opt(pipe ? pipe->param_groups(cfg.weight_decay) : nn::default_param_groups(*model, cfg.weight_decay), ao);
+  auto groups = pipe ? pipe->param_groups(cfg.weight_decay) : nn::default_param_groups(*model, cfg.weight_decay);
+  nn::AdamW opt(dp ? dp->optimizer_groups(groups) : groups, ao);
   // A run shorter than the warmup warms up over the whole run.
   nn::LrSchedule sched = nn::LrSchedule::cosine(cfg.lr, cfg.min_lr, std::min(cfg.warmup_steps, cfg.steps), cfg.steps);
-  std::vector<Tensor> params = pipe ? pipe->stage().parameters() : model->parameters();
+  std::vector<Tensor> params = pipe ? pipe->stage().parameters()
+                               : dp ? dp->parameters()  // what the optimizer updates
+                                    : model->parameters();
 
   // ---- outputs (rank 0) ---------------------------------------------------------------
   OutputDir out(cfg.out_dir);
@@ -195,15 +209,25 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                 (long long)cfg.steps, (long long)cfg.batch_size, (long long)cfg.seq_len,
                 (long long)cfg.micro_batches, cfg.lr, (unsigned long long)cfg.seed);
     if (mesh) {
-      const int64_t pbytes = pipe ? pipe->local_parameter_bytes() : parallel::local_parameter_bytes(*model);
-      std::printf("  mesh %s (%s backend), plan %s; per rank: parameters %s, gradients %s, optimizer %s\n",
-                  mesh->str().c_str(), comm::world()->backend(), plan.name.c_str(), mib(pbytes).c_str(),
-                  mib(pbytes).c_str(), mib(2 * pbytes).c_str());
+      parallel::DataParallelMemory mem;
+      if (dp) {
+        mem = dp->memory(opt);
+      } else {
+        mem.params = mem.grads = pipe ? pipe->local_parameter_bytes() : parallel::local_parameter_bytes(*model);
+        mem.optimizer = opt.state_bytes();
+      }
+      std::printf("  mesh %s (%s backend), plan %s%s\n", mesh->str().c_str(), comm::world()->backend(),
+                  plan.name.c_str(), dp ? (", " + dp->describe()).c_str() : "");
+      std::printf("  per rank: parameters %s, gradients %s, optimizer %s, comm buffers %s%s\n",
+                  mib(mem.params).c_str(), mib(mem.grads).c_str(), mib(mem.optimizer).c_str(),
+                  mib(mem.comm).c_str(),
+                  mem.gathered ? (", gathered at once " + mib(mem.gathered)).c_str() : "");
       if (pipe) std::printf("  pipeline %s, %s\n", pipe->schedule().name.c_str(), pipe->stage().describe().c_str());
     }
     std::fflush(stdout);
   }
 
+  cpu_allocator()->reset_peak();  // the training loop's peak, not the setup's (full model before sharding)
   std::unique_ptr<ProgressBar> bar;
   if (!hooks.quiet) bar = std::make_unique<ProgressBar>(cfg.steps);
   TrainResult result;
@@ -217,6 +241,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     std::vector<std::pair<std::string, double>> pipe_extras;
     if (pipe) loss_sum = cfg.micro_batches * pipeline_forward_backward(*pipe, cfg, loader, step, pipe_extras);
     for (int64_t m = 0; !pipe && m < cfg.micro_batches; ++m) {
+      if (dp) dp->begin_micro_batch(m + 1 == cfg.micro_batches);
       Batch b = loader.micro_batch(step, m, cfg.micro_batches);
       nn::ForwardScope scope({cfg.seed, uint64_t(step), b.first_sample, cfg.batch_size});
       std::optional<nn::AutocastScope> autocast;
@@ -226,10 +251,12 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       loss_sum += loss.item<double>();
       (cfg.micro_batches == 1 ? loss : loss / double(cfg.micro_batches)).backward();
     }
+    if (dp) dp->finish();
     const double gnorm = pipe                 ? pipe->clip_grad_norm_(cfg.grad_clip)
                          : cfg.grad_clip > 0 ? nn::clip_grad_norm_(params, cfg.grad_clip)
                                              : nn::grad_norm(params);
     opt.step();
+    if (dp) dp->after_step();
     opt.zero_grad();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     train_seconds += secs;
@@ -292,6 +319,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     std::printf("  held-out loss %.4f nats/token; unigram entropy of the training tokens %.4f nats/token\n",
                 result.heldout_loss, result.unigram_entropy);
     std::printf("  %.0f tokens/s; final param_hash %s\n", result.tokens_per_s, result.param_hash.c_str());
+    std::printf("  allocator peak during training %s (this process: %s)\n",
+                mib(cpu_allocator()->stats().peak_bytes).c_str(),
+                comm::has_world() && comm::world()->size() > 1 && std::string(comm::world()->backend()) == "local"
+                    ? "every rank's thread"
+                    : "one rank");
     std::printf("  wrote %s, %s/loss.svg%s\n", metrics_path.c_str(), cfg.out_dir.c_str(),
                 samples.empty() ? "" : (", " + cfg.out_dir + "/sample.txt").c_str());
     if (!samples.empty()) std::printf("%s", samples.c_str());
