@@ -14,17 +14,12 @@
 #include "nn/nn.h"
 #include "nn/parallel/expert_parallel.h"
 #include "nn/parallel/parallelize.h"
+#include "test/ep/cases.h"
 #include "test/util/dist.h"
 #include "test/util/util.h"
 
 using namespace tessel;
 using namespace tessel::testing;
-
-namespace {
-
-std::string report_unless(bool ok, const std::string& what) { return ok ? "" : what; }
-
-}  // namespace
 
 // ---- ShardOn ------------------------------------------------------------------------------
 
@@ -104,35 +99,7 @@ TEST_CASE("ShardOn: redistribution to and from every placement, pointwise ops an
 
 TEST_CASE("all_to_all_v: rows reach their ranks; the backward is the reverse exchange") {
   for (int n : {1, 2, 3, 4}) {
-    auto reports = on_ranks(n, [&](int r) -> std::string {
-      comm::CommPtr group = n > 1 ? comm::world() : nullptr;
-      std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
-      for (int q = 0; q < n; ++q) send[size_t(q)] = (r + 2 * q) % 3, recv[size_t(q)] = (q + 2 * r) % 3;
-      const int64_t rows = std::accumulate(send.begin(), send.end(), int64_t(0));
-      // Row i for rank q holds 1000 r + 100 q + 10 i + column (exact in float64).
-      std::vector<double> v;
-      for (int q = 0; q < n; ++q)
-        for (int64_t i = 0; i < send[size_t(q)]; ++i)
-          for (int c = 0; c < 3; ++c) v.push_back(1000.0 * r + 100.0 * q + 10.0 * double(i) + c);
-      Tensor x = tensor(v, Dims{rows, 3}, TensorOptions(DType::Float64)).requires_grad_();
-      Tensor y = all_to_all_v(x, group, send, recv);
-      std::vector<double> want;
-      for (int s = 0; s < n; ++s)
-        for (int64_t i = 0; i < recv[size_t(s)]; ++i)
-          for (int c = 0; c < 3; ++c) want.push_back(1000.0 * s + 100.0 * r + 10.0 * double(i) + c);
-      std::string bad;
-      if (y.shape() != Dims{int64_t(want.size() / 3), 3} || y.to_vector<double>() != want) bad += "values; ";
-      // d/dy (y^2 / 2 + y) = y + 1, so the gradient of each row that left is that row + 1.
-      add(mul(sum(square(y)), 0.5), sum(y)).backward();
-      if (!bitwise_equal(x.grad(), add(x.detach(), 1.0))) bad += "gradient; ";
-      try {
-        all_to_all_v(x, group, std::vector<int64_t>(size_t(n) + 1, 0), recv);
-        bad += "no error for a wrong count vector; ";
-      } catch (const Error& e) {
-        if (std::string(e.what()).find("all_to_all_v") == std::string::npos) bad += e.what();
-      }
-      return bad;
-    });
+    auto reports = on_ranks(n, [&](int r) { return all_to_all_case(r, n); });
     INFO(n << " ranks");
     CHECK(first_failure(reports) == "");
   }
@@ -142,110 +109,15 @@ TEST_CASE("all_to_all_v: rows reach their ranks; the backward is the reverse exc
 
 namespace {
 
-// A model whose MoE sits at "ffn", like a Mixtral block's.
-struct Holder : nn::UnaryModule {
-  std::shared_ptr<nn::MoE> ffn;
-  explicit Holder(const nn::MoEConfig& c) : nn::UnaryModule("Holder") { ffn = child("ffn", std::make_shared<nn::MoE>(c)); }
-  Tensor forward(const Tensor& x) override { return (*ffn)(x); }
-};
-
-nn::MoEConfig moe_config(int64_t E, int64_t k, double capacity = 0) {
-  nn::MoEConfig c;
-  c.dim = 8;
-  c.hidden = 12;
-  c.num_experts = E;
-  c.top_k = k;
-  c.capacity_factor = capacity;
-  return c;
-}
-
-struct Outcome {
-  Tensor y, x_grad;
-  std::vector<std::pair<std::string, Tensor>> grads;  // full, undefined where none
-  std::vector<int64_t> counts, dropped;
-  double aux = 0;
-};
-
-// Forward, loss = sum(y * g) + aux, backward; everything gathered.
-Outcome run_moe(Holder& m, const Tensor& x, const Tensor& g) {
-  Outcome o;
-  o.y = m.forward(x);
-  add(sum(mul(o.y, g)), m.ffn->last_aux_loss()).backward();
-  o.y = full_tensor(o.y.detach());
-  o.aux = m.ffn->last_aux_loss().item<double>();
-  o.counts = m.ffn->last_expert_counts();
-  o.dropped = m.ffn->last_dropped();
-  for (auto& p : m.named_parameters()) o.grads.emplace_back(p.name, p.tensor.grad().defined() ? full_tensor(p.tensor.grad()) : Tensor());
-  return o;
-}
-
-parallel::ParallelPlan ep_plan(bool tp) {
-  parallel::ParallelPlan p;
-  p.name = tp ? "test-ep-tp" : "test-ep";
-  p.experts.push_back({"ffn", "ep"});
-  if (tp) {
-    p.params.push_back({"ffn\\.experts\\.\\d+\\.w[13]\\.weight", {{{"tp", Shard(0)}}}});
-    p.params.push_back({"ffn\\.experts\\.\\d+\\.w2\\.weight", {{{"tp", Shard(1)}}}});
-  }
-  return p;
-}
-
-std::string compare(const Outcome& ref, const Outcome& got, bool bitwise_forward) {
-  std::string bad;
-  if (bitwise_forward ? !bitwise_equal(got.y, ref.y) : !allclose(got.y, ref.y, 1e-5, 1e-6))
-    bad += fmt::format("output differs by {}; ", max_abs_diff(got.y, ref.y));
-  if (!allclose(got.x_grad, ref.x_grad, 1e-5, 1e-6))
-    bad += fmt::format("input gradient differs by {}; ", max_abs_diff(got.x_grad, ref.x_grad));
-  if (got.counts != ref.counts) bad += "expert counts; ";
-  if (got.dropped != ref.dropped) bad += "dropped counts; ";
-  if (std::fabs(got.aux - ref.aux) > 1e-6 * std::max(1.0, std::fabs(ref.aux)))
-    bad += fmt::format("aux {} vs {}; ", got.aux, ref.aux);
-  if (got.grads.size() != ref.grads.size()) return bad + "parameter count";
-  for (size_t i = 0; i < ref.grads.size(); ++i) {
-    const Tensor &a = ref.grads[i].second, &b = got.grads[i].second;
-    if (a.defined() != b.defined()) bad += ref.grads[i].first + " gradient defined differs; ";
-    else if (a.defined() && !allclose(b, a, 1e-5, 1e-6))
-      bad += fmt::format("{} gradient differs by {}; ", ref.grads[i].first, max_abs_diff(a, b));
-  }
-  return bad;
-}
-
-struct Layout {
-  std::vector<Mesh::DimSpec> mesh;
-  bool tp;
-  bool shard_input;  // x arrives sharded over dp and ep (else replicated: the MoE slices it)
-};
+using Holder = MoEHolder;
+nn::MoEConfig moe_config(int64_t E, int64_t k, double capacity = 0) { return moe_test_config(E, k, capacity); }
+using Layout = EpLayout;
 
 // The single-device outcome, then the same model parallelized on each layout.
 void check_layouts(const nn::MoEConfig& cfg, const Dims& xshape, const std::vector<Layout>& layouts) {
-  const Tensor x0 = uniform(xshape, 21), g = uniform(xshape, 22);
-  auto ref_model = nn::make_model<Holder>(cfg);
-  ref_model->reset_parameters(5);
-  Tensor xr = x0.clone().requires_grad_();
-  Outcome ref = run_moe(*ref_model, xr, g);
-  ref.x_grad = xr.grad();
+  const EpOutcome ref = ep_reference(cfg, xshape);
   for (const Layout& l : layouts) {
-    const int n = mesh_size(l.mesh);
-    auto reports = on_ranks(n, [&](int) -> std::string {
-      MeshPtr mesh = Mesh::world(l.mesh);
-      auto m = nn::make_model<Holder>(cfg);
-      m->reset_parameters(5);
-      auto res = parallel::parallelize(*m, mesh, ep_plan(l.tp));
-      if (res.expert_layers != 1) return "no expert-parallel layer";
-      // Each expert's weights live only on its owner's ep coordinate.
-      const int ep = mesh->dim_index("ep");
-      for (int64_t e = 0; e < cfg.num_experts; ++e) {
-        const bool mine = parallel::expert_owner(e, cfg.num_experts, mesh->size(ep)) == mesh->coordinate(ep);
-        if ((raw::local_of(m->ffn->expert(e).w2->weight).numel() > 0) != mine) return fmt::format("expert {} piece", e);
-      }
-      Placements xp = Placements::replicated(mesh->ndim());
-      for (int d = 0; d < mesh->ndim(); ++d)
-        if (l.shard_input && mesh->name(d) != "tp") xp[d] = Shard(0);
-      Tensor xl = x0.clone().requires_grad_();
-      Outcome got = run_moe(*m, distribute_tensor(xl, mesh, xp), g);
-      got.x_grad = xl.grad();
-      return compare(ref, got, /*bitwise_forward=*/!l.tp);
-    });
+    auto reports = on_ranks(mesh_size(l.mesh), [&](int) { return ep_case(cfg, xshape, l, ref); });
     INFO(mesh_name(l.mesh) << (l.shard_input ? " tokens sharded" : " tokens replicated") << ", capacity factor "
                            << cfg.capacity_factor << ", top-" << cfg.top_k);
     CHECK(first_failure(reports) == "");
@@ -268,6 +140,7 @@ TEST_CASE("Expert-parallel MoE equals the single-device MoE (outputs, gradients,
   SECTION("top-1 of 8, experts idle") { check_layouts(moe_config(8, 1), {2, 3, 8}, layouts); }
   SECTION("fewer tokens than ranks: empty pieces") {
     check_layouts(moe_config(4, 2), {1, 3, 8}, {{{{"ep", 4}}, false, true}, {{{"dp", 2}, {"ep", 2}}, false, true}});
+    check_layouts(moe_config(4, 2), {1, 1, 8}, {{{{"ep", 2}}, false, false}, {{{"ep", 2}, {"tp", 2}}, true, false}});
   }
 }
 
@@ -362,7 +235,7 @@ TEST_CASE("Expert parallelism: errors before any work") {
     auto m = nn::make_model<Holder>(moe_config(4, 2));
     m->reset_parameters(1);
     try {
-      parallel::parallelize(*m, mesh, ep_plan(false));
+      parallel::parallelize(*m, mesh, ep_test_plan(false));
       return "no error";
     } catch (const Error& e) {
       std::string w = e.what();

@@ -159,11 +159,13 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   for (int m = 0; m < mesh.ndim(); ++m)
     if (!xp[m].is_shard(0)) out_p[m] = sharded[size_t(m)] ? Partial() : Replicate();
 
-  Tensor xl = to_local(x2d, out_p);                          // [n, C]
-  Tensor wl = to_local(weights, out_p);                      // [n, K]
+  // The router's rules may have laid its outputs out otherwise (a single
+  // token is not worth sharding): this rank's tokens' routing, as x2d.
+  Tensor xl = to_local(x2d, out_p);                           // [n, C]
+  Tensor wl = to_local(redistribute(weights, xp), out_p);     // [n, K]
   const int64_t n = xl.size(0);
   wl = wl.reshape({n * K});
-  const std::vector<int64_t> choice = to_local(top_i).contiguous().to_vector<int64_t>();
+  const std::vector<int64_t> choice = to_local(redistribute(top_i, xp)).contiguous().to_vector<int64_t>();
 
   // ---- 1. counts: global, in token order; the capacity rule on them -----------------------
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // my slots per expert, token order
