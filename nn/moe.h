@@ -68,8 +68,10 @@ class ExpertDispatch {
 // Dispatch is index_select of each expert's tokens (in token order) through
 // its SwiGLU; the combine is one index_add of all k·N weighted rows (listed
 // expert-major) into zeros: a canonical, thread-count-independent sum per
-// token (kernels/cpu/segment_sum.h). Experts that get no token are not run
-// (their parameters get no gradient in that step). Under autocast the experts
+// token (kernels/cpu/segment_sum.h). With a capacity factor, slots beyond an
+// expert's capacity are dropped first (expert_capacity). Experts that get no
+// token are not run (their parameters get no gradient in that step). An
+// installed ExpertDispatch replaces the dispatch and combine (same result). Under autocast the experts
 // run in the compute dtype; the router (x cast up, gate, softmax, top-k) runs
 // in float32 outside autocast so routing decisions do not depend on the
 // compute dtype, and the combine is float32.
