@@ -112,14 +112,14 @@ TEST_CASE("Mixtral: 20 steps expert parallel (ep2, dp2xep2, ep2xtp2) match one d
   }
 }
 
-TEST_CASE("Mixtral with a small capacity: drops counted, the same slots dropped on ep2 and dp2xep2",
+TEST_CASE("Mixtral with a small capacity: drops counted, the same slots dropped on dp2, ep2 and dp2xep2",
           "[parallel][train][ep]") {
   TrainConfig c = base("mixtral", scratch("mixtral_cap_ref"));
   c.capacity_factor = 0.5;
   const Run ref = run(c);
   REQUIRE(ref.dropped.size() == 20);
   CHECK(ref.dropped.front() > 0);  // half the average load cannot fit
-  for (const char* mesh : {"ep=2", "dp=2,ep=2"}) {
+  for (const char* mesh : {"dp=2", "ep=2", "dp=2,ep=2"}) {
     c.out_dir = scratch("mixtral_cap");
     c.mesh = mesh;
     check_same(ref, run(c), std::string("mixtral, capacity factor 0.5, on ") + mesh);
