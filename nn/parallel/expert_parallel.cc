@@ -197,6 +197,8 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   // ---- 2. what goes where -------------------------------------------------------------------
   // Sends: kept slots expert-major (so owner-major), token order within an expert.
   std::vector<int64_t> send_tok, send_slot, send_rows(size_t(P), 0);
+  send_tok.reserve(size_t(n * K));
+  send_slot.reserve(size_t(n * K));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t k = kept_of(order.me, e);
     for (int64_t i = 0; i < k; ++i) {
@@ -215,6 +217,7 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
     for (int64_t l = 0; l < L; ++l) recv_rows[size_t(q)] += kept_of(r, me_ep * L + l);
     src_off[size_t(q) + 1] = src_off[size_t(q)] + recv_rows[size_t(q)];
   }
+  perm.reserve(size_t(src_off.back()));
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t q = 0; q < P; ++q) {
       const int64_t r = order.me + (q - me_ep) * order.ep_stride;
