@@ -33,7 +33,7 @@ ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_
       const TensorSpec& s = ctx.in[size_t(i)];
       if (!s.defined || !s.placements[m].is_shard()) continue;
       int o = out_dim(i, s.placements[m].dim);
-      if (o < 0 || oshape[o] <= 1) continue;
+      if (o < 0) continue;
       int64_t n = numel_of(s.shape);
       if (n > best) best = n, od = o, follow = s.placements[m];
     }

@@ -53,8 +53,19 @@ struct MatmulOp {
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
     Tensor g = raw::try_view(detail::contiguous_raw(grads[0]), out3_shape);
     Tensor ga, gb;
-    if (ctx.needs(0)) ga = raw::try_view(bmm_raw(g, raw::transpose(b3.get(), 1, 2), chunks), a_shape);
-    if (ctx.needs(1)) gb = raw::try_view(bmm_raw(raw::transpose(a3.get(), 1, 2), g, chunks), b_shape);
+    if (ctx.needs(0)) ga = as_shape(bmm_raw(g, raw::transpose(b3.get(), 1, 2), chunks), a_shape);
+    if (ctx.needs(1)) {
+      const Tensor& bt = b3.get();
+      if (bt.stride(1) == 1 && bt.stride(2) != 1) {
+        // b is a transposed view (linear's weight.t()): compute the gradient in
+        // the weight's own layout, (g^T a)^T, so the weight's .grad arrives
+        // contiguous and is taken without a copy. Same bits as a^T g: each
+        // element is the same canonical sum of the same products (a*b == b*a).
+        gb = as_shape(raw::transpose(bmm_raw(raw::transpose(g, 1, 2), a3.get(), chunks), 1, 2), b_shape);
+      } else {
+        gb = as_shape(bmm_raw(raw::transpose(a3.get(), 1, 2), g, chunks), b_shape);
+      }
+    }
     return {ga, gb};
   }
 
@@ -104,6 +115,46 @@ struct MatmulOp {
       plan.out[0].push_back(cands[best].out);
     }
     return plan;
+  }
+};
+
+// y = x W^T + b for float32/float64 with one dtype: the GEMM starts from the
+// bias (C = b broadcast over rows, then C = C + tree), which saves the
+// separate add's pass over y and its output buffer. Same bits as matmul +
+// add: b + tree == tree + b (IEEE addition commutes). The gradients are those
+// of matmul + add, computed with the same products and sums: dx = g W,
+// dW = g^T x (the weight's layout), db = sum_to(g, b's shape).
+struct LinearBiasOp {
+  static constexpr const char* kName = "linear";
+  Dims x_shape, out_shape;
+  SavedTensor x2, w;  // x as [M, K]; the weight [N, K]
+
+  Tensor forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    const int64_t N = weight.shape()[0], K = weight.shape()[1];
+    x_shape = x.shape();
+    out_shape = Dims(x.shape().data(), size_t(x.dim() - 1));
+    out_shape.push_back(N);
+    Tensor xm = raw::try_view(x, {-1, K});
+    if (!xm.defined()) xm = raw::try_view(detail::contiguous_raw(x), {-1, K});
+    const int64_t M = xm.shape()[0];
+    Tensor out = raw::empty(Dims{1, M, N}, x.dtype(), x.device());
+    kernels::copy(x.device(), raw::expand(raw::unsqueeze(raw::unsqueeze(bias, 0), 0), {1, M, N}), out);
+    kernels::bmm(x.device(), raw::unsqueeze(xm, 0), raw::unsqueeze(raw::transpose(weight, 0, 1), 0), out,
+                 /*accumulate=*/true, numerics::reduction_chunks());
+    x2 = xm;
+    w = weight;
+    return raw::try_view(out, out_shape);
+  }
+
+  std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
+    const Tensor& g = grads[0];
+    const int64_t N = out_shape.back();
+    Tensor g3 = g.reshape({1, -1, N});
+    Tensor gx, gw, gb;
+    if (ctx.needs(0)) gx = bmm(g3, w.get().unsqueeze(0)).reshape(x_shape);
+    if (ctx.needs(1)) gw = bmm(g3.transpose(1, 2), x2.get().unsqueeze(0)).squeeze(0);
+    if (ctx.needs(2)) gb = sum_to(g, Dims{N});
+    return {gx, gw, gb};
   }
 };
 
@@ -161,13 +212,20 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(weight.dim() == 2, "linear", "weight must be 2-D [out, in], got {}", weight.desc());
   TESSEL_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear",
                "input {} does not match weight {} (in_features {})", x.desc(), weight.desc(), weight.size(1));
-  Tensor y = matmul(x, weight.t());
-  if (bias.defined()) {
-    TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear",
-                 "bias {} does not match weight {} (out_features {})", bias.desc(), weight.desc(), weight.size(0));
-    y = y + bias;
+  if (!bias.defined()) return matmul(x, weight.t());
+  TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear",
+               "bias {} does not match weight {} (out_features {})", bias.desc(), weight.desc(), weight.size(0));
+  const DType t = x.dtype();
+  // (Distributed operands take matmul + add, whose ops have sharding rules.)
+  const bool plain = !x.is_distributed() && !weight.is_distributed() && !bias.is_distributed();
+  if (plain && (t == DType::Float32 || t == DType::Float64) && weight.dtype() == t && bias.dtype() == t &&
+      x.numel() > 0) {
+    detail::check_same_device("linear", x, weight);
+    detail::check_same_device("linear", x, bias);
+    return call(LinearBiasOp{}, x, weight, bias);
   }
-  return y;
+  // 16-bit or mixed dtypes: the product is rounded before the add (two roundings), kept as it was.
+  return matmul(x, weight.t()) + bias;
 }
 
 }  // namespace tessel

@@ -26,6 +26,9 @@ struct OpCase {
   bool bitwise = false;  // outputs compared bit for bit
   bool grad = true;      // input gradients compared (within tolerance)
   bool partial = true;   // inputs may start as Partial(sum)
+  // When set, the input shapes of a run are drawn from its seed (the same on
+  // every rank) instead of `shapes`.
+  std::function<std::vector<Dims>(uint64_t seed)> random_shapes;
 };
 
 struct OpGroup {

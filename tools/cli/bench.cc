@@ -58,8 +58,7 @@ int exec_bench(const std::string& name, const std::vector<std::string>& args) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks against reference libraries (each ends with one JSON line)");
-  bench->require_subcommand(1);
+  CLI::App* bench = bench_command(app);
   for (const Bench& b : kBenches) {
     const std::string name = b.name;
     CLI::App* sub = add_command(*bench, name, b.help, [bench, name] {

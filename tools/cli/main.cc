@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   tessel::cli::register_info(app);
   tessel::cli::register_train(app);
   tessel::cli::register_bench(app);
+  tessel::cli::register_bench_step(app);
+  tessel::cli::register_launch(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
