@@ -27,15 +27,17 @@ ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_
   };
   for (int m = 0; m < ctx.mesh_ndim(); ++m) {
     // 1. A shard to follow: from the largest input sharding a non-broadcast dim.
+    // Its placement is copied (dim adjusted), so ShardOn stays ShardOn.
     int od = -1;
     int64_t best = -1;
+    Placement follow;
     for (int i = 0; i < ni; ++i) {
       const TensorSpec& s = ctx.in[size_t(i)];
       if (!s.defined || !s.placements[m].is_shard()) continue;
       int o = out_dim(i, s.placements[m].dim);
       if (o < 0) continue;
       int64_t n = numel_of(s.shape);
-      if (n > best) best = n, od = o;
+      if (n > best) best = n, od = o, follow = s.placements[m];
     }
     if (od >= 0) {
       for (int i = 0; i < ni; ++i) {
@@ -46,9 +48,12 @@ ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_
         }
         int di = od - (on - s.dim());
         bool has = di >= 0 && s.shape[di] == oshape[od];
-        plan.in[size_t(i)].push_back(has ? Shard(di) : Replicate());
+        Placement p = follow;
+        p.dim = int8_t(di);
+        plan.in[size_t(i)].push_back(has ? p : Replicate());
       }
-      plan.out[0].push_back(Shard(od));
+      follow.dim = int8_t(od);
+      plan.out[0].push_back(follow);
       continue;
     }
     // 2. Partial inputs of a linear op.
@@ -160,8 +165,9 @@ Placements map_dims(const Placements& in, const int* dim_map, Placement vanished
     if (!p.is_shard()) {
       out.push_back(p);
     } else {
-      int o = dim_map[p.dim];
-      out.push_back(o >= 0 ? Shard(o) : vanished);
+      Placement q = p;  // keeps a ShardOn's owner
+      q.dim = int8_t(dim_map[p.dim]);
+      out.push_back(q.dim >= 0 ? q : vanished);
     }
   }
   return out;

@@ -5,6 +5,7 @@
 // Bitwise equality is the bitwise-mode issue's job.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -22,6 +23,7 @@ namespace {
 struct Run {
   std::vector<double> losses;
   std::vector<double> grad_norms;
+  std::vector<double> dropped;  // moe_dropped_tokens per step (MoE models)
   std::vector<std::pair<std::string, Tensor>> params;
 };
 
@@ -51,6 +53,7 @@ Run run(TrainConfig c) {
   h.on_step = [&](const StepMetrics& m) {
     r.losses.push_back(*m.loss);
     r.grad_norms.push_back(*m.grad_norm);
+    if (auto d = m.extra("moe_dropped_tokens")) r.dropped.push_back(*d);
   };
   r.params = run_training(c, h).final_params;
   return r;
@@ -68,6 +71,7 @@ void check_same(const Run& ref, const Run& got, const std::string& what) {
     CHECK(got.losses[i] == Approx(ref.losses[i]).epsilon(2e-5));
     CHECK(got.grad_norms[i] == Approx(ref.grad_norms[i]).epsilon(1e-4));
   }
+  CHECK(got.dropped == ref.dropped);
   REQUIRE(got.params.size() == ref.params.size());
   for (size_t i = 0; i < ref.params.size(); ++i) {
     INFO("parameter " << ref.params[i].first);
@@ -118,6 +122,31 @@ TEST_CASE("20 steps with DDP, ZeRO-1, ZeRO-2 and FSDP match one device", "[paral
   }
 }
 
+TEST_CASE("Mixtral: 20 steps expert parallel (ep2, dp2xep2, ep2xtp2) match one device", "[parallel][train][ep]") {
+  const Run ref = run(base("mixtral", scratch("mixtral_ep_ref")));
+  REQUIRE(ref.dropped.size() == 20);
+  CHECK(std::all_of(ref.dropped.begin(), ref.dropped.end(), [](double d) { return d == 0; }));
+  for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2"}) {
+    TrainConfig c = base("mixtral", scratch("mixtral_ep"));
+    c.mesh = mesh;
+    check_same(ref, run(c), std::string("mixtral on ") + mesh);
+  }
+}
+
+TEST_CASE("Mixtral with a small capacity: drops counted, the same slots dropped on dp2, ep2 and dp2xep2",
+          "[parallel][train][ep]") {
+  TrainConfig c = base("mixtral", scratch("mixtral_cap_ref"));
+  c.capacity_factor = 0.5;
+  const Run ref = run(c);
+  REQUIRE(ref.dropped.size() == 20);
+  CHECK(ref.dropped.front() > 0);  // half the average load cannot fit
+  for (const char* mesh : {"dp=2", "ep=2", "dp=2,ep=2"}) {
+    c.out_dir = scratch("mixtral_cap");
+    c.mesh = mesh;
+    check_same(ref, run(c), std::string("mixtral, capacity factor 0.5, on ") + mesh);
+  }
+}
+
 TEST_CASE("bad parallel settings fail before anything is written", "[parallel][train]") {
   auto expect = [](TrainConfig c, const std::string& needle) {
     std::string out = scratch("bad");
@@ -144,4 +173,14 @@ TEST_CASE("bad parallel settings fail before anything is written", "[parallel][t
   bad.mesh = "tp=2";
   bad.plan = tessel::testing::data_path("plan_unmatched.json");
   expect(bad, "matches no parameter");
+  bad = c;
+  bad.mesh = "ep=2";
+  expect(bad, "expert parallelism (ep=2) needs a mixture-of-experts model (mixtral), got nanogpt");
+  bad = c;
+  bad.capacity_factor = 1.25;
+  expect(bad, "capacity_factor 1.25 is set but the model has no mixture-of-experts layers");
+  bad = c;
+  bad.model = "mixtral";
+  bad.mesh = "ep=3";
+  expect(bad, "ep=3 does not divide num_experts=4");
 }

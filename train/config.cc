@@ -39,6 +39,8 @@ const std::vector<Field>& fields() {
       {"n_kv_head", &C::n_kv_head, "override the preset's key/value heads (0: preset)"},
       {"hidden", &C::hidden, "override the preset's MLP width (0: preset)"},
       {"dropout", &C::dropout, "override the preset's dropout (-1: preset)"},
+      {"capacity_factor", &C::capacity_factor,
+       "MoE expert capacity as a multiple of tokens * top_k / experts; slots beyond it are dropped (0: no limit)"},
       {"dtype", &C::dtype, "compute dtype: float32 | bfloat16 (master weights stay float32)"},
       {"steps", &C::steps, "training steps"},
       {"batch_size", &C::batch_size, "sequences per step (global batch)"},
@@ -201,6 +203,7 @@ void TrainConfig::validate() const {
     TESSEL_CHECK(v >= 0, kOp, "{} must be >= 0 (0 keeps the preset), got {}", name, v);
   TESSEL_CHECK(dropout == -1 || (dropout >= 0 && dropout < 1), kOp,
                "dropout must be in [0, 1) (or -1 to keep the preset), got {}", dropout);
+  non_negative("capacity_factor", capacity_factor);
   non_empty("model", model);
   non_empty("model_config", model_config);
   one_of("dtype", dtype, {"float32", "bfloat16"});

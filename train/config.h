@@ -33,6 +33,7 @@ struct TrainConfig {
   int64_t n_kv_head = 0;
   int64_t hidden = 0;
   double dropout = -1;
+  double capacity_factor = 0;         // MoE: token-slots an expert takes, x (tokens * top_k / experts); 0 = no limit
   std::string dtype = "float32";      // compute dtype: float32 | bfloat16 (master weights stay float32)
   // schedule and optimiser
   int64_t steps = 1000;

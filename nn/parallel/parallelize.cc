@@ -1,9 +1,12 @@
 #include "nn/parallel/parallelize.h"
 
+#include <map>
 #include <regex>
 
 #include "autograd/api.h"
 #include "autograd/ops/dist.h"
+#include "nn/moe.h"
+#include "nn/parallel/expert_parallel.h"
 #include "parallel/redistribute.h"
 
 namespace tessel::parallel {
@@ -13,6 +16,48 @@ std::vector<std::string> sample(const std::vector<std::string>& names, size_t n)
   std::vector<std::string> s(names.begin(), names.begin() + std::min(n, names.size()));
   if (names.size() > n) s.push_back("...");
   return s;
+}
+
+// MoE layers matched by the plan's expert rules on a mesh that has their dim,
+// and the ep placement of each expert weight (checked before any work).
+struct ExpertLayers {
+  std::vector<std::pair<nn::MoE*, int>> layers;                // layer, ep mesh dim
+  std::map<const Tensor*, std::pair<int, Placement>> placement;  // weight -> (ep mesh dim, ShardOn)
+};
+
+ExpertLayers find_expert_layers(nn::Module& model, const Mesh& mesh, const ParallelPlan& plan) {
+  ExpertLayers out;
+  std::vector<std::pair<std::string, nn::Module*>> modules = model.named_modules();
+  std::vector<std::string> names;
+  for (auto& [path, m] : modules) names.push_back(path);
+  for (const ExpertRule& rule : plan.experts) {
+    const std::regex re(rule.match);
+    int ep = -1;
+    for (int m = 0; m < mesh.ndim(); ++m)
+      if (mesh.name(m) == rule.dim) ep = m;
+    bool hit = false;
+    for (auto& [path, m] : modules) {
+      if (!std::regex_match(path, re)) continue;
+      hit = true;
+      auto* moe = dynamic_cast<nn::MoE*>(m);
+      TESSEL_CHECK(moe != nullptr, "parallelize", "plan '{}': experts rule '{}' matches '{}', a {} (not an MoE layer)",
+                   plan.name, rule.match, path, m->type_name());
+      if (ep < 0) continue;  // the mesh has no such dim: experts stay where the other rules put them
+      const int64_t E = moe->config.num_experts;
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t owner = expert_owner(e, E, mesh.size(ep),
+                                           fmt::format("'{}' on mesh {}", path.empty() ? moe->type_name() : path,
+                                                       mesh.str()));
+        nn::SwiGLU& x = moe->expert(e);
+        for (const Tensor* w : {&x.w1->weight, &x.w2->weight, &x.w3->weight})
+          out.placement[w] = {ep, ShardOn(0, int(owner))};
+      }
+      out.layers.emplace_back(moe, ep);
+    }
+    TESSEL_CHECK(hit, "parallelize", "plan '{}': experts rule '{}' matches no module of the model (modules: {})",
+                 plan.name, rule.match, fmt::join(sample(names, 6), ", "));
+  }
+  return out;
 }
 
 }  // namespace
@@ -42,6 +87,8 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
     TESSEL_CHECK(hit, "parallelize", "plan '{}': module rule '{}' matches no module of the model (modules: {})",
                  plan.name, plan.modules[i].match, fmt::join(sample(module_names, 6), ", "));
   }
+  // Expert parallelism: the MoE layers and the mesh dim their experts spread over.
+  const ExpertLayers expert_layers = find_expert_layers(model, *mesh, plan);
   std::vector<Placements> chosen;
   for (auto& [path, slot] : slots) {
     Placements p = replicated;
@@ -50,6 +97,8 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
       p = plan.params[i].layout.on(*mesh, replicated);
       break;
     }
+    if (auto it = expert_layers.placement.find(slot->tensor); it != expert_layers.placement.end())
+      p[it->second.first] = it->second.second;
     parallel::check_placements(("parallelize '" + path + "'").c_str(), *mesh, p, slot->tensor->dim());
     chosen.push_back(p);
   }
@@ -72,6 +121,11 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
     d.requires_grad_(true);
     t = d;
     result.params.emplace_back(slots[i].first, chosen[i]);
+  }
+
+  for (auto& [moe, ep] : expert_layers.layers) {
+    moe->set_dispatch(std::make_shared<ExpertParallelDispatch>(mesh, ep));
+    ++result.expert_layers;
   }
 
   // ---- module layouts -----------------------------------------------------------------------

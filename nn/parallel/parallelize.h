@@ -6,8 +6,15 @@
 // hooks that redistribute their inputs and outputs. The model's own code is
 // untouched: its ops run through their sharding rules (docs/distributed.md).
 //
+// MoE layers matched by the plan's `experts` rules, on a mesh with the
+// rule's dim, become expert parallel (nn/parallel/expert_parallel.h): their
+// expert weights are ShardOn(0, owner) over that dim and their dispatch moves
+// tokens between the owners.
+//
 // Errors before any work: a plan rule that matches no parameter or module,
-// a placement naming a dim a parameter does not have.
+// a placement naming a dim a parameter does not have, an experts rule on a
+// module that is not an MoE layer, an expert dim that does not divide the
+// number of experts.
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +27,7 @@ namespace tessel::parallel {
 struct ParallelizeResult {
   std::vector<std::pair<std::string, Placements>> params;  // every parameter's placements, by path
   int module_hooks = 0;
+  int expert_layers = 0;  // MoE layers made expert parallel
 };
 
 // `model` may be materialised (its parameters are sliced, values kept) or on

@@ -75,8 +75,8 @@ ParallelPlan ParallelPlan::from_json(const std::string& text, const std::string&
   p.name = j.value("name", source);
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    TESSEL_CHECK(k == "name" || k == "params" || k == "modules" || k == "data", "plan",
-                 "{}: unknown key '{}' (expected name, params, modules, data)", source, k);
+    TESSEL_CHECK(k == "name" || k == "params" || k == "modules" || k == "experts" || k == "data", "plan",
+                 "{}: unknown key '{}' (expected name, params, modules, experts, data)", source, k);
   }
   if (j.contains("params")) {
     TESSEL_CHECK(j["params"].is_array(), "plan", "{}: 'params' must be an array", source);
@@ -108,6 +108,19 @@ ParallelPlan ParallelPlan::from_json(const std::string& text, const std::string&
       p.modules.push_back(std::move(rule));
     }
   }
+  if (j.contains("experts")) {
+    TESSEL_CHECK(j["experts"].is_array(), "plan", "{}: 'experts' must be an array", source);
+    for (size_t i = 0; i < j["experts"].size(); ++i) {
+      const auto& r = j["experts"][i];
+      const std::string where = fmt::format("{}: experts[{}]", source, i);
+      TESSEL_CHECK(r.is_object() && r.contains("match") && r["match"].is_string() && r.contains("dim") &&
+                       r["dim"].is_string(),
+                   "plan", "{} needs a string 'match' (MoE module paths) and a string 'dim' (mesh dim)", where);
+      ExpertRule rule{r["match"].get<std::string>(), r["dim"].get<std::string>()};
+      check_regex(rule.match, where);
+      p.experts.push_back(std::move(rule));
+    }
+  }
   if (j.contains("data")) p.data = layout_from(j["data"], source + ": data", false);
   return p;
 }
@@ -136,6 +149,10 @@ std::string ParallelPlan::to_json() const {
     if (!r.input.empty()) o["input"] = layout_json(r.input);
     if (!r.output.empty()) o["output"] = layout_json(r.output);
     j["modules"].push_back(o);
+  }
+  if (!experts.empty()) {
+    j["experts"] = nlohmann::ordered_json::array();
+    for (const ExpertRule& r : experts) j["experts"].push_back({{"match", r.match}, {"dim", r.dim}});
   }
   j["data"] = layout_json(data);
   return j.dump(2);
@@ -193,6 +210,7 @@ ParallelPlan builtin_plan(const std::string& name, bool sp) {
     const std::string ffn = name == "llama" ? L + "ffn\\." : L + "ffn\\.experts\\.\\d+\\.";
     column(p, ffn + "w[13]", false);
     row(p, ffn + "w2");
+    if (name == "mixtral") p.experts.push_back({L + "ffn", "ep"});
     if (sp) sequence_parallel(p, L + "(attn|ffn)", "tok_embeddings", "norm");
     return p;
   }

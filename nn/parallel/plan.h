@@ -7,7 +7,11 @@
 //   modules: regex on module paths -> the layout a module's input is
 //            redistributed to before its forward, and its output after
 //            (every matching rule applies, in order);
-//   data:    the layout of the token ids [B, T] (default: dp -> Shard(0)).
+//   data:    the layout of the token ids [B, T] (default: dp and ep ->
+//            Shard(0): expert-parallel ranks take part of the batch too);
+//   experts: regex on module paths of nn::MoE layers -> the mesh dim their
+//            experts are spread over (expert parallelism, nn/parallel/
+//            expert_parallel.h); ignored on a mesh without that dim.
 //
 // Placements are keyed by mesh dim *name* ("tp", "dp", ...), so one plan
 // serves every mesh: dims a plan names that the mesh lacks are ignored, and
@@ -18,7 +22,8 @@
 //   {"name": "llama-tp",
 //    "params":  [{"match": "layers\\.\\d+\\.attn\\.w[qkv]\\.weight", "tp": "S(0)"}, ...],
 //    "modules": [{"match": "layers\\.\\d+\\.attn", "input": {"tp": "R"}, "output": {"tp": "S(1)"}}],
-//    "data":    {"dp": "S(0)"}}
+//    "experts": [{"match": "layers\\.\\d+\\.ffn", "dim": "ep"}],
+//    "data":    {"dp": "S(0)", "ep": "S(0)"}}
 // Placement strings: "R", "S(d)", "P" (Partial(sum); module layouts only).
 #include <optional>
 #include <regex>
@@ -50,11 +55,17 @@ struct ModuleRule {
   DimLayout input, output;  // empty: leave as is
 };
 
+struct ExpertRule {
+  std::string match;  // MoE module paths
+  std::string dim;    // mesh dim name, e.g. "ep"
+};
+
 struct ParallelPlan {
   std::string name;
   std::vector<ParamRule> params;
   std::vector<ModuleRule> modules;
-  DimLayout data{{{"dp", Shard(0)}}};
+  std::vector<ExpertRule> experts;
+  DimLayout data{{{"dp", Shard(0)}, {"ep", Shard(0)}}};
 
   static ParallelPlan from_json(const std::string& text, const std::string& source = "plan");
   static ParallelPlan from_file(const std::string& path);
@@ -68,7 +79,8 @@ Placement parse_placement(const std::string& s, const std::string& where);
 // up/gate/fc, row-parallel o/down/proj, vocabulary-parallel embedding and LM
 // head; with sequence_parallel the residual stream between blocks is sharded
 // along the sequence over "tp", norms and dropout run on sequence shards),
-// and "none" (everything replicated, data parallel only).
+// and "none" (everything replicated, data parallel only). "mixtral" also
+// spreads every layer's experts over "ep" (expert parallelism).
 ParallelPlan builtin_plan(const std::string& name, bool sequence_parallel = false);
 std::vector<std::string> builtin_plan_names();
 

@@ -17,6 +17,7 @@
 #include "nn/autocast.h"
 #include "nn/clip.h"
 #include "nn/context.h"
+#include "nn/moe.h"
 #include "nn/optim.h"
 #include "nn/schedule.h"
 #include "train/atomic_file.h"
@@ -66,11 +67,18 @@ std::string decode_ids(const Tokenizer& tok, const std::vector<int64_t>& ids) {
 namespace {
 
 // Checks that the mesh suits the model: tensor parallelism needs whole heads
-// (and whole key/value heads) per rank.
+// (and whole key/value heads) per rank, expert parallelism whole experts.
 void check_model_mesh(const models::ModelConfig& mc, const Mesh& mesh, const std::string& mesh_spec) {
   for (int m = 0; m < mesh.ndim(); ++m) {
     const std::string& n = mesh.name(m);
     const int64_t k = mesh.size(m);
+    if (n == "ep" && k > 1) {
+      TESSEL_CHECK(mc.arch == models::Arch::Mixtral, "train",
+                   "mesh {}: expert parallelism (ep={}) needs a mixture-of-experts model (mixtral), got {}", mesh_spec,
+                   k, models::arch_name(mc.arch));
+      TESSEL_CHECK(mc.num_experts % k == 0, "train", "mesh {}: ep={} does not divide num_experts={} of {} config '{}'",
+                   mesh_spec, k, mc.num_experts, models::arch_name(mc.arch), mc.name);
+    }
     if (n == "tp" && k > 1) {
       TESSEL_CHECK(mc.n_head % k == 0, "train", "mesh {}: tp={} does not divide n_head={} of {} config '{}'",
                    mesh_spec, k, mc.n_head, models::arch_name(mc.arch), mc.name);
@@ -158,6 +166,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   }
   std::unique_ptr<Pipeline> pipe = make_pipeline(cfg, mc, mesh, plan);  // a "pp" mesh dim: this rank's stages
   auto model = pipe ? pipe->stage().model_ptr() : models::make_language_model(mc, cfg.seed);
+  if (!pipe || cfg.capacity_factor > 0)
+    nn::set_capacity_factor(*model, cfg.capacity_factor);  // MoE layers (an error for a model without)
+  const bool moe = !pipe && !nn::moe_layers(*model).empty();
   if (mesh && !pipe) parallel::parallelize(*model, mesh, plan);
   // Data parallelism over dp (DDP or a ZeRO stage); FSDP shards the parameters here.
   // (A pipeline reduces its own dp gradients.)
@@ -240,6 +251,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     double loss_sum = 0;
     std::vector<std::pair<std::string, double>> pipe_extras;
     if (pipe) loss_sum = cfg.micro_batches * pipeline_forward_backward(*pipe, cfg, loader, step, pipe_extras);
+    int64_t dropped = 0;  // MoE token-slots over the capacity, all layers, ranks and micro-batches
     for (int64_t m = 0; !pipe && m < cfg.micro_batches; ++m) {
       if (dp) dp->begin_micro_batch(m + 1 == cfg.micro_batches);
       Batch b = loader.micro_batch(step, m, cfg.micro_batches);
@@ -249,6 +261,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       Tensor ids = layout ? layout(b.inputs) : b.inputs, targets = layout ? layout(b.targets) : b.targets;
       Tensor loss = model->loss(model->forward(ids), targets);
       loss_sum += loss.item<double>();
+      dropped += nn::dropped_tokens(*model);
       (cfg.micro_batches == 1 ? loss : loss / double(cfg.micro_batches)).backward();
     }
     if (dp) dp->finish();
@@ -271,6 +284,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     sm.extras = pipe_extras;
     Tensor aux = pipe ? Tensor() : model->aux_loss();
     if (aux.defined()) sm.extras.emplace_back("aux_loss", aux.item<double>());
+    if (moe) sm.extras.emplace_back("moe_dropped_tokens", double(dropped));
     const bool last = step + 1 == cfg.steps;
     if (cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last)) {
       sm.extras.emplace_back("eval_loss", evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout, forward));
