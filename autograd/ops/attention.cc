@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <numeric>
 
 #include "autograd/function.h"
@@ -108,8 +110,17 @@ struct FusedAttentionOp {
   }
 };
 
+// TESSEL_ATTENTION=composite turns the fused op off everywhere (A/B timing, debugging).
+bool fused_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TESSEL_ATTENTION");
+    return !(e && std::string(e) == "composite");
+  }();
+  return on;
+}
+
 bool use_fused(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
-  if (!o.fused || !o.causal || o.mask.defined()) return false;
+  if (!o.fused || !o.causal || o.mask.defined() || !fused_enabled()) return false;
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !q.is_floating_point()) return false;
   if (q.device() != k.device() || q.device() != v.device()) return false;
   return q.device().is_meta() || kernels::attention_forward.has(q.device().type);
