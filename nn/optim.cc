@@ -209,8 +209,10 @@ void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
     s.step = it->second.step->item<int64_t>();
     if (s.buffers.size() != names.size()) {
       s.buffers.clear();
-      for (size_t b = 0; b < names.size(); ++b)
-        s.buffers.push_back(empty(s.param.shape(), TensorOptions(DType::Float32).with_device(s.param.device())));
+      const TensorOptions o = TensorOptions(DType::Float32).with_device(s.param.device());
+      for (size_t b = 0; b < names.size(); ++b)  // laid out like the parameter, as step() creates them
+        s.buffers.push_back(s.param.is_distributed() ? empty(s.param.shape(), s.param.mesh(), s.param.placements(), o)
+                                                     : empty(s.param.shape(), o));
     }
     for (size_t b = 0; b < names.size(); ++b) s.buffers[b].copy_(*it->second.buffers[b]);
   }

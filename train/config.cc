@@ -68,6 +68,11 @@ const std::vector<Field>& fields() {
       {"backend", &C::backend, "collectives: auto | local (ranks as threads) | mpi (under mpirun)"},
       {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
+      {"ckpt_every", &C::ckpt_every, "steps between checkpoints (0: none; the last step saves too)"},
+      {"keep_last", &C::keep_last, "complete checkpoints to keep (0: all)"},
+      {"resume", &C::resume, "continue from the newest complete checkpoint in ckpt_dir, on this run's mesh"},
+      {"ckpt_dir", &C::ckpt_dir, "checkpoint directory (default <out_dir>/checkpoints)"},
+      {"ckpt_sync", &C::ckpt_sync, "write checkpoints on the training thread (default: in the background)"},
   };
   return f;
 }
@@ -235,6 +240,8 @@ void TrainConfig::validate() const {
   one_of("backend", backend, {"auto", "local", "mpi"});
   non_empty("plan", plan);
   parse_mesh(mesh);  // throws naming the malformed part
+  TESSEL_CHECK(ckpt_every >= 0, kOp, "ckpt_every must be >= 0, got {}", ckpt_every);
+  TESSEL_CHECK(keep_last >= 0, kOp, "keep_last must be >= 0, got {}", keep_last);
 }
 
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec) {
@@ -269,6 +276,11 @@ std::string TrainConfig::to_json(int indent) const {
 std::string TrainConfig::metrics_path() const {
   if (!metrics.empty()) return metrics;
   return (std::filesystem::path(out_dir) / "metrics.jsonl").string();
+}
+
+std::string TrainConfig::checkpoint_root() const {
+  if (!ckpt_dir.empty()) return ckpt_dir;
+  return (std::filesystem::path(out_dir) / "checkpoints").string();
 }
 
 DType TrainConfig::param_dtype() const {

@@ -68,6 +68,12 @@ struct TrainConfig {
   std::string backend = "auto";   // auto (mpi when launched by mpirun, else local threads) | local | mpi
   std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
   bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
+  // checkpoints (docs/checkpoint.md)
+  int64_t ckpt_every = 0;         // steps between checkpoints (0: none); the last step always saves when > 0
+  int64_t keep_last = 3;          // complete checkpoints kept (0: all)
+  bool resume = false;            // continue from the newest complete checkpoint in ckpt_dir (any mesh)
+  std::string ckpt_dir;           // empty: <out_dir>/checkpoints
+  bool ckpt_sync = false;         // write checkpoints on the training thread (default: a background writer)
 
   // Overwrites the fields present in a TOML file. Throws tessel::Error
   // naming the file (and line) on a syntax error, an unknown key, or a value
@@ -80,6 +86,7 @@ struct TrainConfig {
   std::string to_json(int indent = 2) const;
 
   std::string metrics_path() const;  // metrics, or <out_dir>/metrics.jsonl
+  std::string checkpoint_root() const;  // ckpt_dir, or <out_dir>/checkpoints
   DType param_dtype() const;         // dtype as a DType
 };
 
