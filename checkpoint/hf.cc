@@ -229,7 +229,8 @@ nlohmann::json hf_config_json(const models::ModelConfig& cfg) {
          {"head_dim", c.dim / c.n_head},
          {"max_position_embeddings", c.max_seq_len},
          {"rms_norm_eps", c.norm_eps},
-         {"rope_theta", c.rope_theta},
+         {"rope_theta", c.rope_theta},  // transformers < 5
+         {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
          {"hidden_act", "silu"},
          {"initializer_range", c.init_std},
          {"attention_bias", false},
@@ -292,7 +293,17 @@ models::ModelConfig model_config_from_hf(const nlohmann::json& j) {
                       : c.n_head;
     c.max_seq_len = num("max_position_embeddings").get<int64_t>();
     c.norm_eps = num_or("rms_norm_eps", 1e-6);
-    c.rope_theta = num_or("rope_theta", 10000.0);
+    c.rope_theta = num_or("rope_theta", type == "llama" ? 10000.0 : 1e6);
+    if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {  // transformers >= 5
+      const nlohmann::json& rp = j["rope_parameters"];
+      TESSEL_CHECK(rp.value("rope_type", "default") == "default", kOp,
+                   "config.json: rope_type '{}' is not supported (tessel's RoPE has no scaling)", rp["rope_type"].dump());
+      if (rp.contains("rope_theta") && rp["rope_theta"].is_number()) c.rope_theta = rp["rope_theta"].get<double>();
+    }
+    if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
+      TESSEL_CHECK(j["rope_scaling"].value("rope_type", j["rope_scaling"].value("type", "default")) == "default", kOp,
+                   "config.json: rope_scaling {} is not supported (tessel's RoPE has no scaling)",
+                   j["rope_scaling"].dump());
     c.init_std = num_or("initializer_range", 0.02);
     c.dropout = 0;
     c.bias = false;
