@@ -74,43 +74,17 @@ struct Layout {
 };
 
 Layout make_layout(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
-  std::set<std::string> seen;
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
-    check_name(name, seen);
     TESSEL_CHECK(t.defined(), kOp, "tensor '{}' is undefined", name);
     TESSEL_CHECK(t.device().is_cpu(), kOp, "tensor '{}' is {}; copy it to the CPU before saving", name, t.desc());
+    specs.push_back({name, t.dtype(), t.shape()});
   }
+  SafetensorsLayout sl = safetensors_layout(specs, metadata);
   Layout L;
-  L.order.resize(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) L.order[i] = i;
-  // Larger items first: every tensor then starts at a multiple of its item size.
-  std::stable_sort(L.order.begin(), L.order.end(),
-                   [&](size_t a, size_t b) { return tensors[a].second.itemsize() > tensors[b].second.itemsize(); });
-
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    h[kMetadataKey] = m;
-  }
-  uint64_t offset = 0;
-  for (size_t i : L.order) {
-    const auto& [name, t] = tensors[i];
-    nlohmann::ordered_json e = nlohmann::ordered_json::object();
-    e["dtype"] = safetensors_dtype_name(t.dtype());
-    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (int64_t s : t.shape()) shape.push_back(uint64_t(s));
-    e["shape"] = shape;
-    e["data_offsets"] = {offset, offset + uint64_t(t.nbytes())};
-    offset += t.nbytes();
-    h[name] = e;
-  }
-  std::string json = h.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  L.header.resize(8);
-  uint64_t n = json.size();
-  std::memcpy(L.header.data(), &n, 8);
-  L.header += json;
+  L.header = std::move(sl.header);
+  L.order = std::move(sl.order);
   return L;
 }
 
@@ -219,6 +193,50 @@ std::map<std::string, std::string> parse_metadata(const std::string& src, const 
 
 }  // namespace
 
+SafetensorsLayout safetensors_layout(const std::vector<TensorSpec>& specs,
+                                     const std::map<std::string, std::string>& metadata) {
+  std::set<std::string> seen;
+  for (const auto& s : specs) check_name(s.name, seen);
+  SafetensorsLayout L;
+  L.order.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) L.order[i] = i;
+  // Larger items first: every tensor then starts at a multiple of its item size.
+  std::stable_sort(L.order.begin(), L.order.end(),
+                   [&](size_t a, size_t b) { return itemsize(specs[a].dtype) > itemsize(specs[b].dtype); });
+
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h[kMetadataKey] = m;
+  }
+  std::vector<uint64_t> rel(specs.size());
+  uint64_t offset = 0;
+  for (size_t i : L.order) {
+    const TensorSpec& t = specs[i];
+    const uint64_t nbytes = uint64_t(numel_of(t.shape)) * itemsize(t.dtype);
+    nlohmann::ordered_json e = nlohmann::ordered_json::object();
+    e["dtype"] = safetensors_dtype_name(t.dtype);
+    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
+    for (int64_t s : t.shape) shape.push_back(uint64_t(s));
+    e["shape"] = shape;
+    e["data_offsets"] = {offset, offset + nbytes};
+    rel[i] = offset;
+    offset += nbytes;
+    h[t.name] = e;
+  }
+  std::string json = h.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  L.header.resize(8);
+  uint64_t n = json.size();
+  std::memcpy(L.header.data(), &n, 8);
+  L.header += json;
+  L.begin.resize(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) L.begin[i] = L.header.size() + rel[i];
+  L.file_size = L.header.size() + offset;
+  return L;
+}
+
 const char* safetensors_dtype_name(DType dtype) {
   for (const auto& d : kDTypes)
     if (d.dtype == dtype) return d.name;
@@ -256,16 +274,23 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   write_file_atomic(path, file_parts(tensors, L), "safetensors save");
 }
 
-SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& src) {
-  TESSEL_CHECK(bytes.size() >= 8, kOp, "'{}' is {} bytes long, too short for the 8-byte header length", src,
-               bytes.size());
+uint64_t safetensors_header_length(std::string_view prefix, uint64_t file_size, const std::string& src) {
+  TESSEL_CHECK(file_size >= 8 && prefix.size() >= 8, kOp, "'{}' is {} bytes long, too short for the 8-byte header length",
+               src, file_size);
   uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
+  std::memcpy(&n, prefix.data(), 8);
   TESSEL_CHECK(n <= kMaxHeaderBytes, kOp, "'{}': header length {} exceeds the limit of {} bytes", src, n,
                kMaxHeaderBytes);
-  TESSEL_CHECK(n <= bytes.size() - 8, kOp, "'{}': header length {} exceeds the {} bytes after the length field", src, n,
-               bytes.size() - 8);
-  const std::string_view text = bytes.substr(8, size_t(n));
+  TESSEL_CHECK(n <= file_size - 8, kOp, "'{}': header length {} exceeds the {} bytes after the length field", src, n,
+               file_size - 8);
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t file_size, const std::string& src) {
+  const uint64_t n = safetensors_header_length(prefix, file_size, src);
+  TESSEL_CHECK(prefix.size() >= 8 + n, kOp, "'{}': {} header bytes given, the header needs {}", src, prefix.size(),
+               8 + n);
+  const std::string_view text = prefix.substr(8, size_t(n));
   TESSEL_CHECK(!text.empty() && text[0] == '{', kOp, "'{}': the header must be a JSON object starting with '{{'", src);
 
   nlohmann::json h;
@@ -276,8 +301,8 @@ SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& src
   }
   TESSEL_CHECK(h.is_object(), kOp, "'{}': the header must be a JSON object", src);
 
-  SafetensorsFile out;
-  out.source = src;
+  SafetensorsHeader out;
+  out.data_start = 8 + n;
   std::vector<Entry> entries;
   for (const auto& [key, value] : h.items()) {
     if (key == kMetadataKey) out.metadata = parse_metadata(src, value);
@@ -285,15 +310,15 @@ SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& src
   }
 
   // The tensors must tile the data buffer: sorted by offset, each begins where the previous ended.
-  const std::string_view data = bytes.substr(8 + size_t(n));
+  const uint64_t data_size = file_size - out.data_start;
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t pos = 0;
   const Entry* prev = nullptr;
   for (const Entry& e : entries) {
-    TESSEL_CHECK(e.end <= data.size(), kOp,
+    TESSEL_CHECK(e.end <= data_size, kOp,
                  "'{}': tensor '{}': data_offsets [{}, {}] lie outside the data buffer of {} bytes", src, e.name,
-                 e.begin, e.end, data.size());
+                 e.begin, e.end, data_size);
     TESSEL_CHECK(e.begin >= pos, kOp, "'{}': tensor '{}' (bytes [{}, {})) overlaps tensor '{}' (ends at {})", src,
                  e.name, e.begin, e.end, prev ? prev->name : "", pos);
     TESSEL_CHECK(e.begin == pos, kOp, "'{}': tensor '{}' starts at {}, leaving a hole of {} bytes after {}", src,
@@ -301,12 +326,29 @@ SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& src
     pos = e.end;
     prev = &e;
   }
-  TESSEL_CHECK(pos == data.size(), kOp, "'{}': the data buffer has {} bytes but the tensors cover only {}", src,
-               data.size(), pos);
+  TESSEL_CHECK(pos == data_size, kOp, "'{}': the data buffer has {} bytes but the tensors cover only {}", src,
+               data_size, pos);
+  out.entries.reserve(entries.size());
+  for (Entry& e : entries)
+    out.entries.push_back({std::move(e.name), e.dtype, std::move(e.shape), out.data_start + e.begin,
+                           out.data_start + e.end});
+  return out;
+}
 
-  for (const Entry& e : entries) {
+const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
+  for (const auto& e : entries)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& src) {
+  SafetensorsHeader h = parse_safetensors_header(bytes, bytes.size(), src);
+  SafetensorsFile out;
+  out.source = src;
+  out.metadata = std::move(h.metadata);
+  for (const SafetensorsEntry& e : h.entries) {
     Tensor t = raw::empty(e.shape, e.dtype, kCPU);
-    const char* p = data.data() + e.begin;
+    const char* p = bytes.data() + e.begin;
     const size_t nb = size_t(e.end - e.begin);
     if (e.dtype == DType::Bool) {
       for (size_t i = 0; i < nb; ++i)

@@ -48,6 +48,25 @@ struct SafetensorsFile {
 const char* safetensors_dtype_name(DType dtype);
 DType safetensors_dtype(const std::string& name, const std::string& where);
 
+// The header of a file holding tensors of these names, dtypes and shapes, as
+// the writer lays it out: `header` (length field + padded JSON) is the file's
+// first bytes, tensor i's data starts at absolute offset begin[i], and the
+// file has file_size bytes. Writers that stream their data (checkpoint/save)
+// write header then the tensors in `order`.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  Dims shape;
+};
+struct SafetensorsLayout {
+  std::string header;
+  std::vector<size_t> order;    // spec indices in data order
+  std::vector<uint64_t> begin;  // by spec index
+  uint64_t file_size = 0;
+};
+SafetensorsLayout safetensors_layout(const std::vector<TensorSpec>& specs,
+                                     const std::map<std::string, std::string>& metadata = {});
+
 // The bytes of a safetensors file. Tensors may have any strides (they are
 // gathered in row-major order) but must be on the CPU; names must be unique,
 // non-empty and not "__metadata__".
@@ -55,6 +74,28 @@ std::string serialize_safetensors(const NamedTensors& tensors, const std::map<st
 // Writes serialize_safetensors(...) to `path` atomically.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// One tensor of a file's header; begin/end are absolute file offsets.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  Dims shape;
+  uint64_t begin = 0, end = 0;
+};
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // by offset
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;  // 8 + header length
+  const SafetensorsEntry* find(const std::string& name) const;  // null if absent
+};
+
+// The header length N from a file's first 8 bytes, checked against the
+// file's size and the 100 MB limit (read 8 + N bytes next).
+uint64_t safetensors_header_length(std::string_view prefix, uint64_t file_size, const std::string& source);
+// Validates the header alone (`prefix` holds at least the first 8 + N bytes
+// of a file of `file_size` bytes) with every check of parse_safetensors but
+// the BOOL values: readers that fetch byte ranges (checkpoint/reader.h) use it.
+SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t file_size, const std::string& source);
 
 // Parses and validates file bytes; `source` names the file in errors.
 SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& source = "<memory>");

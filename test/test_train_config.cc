@@ -262,7 +262,8 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
       "tokenizer", "vocab", "merges", "out_dir", "metrics", "sample_length", "temperature", "top_k",
       "mesh", "backend", "plan", "sequence_parallel", "bitwise", "pipeline_schedule",
       "virtual_stages", "pipeline_split",
-      "zero", "ddp_bucket_mb", "capacity_factor"};
+      "zero", "ddp_bucket_mb", "capacity_factor",
+      "ckpt_every", "keep_last", "resume", "ckpt_dir", "ckpt_sync"};
   std::vector<std::string> got;
   for (auto it = j.begin(); it != j.end(); ++it) got.push_back(it.key());
   std::sort(got.begin(), got.end());

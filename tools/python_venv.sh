@@ -5,9 +5,19 @@
 # PyPI's torch wheel is large (~5 GB with its CUDA libraries) and takes a few
 # minutes to install the first time; later runs reuse the environment.
 # Progress goes to stderr; stdout is only the interpreter's path.
+#   --hf   also Hugging Face transformers (./tessel conformance --hf)
 set -euo pipefail
 VENV="${TESSEL_VENV:-$HOME/.cache/tessel/venv}"
 PY="$VENV/bin/python"
+if [[ "${1:-}" == --hf ]]; then
+  PY="$("$0")"
+  if ! "$PY" -c "import transformers" 2>/dev/null; then
+    echo "tessel: installing transformers into $VENV (first time only)..." >&2
+    "$PY" -m pip install -q transformers >&2
+  fi
+  echo "$PY"
+  exit 0
+fi
 if [[ -x "$PY" ]] && "$PY" -c "import torch, numpy, safetensors" 2>/dev/null; then
   echo "$PY"
   exit 0

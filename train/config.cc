@@ -76,6 +76,11 @@ const std::vector<Field>& fields() {
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
       {"zero", &C::zero, "data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP"},
       {"ddp_bucket_mb", &C::ddp_bucket_mb, "gradient bucket size in MiB (DDP, ZeRO-1/2); 0: one per parameter"},
+      {"ckpt_every", &C::ckpt_every, "steps between checkpoints (0: none; the last step saves too)"},
+      {"keep_last", &C::keep_last, "complete checkpoints to keep (0: all)"},
+      {"resume", &C::resume, "continue from the newest complete checkpoint in ckpt_dir, on this run's mesh"},
+      {"ckpt_dir", &C::ckpt_dir, "checkpoint directory (default <out_dir>/checkpoints)"},
+      {"ckpt_sync", &C::ckpt_sync, "write checkpoints on the training thread (default: in the background)"},
   };
   return f;
 }
@@ -255,6 +260,8 @@ void TrainConfig::validate() const {
     TESSEL_CHECK(dp, kOp, "zero = {} needs a mesh with a dp dim of size > 1 (e.g. --mesh dp=2), got mesh '{}'", zero,
                  mesh);
   }
+  TESSEL_CHECK(ckpt_every >= 0, kOp, "ckpt_every must be >= 0, got {}", ckpt_every);
+  TESSEL_CHECK(keep_last >= 0, kOp, "keep_last must be >= 0, got {}", keep_last);
 }
 
 std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec) {
@@ -289,6 +296,11 @@ std::string TrainConfig::to_json(int indent) const {
 std::string TrainConfig::metrics_path() const {
   if (!metrics.empty()) return metrics;
   return (std::filesystem::path(out_dir) / "metrics.jsonl").string();
+}
+
+std::string TrainConfig::checkpoint_root() const {
+  if (!ckpt_dir.empty()) return ckpt_dir;
+  return (std::filesystem::path(out_dir) / "checkpoints").string();
 }
 
 DType TrainConfig::param_dtype() const {

@@ -75,6 +75,12 @@ struct TrainConfig {
   std::string pipeline_split = "layers";   // cut the blocks into stages by: layers | params
   int64_t zero = 0;               // data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP
   double ddp_bucket_mb = 25;      // gradient bucket size (MiB) of DDP and ZeRO-1/2; 0: one per parameter
+  // checkpoints (docs/checkpoint.md)
+  int64_t ckpt_every = 0;         // steps between checkpoints (0: none); the last step always saves when > 0
+  int64_t keep_last = 3;          // complete checkpoints kept (0: all)
+  bool resume = false;            // continue from the newest complete checkpoint in ckpt_dir (any mesh)
+  std::string ckpt_dir;           // empty: <out_dir>/checkpoints
+  bool ckpt_sync = false;         // write checkpoints on the training thread (default: a background writer)
 
   // Overwrites the fields present in a TOML file. Throws tessel::Error
   // naming the file (and line) on a syntax error, an unknown key, or a value
@@ -87,6 +93,7 @@ struct TrainConfig {
   std::string to_json(int indent = 2) const;
 
   std::string metrics_path() const;  // metrics, or <out_dir>/metrics.jsonl
+  std::string checkpoint_root() const;  // ckpt_dir, or <out_dir>/checkpoints
   DType param_dtype() const;         // dtype as a DType
 };
 

@@ -5,6 +5,7 @@
 # reference (reference.py) loads the same weights by tessel's paths and
 # compares within 1e-5 relative. Run through `./tessel conformance`.
 #   ./tessel conformance [--models "nanogpt llama"] [--config tiny] [--tol 1e-5] [-v] [--float64-check]
+#   ./tessel conformance [--models ...] [--tol ...] --hf   Hugging Face weights both ways (test/conformance/hf.sh)
 # Exit status: 0 when every model passes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -21,6 +22,7 @@ while [[ $# -gt 0 ]]; do
     --tol) tol="$2"; shift 2 ;;
     -v|--verbose) extra+=(-v); shift ;;
     --float64-check) extra+=(--float64-check); shift ;;
+    --hf) exec test/conformance/hf.sh "$models" "$tol" ;;
     -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "conformance: unknown argument '$1'" >&2; exit 2 ;;
   esac

@@ -19,5 +19,6 @@ void register_train(CLI::App& app);
 void register_bench(CLI::App& app);  // gemm, collectives, dispatch (tools/bench binaries)
 void register_bench_step(CLI::App& app);
 void register_launch(CLI::App& app);
+void register_ckpt(CLI::App& app);  // inspect, verify, convert
 
 }  // namespace tessel::cli

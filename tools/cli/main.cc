@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   tessel::cli::register_bench(app);
   tessel::cli::register_bench_step(app);
   tessel::cli::register_launch(app);
+  tessel::cli::register_ckpt(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "autograd/api.h"
+#include "checkpoint/manager.h"
 #include "autograd/ops/dist.h"
 #include "nn/parallel/data_parallel.h"
 #include "nn/parallel/parallelize.h"
@@ -24,6 +25,7 @@
 #include "train/data.h"
 #include "train/plot.h"
 #include "train/sample.h"
+#include "train/trainer/checkpointing.h"
 #include "train/trainer/pipeline_train.h"
 
 namespace tessel::train {
@@ -196,6 +198,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   std::vector<Tensor> params = pipe ? pipe->stage().parameters()
                                : dp ? dp->parameters()  // what the optimizer updates
                                     : model->parameters();
+  // --resume continues from the newest complete checkpoint, whatever mesh saved it.
+  TrainCheckpointer ckpt(cfg, *model, opt, main_rank);
+  const int64_t first_step = ckpt.resume();
 
   // ---- outputs (rank 0) ---------------------------------------------------------------
   OutputDir out(cfg.out_dir);
@@ -207,7 +212,8 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     out.write("config.json", cfg.to_json() + "\n");
     if (auto parent = std::filesystem::path(metrics_path).parent_path(); !parent.empty())
       std::filesystem::create_directories(parent);
-    metrics = std::make_unique<MetricsWriter>(metrics_path);
+    if (first_step > 0) truncate_metrics(metrics_path, first_step);
+    metrics = std::make_unique<MetricsWriter>(metrics_path, /*append=*/first_step > 0);
   }
 
   if (!hooks.quiet) {
@@ -244,7 +250,10 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   TrainResult result;
   const double tokens_per_step = double(cfg.batch_size * cfg.seq_len);
   double train_seconds = 0;
-  for (int64_t step = 0; step < cfg.steps; ++step) {
+  if (first_step > 0 && !hooks.quiet)
+    std::printf("  resumed from %s after step %lld\n", checkpoint::step_dir(ckpt.root(), first_step).c_str(),
+                (long long)first_step);
+  for (int64_t step = first_step; step < cfg.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     const double lr = sched.lr(step);
     opt.set_lr(lr);
@@ -294,7 +303,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     if (bar) bar->update(step + 1, *sm.loss, *sm.tokens_per_s);
     result.final_loss = *sm.loss;
     result.param_hash = sm.param_hash;
+    ckpt.after_step(step + 1);
   }
+  ckpt.finish();
   bar.reset();
   result.steps = cfg.steps;
   if (hooks.keep_params) {
@@ -303,7 +314,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     else
       for (auto& [name, t] : model->named_parameters()) result.final_params.emplace_back(name, full_tensor(t.detach()));
   }
-  result.tokens_per_s = train_seconds > 0 ? tokens_per_step * double(cfg.steps) / train_seconds : 0;
+  result.tokens_per_s = train_seconds > 0 ? tokens_per_step * double(cfg.steps - first_step) / train_seconds : 0;
   result.heldout_loss = evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout, forward);
   result.unigram_entropy =
       unigram_entropy(corpus.split.train.data(), corpus.split.train.size, tokenizer->vocab_size());
