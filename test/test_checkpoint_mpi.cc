@@ -67,7 +67,7 @@ TEST_CASE("checkpoint mpi: save on (dp=2, tp=2), load on other layouts", "[check
       REQUIRE(flag.data<int32_t>()[0] == 1);
     }
     for (const testing::CkptLayout* to :
-         {&testing::ckpt_layout("nested2x2"), &tp4, &testing::ckpt_layout("dp2xtp2"), &testing::ckpt_layout("single")}) {
+         {&testing::ckpt_layout("nested2x2"), static_cast<const testing::CkptLayout*>(&tp4), &testing::ckpt_layout("dp2xtp2"), &testing::ckpt_layout("single")}) {
       INFO("load on " << to->name);
       NamedTensors targets = testing::lay_out(*to, globals, true);
       const LoadResult r = load(dir, targets);

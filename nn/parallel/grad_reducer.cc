@@ -5,6 +5,7 @@
 #include "autograd/api.h"
 #include "autograd/ops/dist.h"
 #include "kernels/elementwise.h"
+#include "runtime/numerics.h"
 
 namespace tessel::parallel {
 namespace {
@@ -94,9 +95,10 @@ GradReducer::~GradReducer() {
 
 void GradReducer::begin_micro_batch(bool last) {
   NoGradGuard ng;
-  if (micro_ > 0 && sync_ && mode_ == Mode::AllReduce)
+  if (micro_ > 0 && last_ && mode_ == Mode::AllReduce)
     TESSEL_FAIL(kOp, "begin_micro_batch after the step's last micro-batch: call finish() before the next step");
   const Device dev = params_[0]->param.device();
+  const bool per_micro = mode_ == Mode::AllReduce && numerics::bitwise();
   if (micro_ == 0) {
     if (mode_ == Mode::AllReduce) {
       // Zeroed gradient views: AccumulateGrad adds into the buckets directly.
@@ -112,13 +114,28 @@ void GradReducer::begin_micro_batch(bool last) {
     }
   } else if (mode_ == Mode::ReduceScatter) {
     while (next_ < buckets_.size()) launch(buckets_[next_++]);  // buckets a parameter without gradient held back
+  } else if (per_micro) {
+    // Bitwise mode: one device adds each micro-batch's finished gradient to
+    // the sum of the earlier ones, so each micro-batch is all-reduced on its
+    // own and added to `acc` (x + y is exact whatever the order of its two
+    // operands; a deferred all-reduce of local sums would not be).
+    while (next_ < buckets_.size()) launch(buckets_[next_++]);
+    for (Bucket& b : buckets_) {
+      b.work->wait();
+      b.work = nullptr;
+      if (!b.acc.defined()) b.acc = raw::empty(b.flat.shape(), b.flat.dtype(), b.flat.device());
+      if (micro_ == 1) kernels::copy(dev, b.flat, b.acc);
+      else kernels::binary(dev, kernels::BinaryOp::Add, b.acc, b.flat, b.acc);
+      kernels::fill(dev, b.flat, Scalar(0.0));
+    }
   }
   for (Bucket& b : buckets_) {
     b.ready = 0;
     b.launched = false;
   }
   next_ = 0;
-  sync_ = mode_ == Mode::ReduceScatter || last;
+  sync_ = mode_ == Mode::ReduceScatter || last || per_micro;
+  last_ = last;
   ++micro_;
 }
 
@@ -159,6 +176,7 @@ void GradReducer::finish() {
     for (Bucket& b : buckets_) {
       b.work->wait();
       b.work = nullptr;
+      if (micro_ > 1 && numerics::bitwise()) kernels::binary(b.flat.device(), kernels::BinaryOp::Add, b.acc, b.flat, b.flat);
     }
     install_all_reduced();
   } else {
@@ -167,6 +185,7 @@ void GradReducer::finish() {
   }
   micro_ = 0;
   sync_ = false;
+  last_ = false;
 }
 
 void GradReducer::install_all_reduced() {

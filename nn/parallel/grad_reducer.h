@@ -79,6 +79,7 @@ class GradReducer {
     bool launched = false;
     // all-reduce mode
     Tensor flat;                  // members' full pieces, then one flag per member
+    Tensor acc;                   // bitwise mode: the reduced gradients of the earlier micro-batches
     std::vector<Tensor> views;    // the members' gradient pieces inside `flat`
     std::vector<Tensor> flags;    // 1-element views: 1 once the member got a gradient this step
     comm::WorkPtr work;
@@ -101,6 +102,7 @@ class GradReducer {
   int64_t slot_numel_ = 0;
   int micro_ = 0;     // micro-batches begun this step
   bool sync_ = false; // this backward launches buckets
+  bool last_ = false; // the step's last micro-batch has begun
   size_t next_ = 0;   // next bucket to launch
 };
 
