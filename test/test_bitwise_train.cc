@@ -80,16 +80,18 @@ struct Layout {
   const char* schedule = "1f1b";
 };
 
-void check_layouts(const std::string& model, const std::vector<Layout>& layouts) {
-  const Trace ref = run(base(model));
+void check_layouts(const std::string& model, const std::vector<Layout>& layouts, int64_t micro_batches = 2) {
+  TrainConfig r = base(model);
+  r.micro_batches = micro_batches;
+  const Trace ref = run(r);
   REQUIRE(ref.hashes.size() == size_t(steps()));
   for (const Layout& l : layouts) {
-    TrainConfig c = base(model);
+    TrainConfig c = r;
     c.mesh = l.mesh;
     c.sequence_parallel = l.sp;
     c.zero = l.zero;
     c.pipeline_schedule = l.schedule;
-    const std::string what = model + " on " + l.mesh + (l.sp ? " + sp" : "") +
+    const std::string what = model + ", " + std::to_string(micro_batches) + " micro-batches, on " + l.mesh + (l.sp ? " + sp" : "") +
                              (l.zero ? " zero=" + std::to_string(l.zero) : "") +
                              (std::strstr(l.mesh, "pp") ? std::string(" ") + l.schedule : "");
     std::string diff;
@@ -118,8 +120,14 @@ TEST_CASE("bitwise: dp, tp, sp, dp x tp, ZeRO-1/2, FSDP give the one-device bits
   }
 }
 
-TEST_CASE("bitwise: pipeline (GPipe, 1F1B) gives the one-device bits every step", "[bitwise][train]") {
-  for (std::string model : {"nanogpt", "llama"}) check_layouts(model, {{"pp=2", false, 0, "gpipe"}, {"pp=2"}});
+TEST_CASE("bitwise: pipeline (GPipe, 1F1B; with dp and tp) gives the one-device bits every step", "[bitwise][train]") {
+  for (std::string model : {"nanogpt", "llama"})
+    check_layouts(model, {{"pp=2", false, 0, "gpipe"}, {"pp=2"}, {"dp=2,pp=2"}, {"tp=2,pp=2", true}});
+}
+
+TEST_CASE("bitwise: 1 and 4 micro-batches (gradient accumulation) on dp, tp, ZeRO-2, pp", "[bitwise][train]") {
+  for (int64_t m : {1, 4})
+    check_layouts("nanogpt", {{"dp=2"}, {"tp=2", true}, {"dp=2", false, 2}, {"dp=2", false, 3}, {"pp=2", false, 0, "gpipe"}}, m);
 }
 
 TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep gives the one-device bits every step", "[bitwise][train]") {

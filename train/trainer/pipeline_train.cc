@@ -24,7 +24,7 @@ double pipeline_forward_backward(Pipeline& pipe, const TrainConfig& cfg, const D
   if (r.aux_loss) extras.emplace_back("aux_loss", *r.aux_loss);
   extras.emplace_back("comm_wait_s", r.comm_wait_s);
   extras.emplace_back("comm_wait_mean_s", r.comm_wait_mean_s);
-  return r.loss;
+  return r.loss_sum;
 }
 
 std::string pipeline_param_hash(const Pipeline& pipe) { return param_hash(pipe.gather_parameters()); }

@@ -23,7 +23,7 @@ std::unique_ptr<Pipeline> make_pipeline(const TrainConfig& cfg, const models::Mo
                                         const parallel::ParallelPlan& plan);
 
 // Forwards and backwards of step `step`'s micro-batches; returns the step's
-// loss (mean over micro-batches) and adds to `extras`: "aux_loss" (MoE),
+// loss summed over the micro-batches (as the one-device loop sums them) and adds to `extras`: "aux_loss" (MoE),
 // "comm_wait_s" (seconds this rank was blocked in pipeline transfers during
 // the forwards and backwards: rank 0's in the metrics) and "comm_wait_mean_s"
 // (the same averaged over the pp ranks). Divided by the step time they give

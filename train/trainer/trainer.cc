@@ -259,7 +259,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     opt.set_lr(lr);
     double loss_sum = 0;
     std::vector<std::pair<std::string, double>> pipe_extras;
-    if (pipe) loss_sum = cfg.micro_batches * pipeline_forward_backward(*pipe, cfg, loader, step, pipe_extras);
+    if (pipe) loss_sum = pipeline_forward_backward(*pipe, cfg, loader, step, pipe_extras);
     int64_t dropped = 0;  // MoE token-slots over the capacity, all layers, ranks and micro-batches
     for (int64_t m = 0; !pipe && m < cfg.micro_batches; ++m) {
       if (dp) dp->begin_micro_batch(m + 1 == cfg.micro_batches);

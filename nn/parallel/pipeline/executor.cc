@@ -17,6 +17,8 @@ StepStats Executor::run(const Schedule& s, const std::vector<MicroBatch>& mbs) {
                kOp, "schedule '{}' is for pp = {}, V = {}, M = {}; this pipeline has pp = {}, V = {} and {} micro-batches",
                s.name, s.pp, s.virtual_stages, s.micro_batches, stage_.pp_size(), stage_.virtual_stages(), mbs.size());
   StepStats st;
+  st.token_loss.assign(mbs.size(), -0.0f);
+  st.block_aux.assign(mbs.size() * stage_.model().blocks().size(), -0.0f);
   p2p_.reset_wait();
   slots_.assign(size_t(s.virtual_stages * s.micro_batches), Slot{});
   const bool training = stage_.model().is_training() && !s.forward_only;
@@ -72,6 +74,7 @@ void Executor::forward_chunk(int vs, Slot& sl, const MicroBatch& b, int mb, int 
     x = (*blocks[size_t(i)])(x);
     Tensor a = model.block_aux_loss(size_t(i));
     if (a.defined()) aux = aux.defined() ? aux + a : a;
+    if (a.defined() && training) st.block_aux[size_t(mb) * blocks.size() + size_t(i)] = a.item<float>();
   }
   const double coef = model.config.aux_loss_coef;
   if (aux.defined() && training && mb == m - 1) {
@@ -94,6 +97,7 @@ void Executor::forward_chunk(int vs, Slot& sl, const MicroBatch& b, int mb, int 
   }
   // The single-device loss of the micro-batch, restricted to what runs here.
   Tensor l = model.token_loss(logits, b.targets);
+  st.token_loss[size_t(mb)] = l.item<float>();
   if (aux.defined()) l = l + aux * coef;
   st.loss_sum += l.item<double>();
   sl.root = m == 1 ? l : l / double(m);

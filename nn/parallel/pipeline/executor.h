@@ -37,6 +37,9 @@ struct StepStats {
   double aux_last = 0;     // sum over this rank's blocks of the last micro-batch's aux loss (unscaled)
   bool has_aux = false;
   double comm_wait_s = 0;  // time blocked in point-to-point transfers
+  // Per micro-batch pieces of the loss for bitwise mode (-0.0 where another
+  // rank computes the piece): token loss [m] and block aux losses [m][blocks].
+  std::vector<float> token_loss, block_aux;
 };
 
 class Executor {

@@ -8,10 +8,44 @@
 #include "autograd/ops/dist.h"
 #include "kernels/optim.h"
 #include "nn/clip.h"
+#include "runtime/numerics.h"
 
 namespace tessel::parallel::pipeline {
 namespace {
 constexpr const char* kOp = "pipeline";
+
+// Bitwise mode: the step's loss as the one-device loop computes it. Every
+// rank gets each micro-batch's token loss and per-block aux losses (float32;
+// each from the one rank that computed it, the others add -0.0: exact) and
+// evaluates the one-device expression with the same ops:
+// sum_m (token_m + (aux_m0 + aux_m1 + ...) * coef).
+double bitwise_loss_sum(const StepStats& st, const PipelineStage& stage) {
+  NoGradGuard ng;
+  const size_t m = st.token_loss.size(), nb = m ? st.block_aux.size() / m : 0;
+  Tensor buf = raw::empty({int64_t(m + m * nb)}, DType::Float32);
+  float* b = buf.data<float>();
+  std::copy(st.token_loss.begin(), st.token_loss.end(), b);
+  std::copy(st.block_aux.begin(), st.block_aux.end(), b + m);
+  if (const auto& c = stage.pp_comm()) c->all_reduce(buf, comm::ReduceOp::Sum)->wait();
+  auto scalar = [](float v) {
+    Tensor t = raw::empty({}, DType::Float32);
+    t.data<float>()[0] = v;
+    return t;
+  };
+  const models::LanguageModel& model = stage.model();
+  const bool moe = model.config.arch == models::Arch::Mixtral;
+  double sum = 0;
+  for (size_t k = 0; k < m; ++k) {
+    Tensor l = scalar(b[k]);
+    if (moe && nb > 0) {
+      Tensor aux = scalar(b[m + k * nb]);
+      for (size_t i = 1; i < nb; ++i) aux = aux + scalar(b[m + k * nb + i]);
+      l = l + aux * model.config.aux_loss_coef;
+    }
+    sum += l.item<double>();
+  }
+  return sum;
+}
 }
 
 bool has_pipeline_dim(const Mesh& mesh) {
@@ -71,7 +105,9 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
   s[3] = st.comm_wait_s;
   if (const auto& c = stage_->pp_comm()) c->all_reduce(sums, comm::ReduceOp::Sum)->wait();
   PipelineStepResult r;
-  r.loss = s[0] / double(micro_batches.size());
+  r.loss_sum = s[0];
+  if (numerics::bitwise()) r.loss_sum = bitwise_loss_sum(st, *stage_);
+  r.loss = r.loss_sum / double(micro_batches.size());
   if (s[2] > 0) r.aux_loss = s[1];
   r.comm_wait_s = st.comm_wait_s;
   r.comm_wait_mean_s = s[3] / double(stage_->pp_size());

@@ -42,6 +42,7 @@ struct MicroBatchIds {
 
 struct PipelineStepResult {
   double loss = 0;                 // mean over the micro-batches of the whole model's loss (every rank)
+  double loss_sum = 0;             // their sum (bitwise mode: the one-device loop's bits)
   std::optional<double> aux_loss;  // the last micro-batch's aux loss summed over all blocks (MoE models)
   double comm_wait_s = 0;          // this rank's time blocked in point-to-point transfers
   double comm_wait_mean_s = 0;     // the same, averaged over the ranks of this rank's pp group

@@ -5,6 +5,8 @@
 
 #include "autograd/api.h"
 #include "autograd/ops/dist.h"
+#include "kernels/elementwise.h"
+#include "runtime/numerics.h"
 #include "nn/parallel/parallelize.h"
 
 namespace tessel::parallel::pipeline {
@@ -139,6 +141,18 @@ PipelineStage::PipelineStage(const models::ModelConfig& config, const MeshPtr& m
       slot->init(t, nn::parameter_key(seed, path), GlobalBlock{});
     }
     held_.push_back({path, t});
+    tied_contrib_.push_back(std::make_shared<std::vector<Tensor>>());
+    if (homes_[i].tied) {
+      // Bitwise mode: one device adds the tied matrix's embedding and head
+      // gradients per micro-batch, then accumulates the micro-batches in
+      // order; keep this holder's per-micro-batch gradients for that.
+      auto list = tied_contrib_.back();
+      t.register_post_accumulate_grad_hook([list](const Tensor& p) {
+        if (!numerics::bitwise()) return;
+        list->push_back(p.grad());
+        p.zero_grad();
+      });
+    }
   }
   if (pp_comm_ && !tied_ranks.empty()) tied_comm_ = pp_comm_->split(tied_ranks.count(pp_rank_) ? 0 : -1, pp_rank_);
 }
@@ -160,6 +174,39 @@ std::vector<std::pair<size_t, Tensor>> PipelineStage::primary_parameters() const
   return v;
 }
 
+// grad = c_0 + c_1 + ... (in order), c_k = the holders' micro-batch k
+// gradients summed (two terms: exact in any order), as one device computes it.
+void PipelineStage::sync_tied_bitwise(const nn::NamedTensor& p, std::vector<Tensor>& contrib) const {
+  const int64_t m = int64_t(contrib.size());
+  const Tensor last = contrib.back();
+  const Tensor piece = raw::local_of(last);
+  const int64_t n = piece.numel();
+  Tensor buf = raw::empty({m, n}, piece.dtype(), piece.device());
+  for (int64_t k = 0; k < m; ++k) {
+    const Tensor c = raw::local_of(contrib[size_t(k)]);
+    TESSEL_CHECK(c.numel() == n && c.dtype() == piece.dtype(), kOp,
+                 "tied parameter '{}': micro-batch gradients differ in layout ({} vs {})", p.name, c.desc(),
+                 piece.desc());
+    kernels::copy(piece.device(), c.is_contiguous() ? c.view({n}) : c.contiguous().view({n}), buf.select(0, k));
+  }
+  int64_t count = m;
+  Tensor mcount = raw::empty({1}, DType::Int64);
+  mcount.data<int64_t>()[0] = m;
+  tied_comm_->all_reduce(mcount, comm::ReduceOp::Max)->wait();
+  TESSEL_CHECK(mcount.data<int64_t>()[0] == count, kOp,
+               "tied parameter '{}': {} micro-batch gradients on pp rank {}, another holder has {}", p.name, m,
+               pp_rank_, mcount.data<int64_t>()[0]);
+  tied_comm_->all_reduce(buf, comm::ReduceOp::Sum)->wait();
+  Tensor acc = buf.select(0, 0).clone();
+  for (int64_t k = 1; k < m; ++k) kernels::binary(acc.device(), kernels::BinaryOp::Add, acc, buf.select(0, k), acc);
+  Tensor grad = last.is_distributed() ? last : last.clone();
+  Tensor dst = raw::local_of(grad);
+  kernels::copy(dst.device(), acc.view(dst.shape()), dst);
+  grad.bump_version();
+  p.tensor.set_grad(grad);
+  contrib.clear();
+}
+
 void PipelineStage::sync_tied_grads() const {
   if (!tied_comm_) return;
   NoGradGuard ng;
@@ -168,6 +215,11 @@ void PipelineStage::sync_tied_grads() const {
     if (!h.held) continue;
     const nn::NamedTensor& p = held_[k++];
     if (!h.tied) continue;
+    std::vector<Tensor>& contrib = *tied_contrib_[k - 1];
+    if (!contrib.empty()) {
+      sync_tied_bitwise(p, contrib);
+      continue;
+    }
     Tensor g = p.tensor.grad();
     TESSEL_CHECK(g.defined(), kOp, "tied parameter '{}' has no gradient on pp rank {} (both holders must use it)",
                  p.name, pp_rank_);

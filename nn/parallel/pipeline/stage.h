@@ -81,6 +81,7 @@ class PipelineStage {
   const std::vector<ParamHome>& homes() const { return homes_; }
   // Sums the gradients of tied parameters over the ranks that hold them.
   void sync_tied_grads() const;
+  void sync_tied_bitwise(const nn::NamedTensor& p, std::vector<Tensor>& contrib) const;
   // The ids / targets layout of the plan on the stage mesh (identity for pp only).
   Tensor layout(const Tensor& ids) const;
   // "pp rank 1 of 2: stages 1 [2, 4) + head; 3 parameters tensors, ..."
@@ -97,6 +98,9 @@ class PipelineStage {
   Partition partition_;
   std::vector<nn::NamedTensor> held_;
   std::vector<ParamHome> homes_;
+  // Bitwise mode: each tied parameter's gradient per micro-batch, in
+  // backward order (index: position in held_).
+  std::vector<std::shared_ptr<std::vector<Tensor>>> tied_contrib_;
 };
 
 }  // namespace tessel::parallel::pipeline
