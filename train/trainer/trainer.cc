@@ -260,6 +260,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                 (long long)first_step);
   for (int64_t step = first_step; step < cfg.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    const double wait0 = comm::thread_wait_seconds();
     std::optional<trace::Scope> tracing;  // --dump: this step's forwards and backwards
     if (dump) {
       dump->set_step(step + 1);
@@ -302,6 +303,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     sm.tokens_per_s = tokens_per_step / secs;
     sm.param_hash = pipe ? pipeline_param_hash(*pipe) : param_hash(model->named_parameters());
     sm.extras = pipe_extras;
+    // Seconds this rank was blocked in communication during the step (the
+    // pipeline reports its transfers' waits itself).
+    if (mesh && !pipe) sm.extras.emplace_back("comm_wait_s", comm::thread_wait_seconds() - wait0);
     Tensor aux = pipe ? Tensor() : model->aux_loss();
     if (aux.defined()) sm.extras.emplace_back("aux_loss", aux.item<double>());
     if (moe) sm.extras.emplace_back("moe_dropped_tokens", double(dropped));
