@@ -2,8 +2,9 @@
 // restores"): with cfg.bitwise, a run checkpointed on one layout and resumed
 // on another continues with the one-device run's bits — loss bits and
 // param_hash at every step, dropout on. The data-parallel strategies
-// (ZeRO-1/2, FSDP) and pipelines (a pp mesh dim: each stage saves and loads
-// the parameters it holds) save and resume the same way.
+// (ZeRO-1/2, FSDP), pipelines (a pp mesh dim: each stage saves and loads
+// the parameters it holds) and expert parallelism (Mixtral, ep) save and
+// resume the same way.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -28,9 +29,9 @@ struct Trace {
   std::vector<std::string> hashes;
 };
 
-TrainConfig base(const std::string& out) {
+TrainConfig base(const std::string& out, const std::string& model = "nanogpt") {
   TrainConfig c;
-  c.model = "nanogpt";
+  c.model = model;
   c.model_config = "tiny";
   c.steps = 20;
   c.batch_size = 8;
@@ -98,8 +99,9 @@ TrainConfig on(TrainConfig c, const Layout& l) {
 
 // Trains 20 steps on `saved` with a checkpoint every 10; checks steps 1..20
 // against `ref`; returns the step-10 checkpoint.
-std::string save_run(const std::string& root, const Layout& saved, const Trace& ref) {
-  TrainConfig c = on(base(root + "/saved"), saved);
+std::string save_run(const std::string& root, const Layout& saved, const Trace& ref,
+                     const std::string& model = "nanogpt") {
+  TrainConfig c = on(base(root + "/saved", model), saved);
   c.ckpt_every = 10;
   const Trace t = run(c);
   INFO("saving run on " << saved.str());
@@ -111,8 +113,9 @@ std::string save_run(const std::string& root, const Layout& saved, const Trace& 
 
 // Resumes from `ckpt` (copied into a fresh run folder) on `resumed`; the
 // steps 11..20 must be the reference's.
-std::string resume_run(const std::string& root, const std::string& ckpt, const Layout& resumed, const Trace& ref) {
-  TrainConfig c = on(base(root), resumed);
+std::string resume_run(const std::string& root, const std::string& ckpt, const Layout& resumed, const Trace& ref,
+                       const std::string& model = "nanogpt") {
+  TrainConfig c = on(base(root, model), resumed);
   c.resume = true;
   fs::create_directories(c.checkpoint_root());
   fs::copy(ckpt, checkpoint::step_dir(c.checkpoint_root(), 10), fs::copy_options::recursive);
@@ -170,4 +173,17 @@ TEST_CASE("bitwise: checkpoints of a pipelined run (pp mesh dim) resume on one d
   const std::string dppp = save_run(root + "/dp2pp2", {"dp=2,pp=2"}, ref);
   CHECK(resume_run(root + "/dp2pp2_to_tp2", dppp, {"tp=2", true}, ref) == "");
   CHECK(resume_run(root + "/dp2pp2_to_tp2pp2", dppp, {"tp=2,pp=2", true}, ref) == "");
+}
+
+TEST_CASE("bitwise: Mixtral checkpoints with expert parallelism (ep) resume on other layouts with the one-device bits",
+          "[checkpoint][bitwise]") {
+  const std::string root = testing::scratch_dir("ckpt_bitwise_ep");
+  const Trace ref = run(base(root + "/ref", "mixtral"));
+  REQUIRE(ref.steps.size() == 20);
+  const std::string ep = save_run(root + "/ep2", {"ep=2"}, ref, "mixtral");
+  CHECK(resume_run(root + "/ep2_to_one", ep, {""}, ref, "mixtral") == "");
+  CHECK(resume_run(root + "/ep2_to_dp2ep2", ep, {"dp=2,ep=2"}, ref, "mixtral") == "");
+  const std::string one = save_run(root + "/one", {""}, ref, "mixtral");
+  CHECK(resume_run(root + "/one_to_ep2", one, {"ep=2"}, ref, "mixtral") == "");
+  CHECK(resume_run(root + "/one_to_tp2", one, {"tp=2"}, ref, "mixtral") == "");
 }
