@@ -162,6 +162,8 @@ struct Saver::Job {
     CheckpointMeta& meta = plan.meta;
     for (FileMeta& fm : meta.files) {
       const std::string mpath = tmp + "/" + manifest_name(fm.rank), epath = tmp + "/" + error_name(fm.rank);
+      // Poll often: a sync save returns only after the commit, so a long
+      // pause here would be added to its time (a stat every 2 ms costs nothing).
       auto pause = std::chrono::milliseconds(1);
       while (!io::exists(mpath)) {
         if (io::exists(epath))
@@ -170,7 +172,7 @@ struct Saver::Job {
                      "'{}': rank {} did not finish writing '{}' within {} s (it failed or is stuck)", dir, fm.rank,
                      fm.name, timeout.count() / 1000.0);
         std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, std::chrono::milliseconds(50));
+        pause = std::min(pause * 2, std::chrono::milliseconds(2));
       }
       nlohmann::json m;
       try {

@@ -59,8 +59,9 @@ class Saver {
   Saver(const Saver&) = delete;
   Saver& operator=(const Saver&) = delete;
 
-  // Collective over the world (every rank, same dir, same tensor names,
-  // any order). Waits for this rank's previous save first. Sync: returns
+  // Collective over the world (every rank, same dir, the tensors in any
+  // order). A rank may leave out tensors it holds nothing of (a pipeline
+  // stage's Meta parameters); every box of a tensor must be held somewhere. Waits for this rank's previous save first. Sync: returns
   // when the checkpoint is committed (on every rank). Async: returns when the
   // pieces are staged.
   void save(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& state, bool async,

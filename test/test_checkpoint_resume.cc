@@ -1,9 +1,10 @@
 // Resume: a `tessel train` process killed with SIGKILL, resumed from its last
 // checkpoint, continues with the metrics (loss bits, param_hash) of an
 // uninterrupted run. Same layout: bit for bit (dropout on: the RNG needs
-// nothing but (seed, step)). Another layout: within float tolerance (bitwise
-// across layouts is the bitwise-mode issue's job). Also: the metrics file is
-// continued, checkpoints are pruned to keep_last, wrong seeds are refused.
+// nothing but (seed, step)). Another layout: within float tolerance, and
+// with --bitwise bit for bit the one-device run's (test_checkpoint_bitwise
+// covers more layouts in-process). Also: the metrics file is continued,
+// checkpoints are pruned to keep_last, wrong seeds are refused.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -67,6 +68,7 @@ int64_t train_and_kill(const TrainConfig& c, int64_t kill_after) {
                                    "--warmup-steps", std::to_string(c.warmup_steps), "--seed",
                                    std::to_string(c.seed), "--ckpt-every", std::to_string(c.ckpt_every),
                                    "--keep-last", std::to_string(c.keep_last), "--out", c.out_dir};
+  if (c.bitwise) args.push_back("--bitwise");
   if (!c.mesh.empty()) {
     args.push_back("--mesh");
     args.push_back(c.mesh);
@@ -113,14 +115,19 @@ TEST_CASE("kill -9 a training run, resume: the remaining steps repeat an uninter
   const std::string root = testing::scratch_dir("ckpt_resume");
   struct Case {
     std::string killed_mesh, resumed_mesh;
-    bool bitwise;
+    bool bitwise;            // the remaining steps compare bit for bit
+    bool bitwise_mode = false;  // --bitwise: the reference is the one-device run, any layouts
   };
   for (const Case& k : {Case{"", "", true}, Case{"dp=2", "dp=2", true}, Case{"dp=2", "tp=2", false},
-                        Case{"tp=2", "", false}}) {
-    INFO("killed on '" << k.killed_mesh << "', resumed on '" << k.resumed_mesh << "'");
-    const std::string tag = k.killed_mesh + "_" + k.resumed_mesh;
+                        Case{"tp=2", "", false}, Case{"dp=2", "tp=2", true, true}}) {
+    INFO("killed on '" << k.killed_mesh << "', resumed on '" << k.resumed_mesh << "'"
+                       << (k.bitwise_mode ? " (--bitwise)" : ""));
+    const std::string tag = k.killed_mesh + "_" + k.resumed_mesh + (k.bitwise_mode ? "_bitwise" : "");
     TrainConfig c = resume_config(root + "/run" + tag, k.killed_mesh);
-    const std::vector<StepMetrics> want = uninterrupted(resume_config(root + "/ref" + tag, k.resumed_mesh));
+    c.bitwise = k.bitwise_mode;
+    TrainConfig ref = resume_config(root + "/ref" + tag, k.bitwise_mode ? "" : k.resumed_mesh);
+    ref.bitwise = k.bitwise_mode;
+    const std::vector<StepMetrics> want = uninterrupted(ref);
     const int64_t saved = train_and_kill(c, 8);
     INFO("resumed after step " << saved);
     REQUIRE(saved < c.steps);  // it really was interrupted

@@ -86,6 +86,11 @@ int run_ckpt_bench(const CkptBenchOptions& o, std::ostream& out) {
   std::vector<double> save_s, load_s, reshard_s, ref_w, ref_r, stage_s;
   std::unique_ptr<char[]> buf(new char[bytes]);
   std::memset(buf.get(), 1, bytes);
+  // One Saver per rank for the whole run, as the trainer keeps one: its
+  // staging buffer is allocated (and first touched) by the first async save
+  // and reused by the later ones.
+  std::vector<std::unique_ptr<checkpoint::Saver>> savers;
+  for (int r = 0; r < o.ranks; ++r) savers.push_back(std::make_unique<checkpoint::Saver>());
   for (int rep = 0; rep < o.reps; ++rep) {
     const std::string dir = root + fmt::format("/step-{:08d}", rep);
     const std::string ref = root + fmt::format("/reference-{}.bin", rep);
@@ -104,7 +109,7 @@ int run_ckpt_bench(const CkptBenchOptions& o, std::ostream& out) {
       }
       comm::world()->barrier();
       auto t0 = Clock::now();
-      checkpoint::Saver saver;
+      checkpoint::Saver& saver = *savers[size_t(rank)];
       saver.save(dir, mine, {{"rep", rep}}, o.async);
       const double staged = seconds_since(t0);
       saver.wait();

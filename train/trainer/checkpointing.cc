@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "autograd/api.h"
@@ -22,9 +23,15 @@ constexpr const char* kOp = "checkpoint";
 constexpr const char* kModel = "model.";
 constexpr const char* kOptim = "optim.";
 
+// A pipeline stage's model holds the other stages' parameters as Meta
+// tensors (nn/parallel/pipeline/stage.h): each rank saves and loads what it
+// holds; the checkpoint's plan takes every tensor from the ranks holding it.
+bool held(const Tensor& t) { return t.defined() && !t.device().is_meta(); }
+
 checkpoint::NamedTensors state_tensors(const models::LanguageModel& model, const nn::Optimizer& opt) {
   checkpoint::NamedTensors out;
-  for (const auto& nt : model.state_dict()) out.emplace_back(kModel + nt.name, nt.tensor);
+  for (const auto& nt : model.state_dict())
+    if (held(nt.tensor)) out.emplace_back(kModel + nt.name, nt.tensor);
   for (const auto& nt : opt.state_dict()) out.emplace_back(kOptim + nt.name, nt.tensor);
   return out;
 }
@@ -59,7 +66,11 @@ int64_t TrainCheckpointer::resume() {
 
   // Model: straight into the live parameters, in their layout.
   checkpoint::NamedTensors targets;
-  for (const auto& nt : model_.state_dict()) targets.emplace_back(kModel + nt.name, nt.tensor);
+  std::set<std::string> elsewhere;  // parameters another pipeline stage holds
+  for (const auto& nt : model_.state_dict()) {
+    if (held(nt.tensor)) targets.emplace_back(kModel + nt.name, nt.tensor);
+    else elsewhere.insert(nt.name);
+  }
   checkpoint::load(reader, targets);
 
   // Optimizer: its state may not exist yet (it is created at the first
@@ -75,6 +86,7 @@ int64_t TrainCheckpointer::resume() {
     if (t.name.rfind(prefix, 0) != 0) continue;
     const std::string key = t.name.substr(prefix.size());
     const size_t dot = key.rfind('.');
+    if (dot != std::string::npos && elsewhere.count(key.substr(0, dot))) continue;
     auto it = dot == std::string::npos ? params.end() : params.find(key.substr(0, dot));
     Tensor target;
     if (it != params.end() && it->second.is_distributed() && t.shape == it->second.shape())
