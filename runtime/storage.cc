@@ -5,7 +5,7 @@ namespace tessel {
 StorageImpl::StorageImpl(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   if (device.is_meta() || nbytes == 0) return;
   allocator_ = allocator_for(device);
-  data_ = allocator_->allocate(nbytes);
+  data_ = allocator_->allocate(nbytes, Stream{device, nullptr});  // the device's current stream
 }
 
 StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
@@ -13,7 +13,7 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function
 
 StorageImpl::~StorageImpl() {
   if (allocator_) {
-    allocator_->deallocate(data_, nbytes_);
+    allocator_->deallocate(data_, nbytes_, Stream{device_, nullptr});
   } else if (deleter_) {
     deleter_(data_);
   }
