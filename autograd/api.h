@@ -2,6 +2,7 @@
 // The whole differentiable API: #include "autograd/api.h".
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/ops/all_to_all.h"
 #include "autograd/ops/attention.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"

@@ -2,6 +2,7 @@
 // Per-tensor autograd state (TensorImpl::autograd).
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "autograd/node.h"
@@ -25,6 +26,12 @@ struct AutogradMeta {
     std::function<void(const Tensor&)> fn;
   };
   std::vector<PostHook> post_accumulate_hooks;
+  // Distributed leaves: the placements .grad is kept in (unset: the leaf's
+  // own). AccumulateGrad redistributes every incoming gradient to them after
+  // the hooks ran. Data parallelism sets Partial(sum) on the dp dim, so that
+  // gradients accumulate unreduced over micro-batches and its buckets do the
+  // reduction (set_grad_placements, nn/parallel/grad_reducer.h).
+  std::optional<Placements> grad_placements;
 };
 
 // Accessors that create the meta on demand.

@@ -5,6 +5,7 @@
 #include "autograd/ops/dist.h"
 #include "parallel/redistribute.h"
 #include "runtime/logging.h"
+#include "runtime/numerics.h"
 
 namespace tessel::detail {
 
@@ -143,7 +144,10 @@ DistGradInfo make_grad_info(const DistCall& c, const char* op) {
 std::vector<Tensor> DistGradInfo::localize(std::vector<Tensor>& grads, Placements& mode) const {
   const int nd = mesh->ndim();
   mode = Placements::replicated(nd);
-  for (int m = 0; m < nd; ++m) {
+  // Bitwise mode: a pending-sum gradient is reduced before an op's backward
+  // touches it (the backward's arithmetic does not commute with the sum).
+  const bool keep_partial = !numerics::bitwise();
+  for (int m = 0; m < nd && keep_partial; ++m) {
     if (!(passthrough >> m & 1u)) continue;
     for (const Tensor& g : grads)
       if (g.defined() && g.is_distributed() && g.placements()[m].is_partial_sum()) mode[m] = Partial();

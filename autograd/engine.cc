@@ -10,6 +10,8 @@
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/dist.h"
 #include "autograd/ops/factory.h"
+#include "parallel/sharding.h"
+#include "runtime/numerics.h"
 
 namespace tessel {
 
@@ -39,6 +41,12 @@ const Tensor& SavedTensor::get() const {
   if (released_) {
     throw SavedTensorError(
         "saved tensors were freed by an earlier backward; call backward(..., retain_graph=true) the first time");
+  }
+  if (tensor_.defined() && tensor_.storage() && tensor_.storage()->released()) {
+    throw SavedTensorError(fmt::format(
+        "a tensor saved for backward ({}) lives in storage that was released (FSDP frees gathered parameters "
+        "after a module's forward; they must be gathered again before its backward runs)",
+        tensor_.desc()));
   }
   if (tensor_.defined() && tensor_.storage() && tensor_.version() != version_) {
     throw SavedTensorError(fmt::format(
@@ -83,9 +91,10 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     if (r.defined()) g = r;
   }
   if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
-  if (leaf->dist) {  // gradients come out with the placements of their parameters
-    if (!g.is_distributed()) g = distribute_tensor(g, var.mesh(), var.placements());
-    else if (g.placements() != var.placements()) g = redistribute(g, var.placements());
+  if (leaf->dist) {  // gradients come out with the placements of their parameters (or the ones the leaf asks for)
+    const Placements& target = m.grad_placements ? *m.grad_placements : var.placements();
+    if (!g.is_distributed()) g = distribute_tensor(g, var.mesh(), target);
+    else if (g.placements() != target) g = redistribute(g, target);
   }
   if (!m.grad.defined()) {
     // Take the incoming buffer when nobody else can see it; copy otherwise.
@@ -156,11 +165,17 @@ struct ReadyOrder {
 // Replicate piece joins a Partial(sum) one by zeroing off the root (no
 // communication); other differences use the first one's layout.
 Tensor sum_gradients(const Tensor& a, const Tensor& b) {
-  if (!a.is_distributed() || !b.is_distributed() || a.placements() == b.placements()) return add(a, b);
+  if (!a.is_distributed() || !b.is_distributed()) return add(a, b);
+  if (numerics::bitwise()) {  // one device adds the finished gradients: reduce both first
+    const Placements r = sharding::unshard(a.placements(), {}, true);
+    return add(redistribute(a, r), redistribute(b, sharding::unshard(b.placements(), {}, true)));
+  }
+  if (a.placements() == b.placements()) return add(a, b);
   Placements target = a.placements();
   for (int m = 0; m < target.size(); ++m) {
     const Placement pa = a.placements()[m], pb = b.placements()[m];
-    if ((pa.is_partial_sum() && pb.is_replicate()) || (pa.is_replicate() && pb.is_partial_sum())) target[m] = Partial();
+    if ((pa.is_partial_sum() && pb.is_replicate()) || (pa.is_replicate() && pb.is_partial_sum()))
+      target[m] = numerics::bitwise() ? Replicate() : Partial();  // bitwise: reduce first, then add as one device does
   }
   return add(redistribute(a, target), redistribute(b, target));
 }

@@ -282,7 +282,7 @@ struct CloneOp {
     return out;
   }
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) { return {grads[0]}; }
-  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx, {0b1}); }
+  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise_exact(ctx, {0b1}, true); }
 };
 
 struct CastOp {

@@ -6,7 +6,7 @@
 
 namespace tessel::models {
 
-GPTBlock::GPTBlock(const ModelConfig& c) : nn::Module("GPTBlock") {
+GPTBlock::GPTBlock(const ModelConfig& c) : nn::UnaryModule("GPTBlock") {
   ln_1 = child("ln_1", std::make_shared<nn::LayerNorm>(c.dim, c.norm_eps));
   nn::AttentionConfig ac;
   ac.dim = c.dim;
@@ -20,8 +20,8 @@ GPTBlock::GPTBlock(const ModelConfig& c) : nn::Module("GPTBlock") {
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
-  Tensor h = x + attn->forward(ln_1->forward(x));
-  return h + mlp->forward(ln_2->forward(h));
+  Tensor h = x + (*attn)((*ln_1)(x));
+  return h + (*mlp)((*ln_2)(h));
 }
 
 GPT::GPT(const ModelConfig& cfg) : LanguageModel("GPT", cfg.resolved()) {
@@ -54,15 +54,17 @@ GPT::GPT(const ModelConfig& cfg) : LanguageModel("GPT", cfg.resolved()) {
   }
 }
 
-Tensor GPT::forward(const Tensor& ids) {
+Tensor GPT::embed(const Tensor& ids) {
   TESSEL_CHECK(ids.dim() == 2, "nanogpt", "expects token ids [B, T], got {}", ids.desc());
   const int64_t T = ids.size(1);
   TESSEL_CHECK(T <= config.max_seq_len, "nanogpt", "sequence length {} exceeds the context {} of config '{}'", T,
                config.max_seq_len, config.name);
   Tensor pos = arange(T).to(ids.device());
-  Tensor x = drop->forward(wte->forward(ids) + wpe->forward(pos));
-  for (auto& b : blocks_) x = b->forward(x);
-  x = ln_f->forward(x);
+  return (*drop)((*wte)(ids) + (*wpe)(pos));
+}
+
+Tensor GPT::head(const Tensor& h) {
+  Tensor x = (*ln_f)(h);
   return nn::cast_up(linear(nn::cast_to_compute(x), nn::cast_to_compute(wte->weight)));  // tied LM head
 }
 

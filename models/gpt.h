@@ -11,10 +11,10 @@
 
 namespace tessel::models {
 
-class GPTBlock : public nn::Module {
+class GPTBlock : public nn::UnaryModule {
  public:
   explicit GPTBlock(const ModelConfig& c);
-  Tensor forward(const Tensor& x);
+  Tensor forward(const Tensor& x) override;
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<nn::Attention> attn;
   std::shared_ptr<nn::MLP> mlp;
@@ -23,7 +23,9 @@ class GPTBlock : public nn::Module {
 class GPT : public LanguageModel {
  public:
   explicit GPT(const ModelConfig& config);
-  Tensor forward(const Tensor& ids) override;
+  Tensor embed(const Tensor& ids) override;
+  Tensor head(const Tensor& h) override;
+  const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return blocks_; }
 
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::shared_ptr<nn::Dropout> drop;
@@ -31,7 +33,7 @@ class GPT : public LanguageModel {
   std::shared_ptr<nn::LayerNorm> ln_f;
 
  private:
-  std::vector<std::shared_ptr<GPTBlock>> blocks_;
+  std::vector<std::shared_ptr<nn::UnaryModule>> blocks_;
 };
 
 }  // namespace tessel::models

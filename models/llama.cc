@@ -6,7 +6,7 @@
 
 namespace tessel::models {
 
-LlamaBlock::LlamaBlock(const ModelConfig& c) : nn::Module("LlamaBlock") {
+LlamaBlock::LlamaBlock(const ModelConfig& c) : nn::UnaryModule("LlamaBlock") {
   attn_norm = child("attn_norm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps));
   nn::AttentionConfig ac;
   ac.dim = c.dim;
@@ -32,8 +32,8 @@ LlamaBlock::LlamaBlock(const ModelConfig& c) : nn::Module("LlamaBlock") {
 }
 
 Tensor LlamaBlock::forward(const Tensor& x) {
-  Tensor h = x + attn->forward(attn_norm->forward(x));
-  return h + ffn->forward(ffn_norm->forward(h));
+  Tensor h = x + (*attn)((*attn_norm)(x));
+  return h + (*ffn)((*ffn_norm)(h));
 }
 
 Llama::Llama(const ModelConfig& cfg)
@@ -43,7 +43,8 @@ Llama::Llama(const ModelConfig& cfg)
   tok_embeddings = child("tok_embeddings", std::make_shared<nn::Embedding>(c.vocab_size, c.dim));
   layers = child("layers", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < c.n_layer; ++i) {
-    blocks_.push_back(std::make_shared<LlamaBlock>(c));
+    llama_blocks_.push_back(std::make_shared<LlamaBlock>(c));
+    blocks_.push_back(llama_blocks_.back());
     layers->push_back(blocks_.back());
   }
   norm = child("norm", std::make_shared<nn::RMSNorm>(c.dim, c.norm_eps));
@@ -59,20 +60,20 @@ Llama::Llama(const ModelConfig& cfg)
   }
 }
 
-Tensor Llama::forward(const Tensor& ids) {
+Tensor Llama::embed(const Tensor& ids) {
   const char* who = config.arch == Arch::Mixtral ? "mixtral" : "llama";
   TESSEL_CHECK(ids.dim() == 2, who, "expects token ids [B, T], got {}", ids.desc());
   TESSEL_CHECK(ids.size(1) <= config.max_seq_len, who, "sequence length {} exceeds the context {} of config '{}'",
                ids.size(1), config.max_seq_len, config.name);
-  Tensor x = tok_embeddings->forward(ids);
-  for (auto& b : blocks_) x = b->forward(x);
-  return nn::cast_up(output->forward(norm->forward(x)));
+  return (*tok_embeddings)(ids);
 }
+
+Tensor Llama::head(const Tensor& h) { return nn::cast_up((*output)((*norm)(h))); }
 
 Tensor Llama::aux_loss() const {
   if (config.arch != Arch::Mixtral) return Tensor();
   Tensor total;
-  for (const auto& b : blocks_) {
+  for (const auto& b : llama_blocks_) {
     const Tensor& a = b->moe->last_aux_loss();
     if (!a.defined()) continue;
     total = total.defined() ? total + a : a;
@@ -80,10 +81,16 @@ Tensor Llama::aux_loss() const {
   return total;
 }
 
+Tensor Llama::block_aux_loss(size_t i) const {
+  if (config.arch != Arch::Mixtral) return Tensor();
+  TESSEL_CHECK(i < llama_blocks_.size(), "mixtral", "block {} of {}", i, llama_blocks_.size());
+  return llama_blocks_[i]->moe->last_aux_loss();
+}
+
 std::vector<int64_t> Llama::expert_counts() const {
   std::vector<int64_t> counts;
   if (config.arch != Arch::Mixtral) return counts;
-  for (const auto& b : blocks_) {
+  for (const auto& b : llama_blocks_) {
     const auto& c = b->moe->last_expert_counts();
     if (counts.empty()) counts.assign(c.size(), 0);
     for (size_t e = 0; e < c.size() && e < counts.size(); ++e) counts[e] += c[e];

@@ -12,10 +12,10 @@
 
 namespace tessel::models {
 
-class LlamaBlock : public nn::Module {
+class LlamaBlock : public nn::UnaryModule {
  public:
   explicit LlamaBlock(const ModelConfig& c);
-  Tensor forward(const Tensor& x);
+  Tensor forward(const Tensor& x) override;
   std::shared_ptr<nn::RMSNorm> attn_norm, ffn_norm;
   std::shared_ptr<nn::Attention> attn;
   std::shared_ptr<nn::UnaryModule> ffn;  // SwiGLU or MoE
@@ -25,8 +25,11 @@ class LlamaBlock : public nn::Module {
 class Llama : public LanguageModel {
  public:
   explicit Llama(const ModelConfig& config);
-  Tensor forward(const Tensor& ids) override;
+  Tensor embed(const Tensor& ids) override;
+  Tensor head(const Tensor& h) override;
+  const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return blocks_; }
   Tensor aux_loss() const override;
+  Tensor block_aux_loss(size_t i) const override;
   std::vector<int64_t> expert_counts() const override;
 
   std::shared_ptr<nn::Embedding> tok_embeddings;
@@ -35,7 +38,8 @@ class Llama : public LanguageModel {
   std::shared_ptr<nn::Linear> output;
 
  private:
-  std::vector<std::shared_ptr<LlamaBlock>> blocks_;
+  std::vector<std::shared_ptr<nn::UnaryModule>> blocks_;
+  std::vector<std::shared_ptr<LlamaBlock>> llama_blocks_;
 };
 
 }  // namespace tessel::models

@@ -75,9 +75,9 @@ Tensor Attention::forward(const Tensor& x, int64_t position_offset) {
   TESSEL_CHECK(!c.rope || position_offset + T <= c.max_seq_len, "Attention",
                "'{}': positions {}..{} exceed the RoPE tables (max_seq_len {})", path(), position_offset,
                position_offset + T - 1, c.max_seq_len);
-  Tensor q = wq->forward(x).reshape({B, T, H, D});
-  Tensor k = wk->forward(x).reshape({B, T, Hkv, D});
-  Tensor v = wv->forward(x).reshape({B, T, Hkv, D});
+  Tensor q = (*wq)(x).reshape({B, T, H, D});
+  Tensor k = (*wk)(x).reshape({B, T, Hkv, D});
+  Tensor v = (*wv)(x).reshape({B, T, Hkv, D});
   if (c.rope) {
     q = apply_rotary(q, rope_cos, rope_sin, position_offset, c.rope_interleaved);
     k = apply_rotary(k, rope_cos, rope_sin, position_offset, c.rope_interleaved);
@@ -92,7 +92,7 @@ Tensor Attention::forward(const Tensor& x, int64_t position_offset) {
   }
   Tensor y = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o);
   y = y.transpose(1, 2).reshape({B, T, H * D});
-  return resid_drop->forward(wo->forward(y));
+  return (*resid_drop)((*wo)(y));
 }
 
 std::string Attention::extra_repr() const {

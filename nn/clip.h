@@ -34,4 +34,12 @@ double grad_norm(const std::vector<Tensor>& params);
 // a norm gives scale NaN or 0: NaN is not applied, 0 is).
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, bool error_if_nonfinite = false);
 
+// The pieces of the norm, for strategies that spread the parameters over
+// ranks (pipeline stages): step 1 for each parameter, s_i (collective over
+// a distributed gradient's mesh), or -1 where there is no gradient; and steps
+// 2-3 over such a list (entries < 0 skipped). grad_norm(params) ==
+// norm_of_square_sums(square_sums(params)), bit for bit.
+std::vector<float> square_sums(const std::vector<Tensor>& params, const char* op = "grad_norm");
+float norm_of_square_sums(const std::vector<float>& sums);
+
 }  // namespace tessel::nn

@@ -38,7 +38,7 @@ const std::shared_ptr<UnaryModule>& Sequential::operator[](size_t i) const {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (auto& m : items_) y = m->forward(y);
+  for (auto& m : items_) y = (*m)(y);
   return y;
 }
 

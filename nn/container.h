@@ -14,7 +14,12 @@ class UnaryModule : public Module {
  public:
   using Module::Module;
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x) with the forward hooks around it (call submodules this way).
+  Tensor operator()(const Tensor& x) {
+    if (!has_forward_hooks()) return forward(x);
+    Tensor in = run_forward_pre_hooks(x);
+    return run_forward_hooks(in, forward(in));
+  }
 };
 
 // Submodules named "0", "1", ... in order (paths "layers.3.attn...").

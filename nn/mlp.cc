@@ -12,7 +12,7 @@ MLP::MLP(int64_t d, int64_t h, bool bias, double p) : UnaryModule("MLP"), dim(d)
   drop = child("drop", std::make_shared<Dropout>(p));
 }
 
-Tensor MLP::forward(const Tensor& x) { return drop->forward(proj->forward(gelu(fc->forward(x), "tanh"))); }
+Tensor MLP::forward(const Tensor& x) { return (*drop)((*proj)(gelu((*fc)(x), "tanh"))); }
 
 std::string MLP::extra_repr() const { return fmt::format("dim={}, hidden={}", dim, hidden); }
 
@@ -23,7 +23,7 @@ SwiGLU::SwiGLU(int64_t d, int64_t h) : UnaryModule("SwiGLU"), dim(d), hidden(h) 
   w3 = child("w3", std::make_shared<Linear>(d, h, /*bias=*/false));
 }
 
-Tensor SwiGLU::forward(const Tensor& x) { return w2->forward(swiglu(w1->forward(x), w3->forward(x))); }
+Tensor SwiGLU::forward(const Tensor& x) { return (*w2)(swiglu((*w1)(x), (*w3)(x))); }
 
 std::string SwiGLU::extra_repr() const { return fmt::format("dim={}, hidden={}", dim, hidden); }
 

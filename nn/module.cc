@@ -1,9 +1,11 @@
 #include "nn/module.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_set>
 
 #include "autograd/api.h"
+#include "autograd/ops/dist.h"
 
 namespace tessel::nn {
 
@@ -161,6 +163,36 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+int Module::register_forward_pre_hook(ForwardPreHook hook) {
+  pre_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+int Module::register_forward_hook(ForwardHook hook) {
+  post_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+void Module::remove_forward_hook(int handle) {
+  auto drop = [&](auto& v) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& h) { return h.first == handle; }), v.end());
+  };
+  drop(pre_hooks_);
+  drop(post_hooks_);
+}
+
+Tensor Module::run_forward_pre_hooks(const Tensor& input) {
+  Tensor x = input;
+  for (auto& [h, fn] : pre_hooks_) x = fn(*this, x);
+  return x;
+}
+
+Tensor Module::run_forward_hooks(const Tensor& input, const Tensor& output) {
+  Tensor y = output;
+  for (auto& [h, fn] : post_hooks_) y = fn(*this, input, y);
+  return y;
+}
+
 Module& Module::submodule(const std::string& path) {
   if (path.empty()) return *this;
   size_t dot = path.find('.');
@@ -224,7 +256,13 @@ void Module::reset_parameters(uint64_t seed) {
   for (auto& [path, slot] : parameter_slots()) {
     TESSEL_CHECK(!slot->tensor->device().is_meta(), "reset_parameters",
                  "parameter '{}' is on the meta device; call materialize(device) first", path);
-    slot->init(*slot->tensor, parameter_key(seed, path), GlobalBlock{});
+    const Tensor& t = *slot->tensor;
+    if (t.is_distributed()) {  // the piece draws its slice of the full parameter's values
+      slot->init(raw::local_of(t), parameter_key(seed, path), local_random_block(t));
+      t.bump_version();
+    } else {
+      slot->init(t, parameter_key(seed, path), GlobalBlock{});
+    }
   }
 }
 
@@ -247,7 +285,8 @@ void Module::materialize(Device device) {
     for (auto& p : m->params_) {
       Tensor& t = *p.tensor;
       if (!t.device().is_meta()) continue;
-      t = empty(t.shape(), TensorOptions(t.dtype()).with_device(device));
+      TensorOptions o = TensorOptions(t.dtype()).with_device(device);
+      t = t.is_distributed() ? empty(t.shape(), t.mesh(), t.placements(), o) : empty(t.shape(), o);
       t.requires_grad_(true);
     }
     for (auto& b : m->buffers_) {

@@ -147,6 +147,21 @@ class Module {
   // Called after materialize(): modules with computed buffers (RoPE tables) fill them.
   virtual void init_buffers() {}
 
+  // ---- forward hooks ---------------------------------------------------------------
+  // Run around forward() when a module is called as (*m)(x) (UnaryModule::
+  // operator()), not by a direct forward() call — like PyTorch's __call__.
+  // A pre-hook may replace the input, a hook the output (return it
+  // unchanged otherwise). Parallel plans use them for input/output layouts,
+  // FSDP to gather parameters. Handles are unique per module.
+  using ForwardPreHook = std::function<Tensor(Module& m, const Tensor& input)>;
+  using ForwardHook = std::function<Tensor(Module& m, const Tensor& input, const Tensor& output)>;
+  int register_forward_pre_hook(ForwardPreHook hook);
+  int register_forward_hook(ForwardHook hook);
+  void remove_forward_hook(int handle);
+  bool has_forward_hooks() const { return !pre_hooks_.empty() || !post_hooks_.empty(); }
+  Tensor run_forward_pre_hooks(const Tensor& input);
+  Tensor run_forward_hooks(const Tensor& input, const Tensor& output);
+
   // Tree of modules with their options (extra_repr) and parameter shapes:
   //   Linear(in_features=4, out_features=8, bias=true, weight=[8, 4], bias=[8])
   std::string describe(int indent = 0) const;
@@ -181,6 +196,9 @@ class Module {
   std::vector<ParameterSlot> params_;
   std::vector<BufferSlot> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<std::pair<int, ForwardPreHook>> pre_hooks_;
+  std::vector<std::pair<int, ForwardHook>> post_hooks_;
+  int next_hook_ = 1;
   Module* parent_ = nullptr;            // cleared by the parent's destructor
   mutable std::string path_;            // valid when path_assigned_
   mutable bool path_assigned_ = false;

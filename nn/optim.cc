@@ -1,5 +1,7 @@
 #include "nn/optim.h"
 
+#include "autograd/ops/dist.h"
+
 #include <cmath>
 #include <map>
 #include <unordered_map>
@@ -34,6 +36,15 @@ std::vector<ParamGroup> default_param_groups(const Module& module, double weight
 }
 
 // ---- Optimizer -------------------------------------------------------------------------
+namespace {
+// A state buffer shaped like the parameter: for a distributed parameter, a
+// distributed tensor with its placements (only the local piece is allocated).
+Tensor state_zeros(const Tensor& param) {
+  const TensorOptions o = TensorOptions(DType::Float32).with_device(param.device());
+  return param.is_distributed() ? zeros(param.shape(), param.mesh(), param.placements(), o) : zeros(param.shape(), o);
+}
+}  // namespace
+
 void Optimizer::fail_option(const char* option, double value, const char* requirement) const {
   TESSEL_FAIL(name_, "invalid {} = {} ({})", option, value, requirement);
 }
@@ -101,9 +112,14 @@ void Optimizer::step() {
       TESSEL_FAIL(name_, "parameter '{}' ({}) has gradient {}; expected float32, bfloat16 or float16 on {}", s.path,
                   s.param.desc(), g.desc(), s.param.device().str());
     }
+    // A distributed parameter is updated piece by piece: its gradient has its
+    // placements (AccumulateGrad sees to it), its state is shaped like its piece.
+    if (s.param.is_distributed()) {
+      TESSEL_CHECK(g.is_distributed() && g.placements() == s.param.placements(), name_,
+                   "parameter '{}' ({}) has gradient {} in another layout", s.path, s.param.desc(), g.desc());
+    }
     if (s.buffers.empty()) {
-      for (size_t i = 0, n = buffer_names().size(); i < n; ++i)
-        s.buffers.push_back(zeros(s.param.shape(), TensorOptions(DType::Float32).with_device(s.param.device())));
+      for (size_t i = 0, n = buffer_names().size(); i < n; ++i) s.buffers.push_back(state_zeros(s.param));
     }
     ++s.step;
     update(s, g, lr_ * groups_[size_t(s.group)].lr_scale, group_weight_decay_[size_t(s.group)]);
@@ -133,6 +149,13 @@ std::vector<NamedTensor> Optimizer::state_dict() const {
     for (size_t i = 0; i < s.buffers.size(); ++i) out.push_back({s.path + "." + names[i], s.buffers[i]});
   }
   return out;
+}
+
+int64_t Optimizer::state_bytes() const {
+  const int64_t per_element = int64_t(buffer_names().size()) * int64_t(itemsize(DType::Float32));
+  int64_t n = 0;
+  for (const Slot& s : slots_) n += raw::local_of(s.param).numel() * per_element;
+  return n;
 }
 
 void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
@@ -198,8 +221,7 @@ void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
     s.step = it->second.step->item<int64_t>();
     if (s.buffers.size() != names.size()) {
       s.buffers.clear();
-      for (size_t b = 0; b < names.size(); ++b)
-        s.buffers.push_back(empty(s.param.shape(), TensorOptions(DType::Float32).with_device(s.param.device())));
+      for (size_t b = 0; b < names.size(); ++b) s.buffers.push_back(state_zeros(s.param));
     }
     for (size_t b = 0; b < names.size(); ++b) s.buffers[b].copy_(*it->second.buffers[b]);
   }
@@ -234,7 +256,8 @@ void SGD::update(Slot& slot, const Tensor& grad, double lr, double weight_decay)
   const bool first = slot.step == 1;
   const kernels::SGDScalars s =
       kernels::sgd_scalars(lr, opts_.momentum, opts_.dampening, weight_decay, opts_.nesterov, first);
-  kernels::sgd_step(slot.param.device(), slot.param, grad, s.use_momentum ? slot.buffers[0] : Tensor(), s);
+  kernels::sgd_step(slot.param.device(), raw::local_of(slot.param), raw::local_of(grad),
+                    s.use_momentum ? raw::local_of(slot.buffers[0]) : Tensor(), s);
 }
 
 // ---- AdamW -----------------------------------------------------------------------------
@@ -255,7 +278,8 @@ std::vector<std::string> AdamW::buffer_names() const { return {"exp_avg", "exp_a
 void AdamW::update(Slot& slot, const Tensor& grad, double lr, double weight_decay) {
   const kernels::AdamWScalars s =
       kernels::adamw_scalars(lr, opts_.betas[0], opts_.betas[1], opts_.eps, weight_decay, slot.step);
-  kernels::adamw_step(slot.param.device(), slot.param, grad, slot.buffers[0], slot.buffers[1], s);
+  kernels::adamw_step(slot.param.device(), raw::local_of(slot.param), raw::local_of(grad),
+                      raw::local_of(slot.buffers[0]), raw::local_of(slot.buffers[1]), s);
 }
 
 }  // namespace tessel::nn

@@ -83,6 +83,12 @@ class Optimizer {
   // order; and "step" (int64 scalar, num_steps()). Buffers are references to
   // the live state (like Module::state_dict); copy them to keep a snapshot.
   std::vector<NamedTensor> state_dict() const;
+  // Bytes of state this rank holds once every parameter has been updated:
+  // the buffers per parameter times the float32 bytes of its local piece
+  // (distributed parameters: their piece only, so sharded optimizer states
+  // count their shards).
+  int64_t state_bytes() const;
+
   // Copies state in. Every key must belong to a parameter of this optimizer
   // (or be "step"), shapes must match; a parameter without keys gets fresh
   // state. Nothing is written unless everything checks.

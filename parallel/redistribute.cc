@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kernels/elementwise.h"
+#include "runtime/numerics.h"
 #include "runtime/comm/comm.h"
 
 namespace tessel::parallel {
@@ -46,7 +47,8 @@ const char* collective_of(const Placement& from, const Placement& to) {
   if (from.is_shard() && to.is_replicate()) return "all_gather";
   if (from.is_partial() && to.is_replicate()) return "all_reduce";
   if (from.is_partial() && to.is_shard()) return "reduce_scatter";
-  if (from.is_shard() && to.is_shard()) return "all_to_all";
+  // Two cuts of one dim that differ in layout (ShardOn vs chunks) meet in Replicate.
+  if (from.is_shard() && to.is_shard()) return from.dim == to.dim ? nullptr : "all_to_all";
   if (from.is_replicate() && to.is_shard()) return "slice";
   if (from.is_replicate() && to.is_partial()) return "zero";
   return nullptr;  // needs a detour through Replicate
@@ -91,6 +93,8 @@ void check_placements(const char* op, const Mesh& mesh, const Placements& p, int
     if (p[m].is_shard()) {
       TESSEL_CHECK(p[m].dim >= 0 && p[m].dim < ndim, op, "placement {} on mesh dim '{}' names a dim outside a {}-D tensor",
                    p[m].str(), mesh.name(m), ndim);
+      TESSEL_CHECK(p[m].owner < mesh.size(m), op, "placement {} on mesh dim '{}' (size {}) names a coordinate outside it",
+                   p[m].str(), mesh.name(m), mesh.size(m));
     }
     if (p[m].is_partial()) {
       TESSEL_CHECK(p[m].op != comm::ReduceOp::Avg, op,
@@ -109,6 +113,17 @@ std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Placements& fr
     if (std::string(c) != "none") steps.push_back({m, cur[m], target, c});
     cur[m] = target;
   };
+  if (numerics::bitwise()) {
+    // Pieces of a pending sum nest in mesh order (outer dim major), and the
+    // canonical tree combines the innermost first: with more than one
+    // Partial dim being reduced, all-reduce them innermost first (the
+    // nesting rules below could otherwise reduce an outer dim first).
+    int reducing = 0;
+    for (int m = 0; m < mesh.ndim(); ++m) reducing += from[m].is_partial() && !to[m].is_partial();
+    if (reducing > 1)
+      for (int m = mesh.ndim() - 1; m >= 0; --m)
+        if (cur[m].is_partial() && !to[m].is_partial()) push(m, Replicate());
+  }
   for (int guard = 0; cur != to; ++guard) {
     TESSEL_ASSERT(guard < 4 * kMaxMeshDims + 4);
     bool progressed = false;
@@ -149,10 +164,11 @@ struct Exec {
   Placements cur;
 
   int64_t level_size(int m, int d) const { return size_at_level(global, mesh.shape(), cur, mesh.coords(), m, d); }
-  std::vector<int64_t> counts(int m, int d, int64_t inner) const {
-    const int64_t n = mesh.size(m), L = level_size(m, d);
+  // Elements each coordinate of mesh dim m holds when `p` cuts tensor dim d.
+  std::vector<int64_t> counts(int m, const Placement& p, int64_t inner) const {
+    const int64_t n = mesh.size(m), L = level_size(m, p.dim);
     std::vector<int64_t> c(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) c[size_t(i)] = chunk_range(L, n, i).size() * inner;
+    for (int64_t i = 0; i < n; ++i) c[size_t(i)] = shard_range(p, L, n, i).size() * inner;
     return c;
   }
 
@@ -170,7 +186,7 @@ struct Exec {
       fs[0] = L;
       Tensor buf = raw::empty(fs, t.dtype(), t.device());
       if (n == 1) kernels::copy(t.device(), in, buf);
-      else comm->all_gather_v(in, buf, counts(m, d, inner_size(t, d)))->wait();
+      else comm->all_gather_v(in, buf, counts(m, s.from, inner_size(t, d)))->wait();
       out = from_front(buf, d);
     } else if (c == "all_reduce") {
       out = contiguous_copy(t);
@@ -179,23 +195,25 @@ struct Exec {
       const int d = s.to.dim;
       const int64_t L = level_size(m, d);
       Tensor in = to_front(t, d);
-      Range r = chunk_range(L, n, mesh.coordinate(m));
+      Range r = shard_range(s.to, L, n, mesh.coordinate(m));
       Dims os = in.shape();
       os[0] = r.size();
       Tensor buf = raw::empty(os, t.dtype(), t.device());
       if (n == 1) kernels::copy(t.device(), in, buf);
-      else comm->reduce_scatter_v(in, buf, counts(m, d, inner_size(t, d)), s.from.op)->wait();
+      else comm->reduce_scatter_v(in, buf, counts(m, s.to, inner_size(t, d)), s.from.op)->wait();
       out = from_front(buf, d);
     } else if (c == "all_to_all") {
-      out = all_to_all(t, m, s.from.dim, s.to.dim);
+      out = all_to_all(t, m, s.from, s.to);
     } else if (c == "slice") {
       const int d = s.to.dim;
-      Range r = chunk_range(level_size(m, d), n, mesh.coordinate(m));
+      Range r = shard_range(s.to, level_size(m, d), n, mesh.coordinate(m));
       out = contiguous_copy(raw::narrow(t, d, r.begin, r.size()));
     } else if (c == "zero") {
       if (s.to.op == comm::ReduceOp::Sum && mesh.coordinate(m) != 0) {
+        // -0.0, the exact additive identity (x + -0 == x for every x, -0
+        // included), so the pending sum gives back the value bit for bit.
         out = raw::empty(t.shape(), t.dtype(), t.device());
-        kernels::fill(t.device(), out, Scalar(0));
+        kernels::fill(t.device(), out, is_floating(t.dtype()) ? Scalar(-0.0) : Scalar(0));
       } else {
         out = t;
       }
@@ -206,9 +224,10 @@ struct Exec {
     return out;
   }
 
-  // Shard(a) -> Shard(b) along mesh dim m: block r of my piece (its chunk r
-  // along b) goes to rank r; what rank s sends me is its chunk of a.
-  Tensor all_to_all(const Tensor& t, int m, int a, int b) {
+  // Shard(a) -> Shard(b) along mesh dim m (a != b): block r of my piece (its
+  // chunk r along b) goes to rank r; what rank s sends me is its chunk of a.
+  Tensor all_to_all(const Tensor& t, int m, const Placement& pa, const Placement& pb) {
+    const int a = pa.dim, b = pb.dim;
     const int64_t n = mesh.size(m);
     const int me = mesh.coordinate(m);
     const int64_t La = level_size(m, a), Lb = level_size(m, b);
@@ -216,18 +235,18 @@ struct Exec {
     for (int i = 0; i < t.dim(); ++i)
       if (i != a && i != b) inner *= t.shape()[i];
     const int64_t my_a = t.shape()[a];
-    const Range my_b = chunk_range(Lb, n, me);
+    const Range my_b = shard_range(pb, Lb, n, me);
     std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
     for (int64_t r = 0; r < n; ++r) {
-      send[size_t(r)] = my_a * chunk_range(Lb, n, r).size() * inner;
-      recv[size_t(r)] = chunk_range(La, n, r).size() * my_b.size() * inner;
+      send[size_t(r)] = my_a * shard_range(pb, Lb, n, r).size() * inner;
+      recv[size_t(r)] = shard_range(pa, La, n, r).size() * my_b.size() * inner;
     }
     int64_t total_send = 0, total_recv = 0;
     for (int64_t r = 0; r < n; ++r) total_send += send[size_t(r)], total_recv += recv[size_t(r)];
     Tensor sbuf = raw::empty(Dims{total_send}, t.dtype(), t.device());
     int64_t off = 0;
     for (int64_t r = 0; r < n; ++r) {
-      Range br = chunk_range(Lb, n, r);
+      Range br = shard_range(pb, Lb, n, r);
       Tensor block = raw::narrow(t, b, br.begin, br.size());
       Tensor dst = raw::as_strided(sbuf, block.shape(), contiguous_strides(block.shape()), off);
       kernels::copy(t.device(), block, dst);
@@ -242,7 +261,7 @@ struct Exec {
     Tensor out = raw::empty(os, t.dtype(), t.device());
     off = 0;
     for (int64_t s = 0; s < n; ++s) {
-      Range ar = chunk_range(La, n, s);
+      Range ar = shard_range(pa, La, n, s);
       Dims bs = os;
       bs[a] = ar.size();
       Tensor src = raw::as_strided(rbuf, bs, contiguous_strides(bs), off);

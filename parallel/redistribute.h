@@ -9,8 +9,11 @@
 //   Partial  -> Shard(d)     reduce-scatter along d
 //   Shard(a) -> Shard(b)     all-to-all
 //   Replicate -> Shard(d)    local slice (no communication)
-//   Replicate -> Partial     keep on coordinate 0, zeros elsewhere (sum);
+//   Replicate -> Partial     keep on coordinate 0, -0.0 elsewhere (sum);
 //                            unchanged (max, min)
+// ShardOn(d, c) (runtime/placement.h) is a Shard(d) with other chunk sizes:
+// the same collectives with uneven counts. Changing how one tensor dim is cut
+// (Shard(d) <-> ShardOn(d, c), or another owner) goes through Replicate.
 // Other changes go through Replicate. Shards of one tensor dim nest in
 // mesh-dim order, so a mesh dim can only be changed while no later mesh dim
 // cuts the same tensor dim; the planner gathers such later dims first and

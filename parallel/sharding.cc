@@ -1,5 +1,7 @@
 #include "parallel/sharding.h"
 
+#include "runtime/numerics.h"
+
 namespace tessel::sharding {
 
 ShardingPlan replicate(const ShardingContext& ctx) {
@@ -25,15 +27,17 @@ ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_
   };
   for (int m = 0; m < ctx.mesh_ndim(); ++m) {
     // 1. A shard to follow: from the largest input sharding a non-broadcast dim.
+    // Its placement is copied (dim adjusted), so ShardOn stays ShardOn.
     int od = -1;
     int64_t best = -1;
+    Placement follow;
     for (int i = 0; i < ni; ++i) {
       const TensorSpec& s = ctx.in[size_t(i)];
       if (!s.defined || !s.placements[m].is_shard()) continue;
       int o = out_dim(i, s.placements[m].dim);
-      if (o < 0 || oshape[o] <= 1) continue;
+      if (o < 0) continue;
       int64_t n = numel_of(s.shape);
-      if (n > best) best = n, od = o;
+      if (n > best) best = n, od = o, follow = s.placements[m];
     }
     if (od >= 0) {
       for (int i = 0; i < ni; ++i) {
@@ -44,9 +48,12 @@ ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_
         }
         int di = od - (on - s.dim());
         bool has = di >= 0 && s.shape[di] == oshape[od];
-        plan.in[size_t(i)].push_back(has ? Shard(di) : Replicate());
+        Placement p = follow;
+        p.dim = int8_t(di);
+        plan.in[size_t(i)].push_back(has ? p : Replicate());
       }
-      plan.out[0].push_back(Shard(od));
+      follow.dim = int8_t(od);
+      plan.out[0].push_back(follow);
       continue;
     }
     // 2. Partial inputs of a linear op.
@@ -71,14 +78,96 @@ ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_
   return plan;
 }
 
+ShardingPlan pointwise_exact(const ShardingContext& ctx, std::initializer_list<uint32_t> linear_sets, bool exact) {
+  if (numerics::bitwise() && !exact) return pointwise(ctx);
+  return pointwise(ctx, linear_sets);
+}
+
+int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const std::vector<int>& dims, int v) {
+  if (dims.empty()) return v;
+  const int d0 = dims[0];
+  std::vector<int> cuts;  // mesh dims cutting d0, in mesh order
+  for (int m = 0; m < p.size(); ++m) {
+    if (!p[m].is_shard() || mesh.size(m) == 1) continue;
+    for (size_t i = 1; i < dims.size(); ++i)
+      if (p[m].dim == dims[i]) return 0;  // an inner reduced dim is cut: pieces are not contiguous runs
+    if (p[m].dim == d0) cuts.push_back(m);
+  }
+  if (cuts.empty()) return v;
+  int64_t w = 1;
+  for (int m : cuts) w *= mesh.size(m);
+  if (w > v || v % w != 0) return 0;
+  const int k = int(v / w);
+  int64_t unit = 1;
+  for (size_t i = 1; i < dims.size(); ++i) unit *= shape[dims[i]];
+  const int64_t n = shape[d0] * unit;
+  // Every piece, in nested order (outer mesh dim major): [offset, length) along d0.
+  struct Piece {
+    int64_t off, len;
+  };
+  std::vector<Piece> pieces{{0, shape[d0]}};
+  for (int m : cuts) {
+    std::vector<Piece> next;
+    for (const Piece& pc : pieces)
+      for (int64_t c = 0; c < mesh.size(m); ++c) {
+        Range r = chunk_range(pc.len, mesh.size(m), c);
+        next.push_back({pc.off + r.begin, r.size()});
+      }
+    pieces = std::move(next);
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const int64_t off = pieces[i].off * unit, len = pieces[i].len * unit;
+    for (int j = 0; j < k; ++j) {
+      const int g = int(i) * k + j;
+      if (off + numerics::chunk_begin(len, k, j) != numerics::chunk_begin(n, v, g) ||
+          off + numerics::chunk_end(len, k, j) != numerics::chunk_end(n, v, g))
+        return 0;
+    }
+  }
+  return k;
+}
+
+std::vector<int> pointwise_backward_chunks(const ShardingContext& ctx, ShardingPlan& plan) {
+  const int v = numerics::reduction_chunks();
+  const Dims& oshape = ctx.out[0].shape;
+  const int on = oshape.size(), ni = int(ctx.in.size());
+  std::vector<int> chunks(static_cast<size_t>(ni), v);
+  for (int guard = 0; guard <= ctx.mesh_ndim(); ++guard) {
+    int bad = -1;
+    for (int i = 0; i < ni && bad < 0; ++i) {
+      const TensorSpec& s = ctx.in[size_t(i)];
+      chunks[size_t(i)] = v;
+      if (!s.defined || !is_floating(s.dtype)) continue;
+      std::vector<int> reduced;
+      for (int od = 0; od < on; ++od) {
+        const int di = od - (on - s.dim());
+        if (di < 0 || (s.shape[di] == 1 && oshape[od] != 1)) reduced.push_back(od);
+      }
+      const int k = local_chunks(oshape, plan.out[0], *ctx.mesh, reduced, v);
+      if (k > 0) {
+        chunks[size_t(i)] = k;
+        continue;
+      }
+      for (int m = 0; m < ctx.mesh_ndim() && bad < 0; ++m)
+        for (int od : reduced)
+          if (plan.out[0][m].is_shard(od)) bad = m;
+    }
+    if (bad < 0) return chunks;
+    for (auto& p : plan.in) p[bad] = Replicate();
+    plan.out[0][bad] = Replicate();
+  }
+  TESSEL_FAIL(ctx.op, "internal error: no exact layout for the backward reductions");
+}
+
 Placements map_dims(const Placements& in, const int* dim_map, Placement vanished) {
   Placements out;
   for (const Placement& p : in) {
     if (!p.is_shard()) {
       out.push_back(p);
     } else {
-      int o = dim_map[p.dim];
-      out.push_back(o >= 0 ? Shard(o) : vanished);
+      Placement q = p;  // keeps a ShardOn's owner
+      q.dim = int8_t(dim_map[p.dim]);
+      out.push_back(q.dim >= 0 ? q : vanished);
     }
   }
   return out;

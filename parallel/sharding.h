@@ -80,6 +80,29 @@ Placements map_dims(const Placements& in, const int* dim_map, Placement vanished
 // Partial) turned into Replicate.
 Placements unshard(const Placements& p, std::initializer_list<int> dims, bool partial = true);
 
+// Bitwise mode (numerics::bitwise()): the local chunk count of a canonical
+// reduction over `dims` (flattened row-major, as the kernels do) of a tensor
+// with `shape` laid out by `p`, when V chunks are used globally.
+//   - no mesh dim cuts a reduced dim: V;
+//   - the cuts all fall on the outermost reduced dim, W (the product of the
+//     cutting mesh dims' sizes) divides V, and every piece is a whole run of
+//     the global chunks: V / W — each piece computes its subtree and the
+//     rank-order reduction of the collectives finishes the same tree;
+//   - otherwise 0: not exact (the caller gathers the reduced dims instead).
+int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const std::vector<int>& dims, int v);
+
+// In bitwise mode, Partial(sum) may only flow through ops whose arithmetic
+// commutes exactly with the pending sum (views, selections, negation, exact
+// casts); `pointwise` then keeps Partial only if `exact` is set.
+ShardingPlan pointwise_exact(const ShardingContext& ctx, std::initializer_list<uint32_t> linear_sets, bool exact);
+
+// Bitwise mode, pointwise ops with broadcasting: the backward reduces each
+// input's gradient over the output dims the input broadcasts along (sum_to).
+// Returns, per input, the local chunk count of that reduction under `plan`
+// (V where it is not sharded); a mesh dim whose shard would make one of them
+// inexact is replicated in `plan` first.
+std::vector<int> pointwise_backward_chunks(const ShardingContext& ctx, ShardingPlan& plan);
+
 // Gradient placements (see above): dual(Shard(d)) = Shard(d), dual(R) =
 // Partial(sum), dual(Partial(sum)) = R; Partial(max/min) has none (throws,
 // naming the op).

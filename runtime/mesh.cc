@@ -118,6 +118,21 @@ MeshPtr Mesh::sub(const std::vector<std::string>& names) const {
   return m;
 }
 
+MeshPtr Mesh::with_comms(const std::function<std::shared_ptr<comm::Communicator>(
+                             int d, const std::shared_ptr<comm::Communicator>& c)>& wrap) const {
+  auto m = std::make_shared<Mesh>(*this);
+  for (int d = 0; d < ndim(); ++d) {
+    m->comms_[size_t(d)] = wrap(d, comms_[size_t(d)]);
+    if (comms_[size_t(d)]) {
+      TESSEL_CHECK(m->comms_[size_t(d)] && m->comms_[size_t(d)]->size() == comms_[size_t(d)]->size() &&
+                       m->comms_[size_t(d)]->rank() == comms_[size_t(d)]->rank(),
+                   "Mesh::with_comms", "the communicator of dim '{}' of mesh {} must keep its size and rank",
+                   names_[size_t(d)], str());
+    }
+  }
+  return m;
+}
+
 bool Mesh::same_as(const Mesh& o) const {
   return this == &o || (names_ == o.names_ && shape_ == o.shape_ && ranks_ == o.ranks_ && device_ == o.device_);
 }

@@ -8,6 +8,7 @@
 // made once when the mesh is built. A mesh is immutable and shared
 // (MeshPtr); tensors on the same mesh point at the same object or at equal
 // ones (same names, sizes and ranks).
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,6 +63,13 @@ class Mesh {
   // The mesh over a subset of the dims (in the given order of this mesh's
   // dims), with this rank's coordinates fixed on the others. Not collective.
   MeshPtr sub(const std::vector<std::string>& names) const;
+
+  // The same mesh with other communicators: wrap(d, comm(d)) for each dim
+  // (comm(d) is null for dims of size 1). For instrumentation, e.g. tests
+  // that count or trace the collectives a strategy issues on the dp group.
+  // The wrappers must reach the same ranks in the same order. Not collective.
+  MeshPtr with_comms(const std::function<std::shared_ptr<comm::Communicator>(
+                         int d, const std::shared_ptr<comm::Communicator>& c)>& wrap) const;
 
   std::string str() const {  // "(dp=2, tp=2)"
     std::string s = "(";

@@ -26,7 +26,25 @@ std::atomic<int>& chunks() {
   return v;
 }
 
+// Per thread, like grad mode: ranks running as threads (the local backend)
+// each set their own; TESSEL_BITWISE is every thread's default.
+bool& bitwise_flag() {
+  static const bool from_env = [] {
+    const char* env = std::getenv("TESSEL_BITWISE");
+    return env && env[0] == '1';
+  }();
+  thread_local bool on = from_env;
+  return on;
+}
+
 }  // namespace
+
+bool bitwise() { return bitwise_flag(); }
+bool set_bitwise(bool on) {
+  const bool prev = bitwise_flag();
+  bitwise_flag() = on;
+  return prev;
+}
 
 int reduction_chunks() { return chunks().load(std::memory_order_relaxed); }
 

@@ -33,6 +33,27 @@ class ChunksGuard {
   int prev_;
 };
 
+// Bitwise mode (DESIGN.md §4 levels 2-3 for distributed runs): a computation
+// on any mesh, split into any micro-batches, gives the bits of the
+// single-device computation. Sharded reductions then keep the canonical tree
+// (each piece computes its subtree, the collectives finish it) or gather;
+// pending sums never flow through inexact arithmetic. Per thread (ranks
+// running as threads set their own), default off (TESSEL_BITWISE=1 turns it
+// on); see docs/numerics.md.
+bool bitwise();
+bool set_bitwise(bool on);  // returns the previous setting
+
+class BitwiseGuard {
+ public:
+  explicit BitwiseGuard(bool on) : prev_(set_bitwise(on)) {}
+  ~BitwiseGuard() { set_bitwise(prev_); }
+  BitwiseGuard(const BitwiseGuard&) = delete;
+  BitwiseGuard& operator=(const BitwiseGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // Chunk geometry: chunk c of a length-n reduction covers [begin, end).
 TESSEL_HOST_DEVICE_INLINE int64_t chunk_size(int64_t n, int v) { return (n + v - 1) / v; }
 TESSEL_HOST_DEVICE_INLINE int64_t chunk_begin(int64_t n, int v, int c) {

@@ -21,7 +21,7 @@ const char* reduce_op_name(ReduceOp op) {
 std::string Placement::str() const {
   switch (kind) {
     case Kind::Replicate: return "R";
-    case Kind::Shard: return fmt::format("S({})", int(dim));
+    case Kind::Shard: return owner >= 0 ? fmt::format("S({})@{}", int(dim), int(owner)) : fmt::format("S({})", int(dim));
     case Kind::Partial: return fmt::format("P({})", comm::reduce_op_name(op));
   }
   return "?";
@@ -70,7 +70,7 @@ LocalGeometry local_geometry(const Dims& global_shape, const Dims& mesh_shape, c
   for (int m = 0; m < placements.size(); ++m) {
     const Placement& p = placements[m];
     if (!p.is_shard()) continue;
-    Range r = chunk_range(size[p.dim], mesh_shape[m], coords[m]);
+    Range r = shard_range(p, size[p.dim], mesh_shape[m], coords[m]);
     b.offset[p.dim] += r.begin;
     size[p.dim] = r.size();
   }
@@ -82,7 +82,7 @@ int64_t size_at_level(const Dims& global_shape, const Dims& mesh_shape, const Pl
                       const int* coords, int mesh_dim, int tensor_dim) {
   int64_t size = global_shape[tensor_dim];
   for (int m = 0; m < mesh_dim; ++m)
-    if (placements[m].is_shard(tensor_dim)) size = chunk_range(size, mesh_shape[m], coords[m]).size();
+    if (placements[m].is_shard(tensor_dim)) size = shard_range(placements[m], size, mesh_shape[m], coords[m]).size();
   return size;
 }
 

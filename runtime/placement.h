@@ -7,6 +7,13 @@
 //   Replicate    every coordinate holds the whole (current) tensor;
 //   Partial(op)  the global value is the reduction (sum, max, min) of the
 //                coordinates' local values: a pending all-reduce.
+//   ShardOn(d, c) the whole tensor lives on coordinate c; the other
+//                coordinates hold empty pieces (dim d of size 0). A Shard(d)
+//                whose chunks are [0 ... 0, all, 0 ... 0]: expert parallelism
+//                keeps expert e's weights on one coordinate of the "ep" dim
+//                this way (docs/parallel.md), and everything that works on
+//                shards (gathers, reduce-scatters, norms, optimisers on local
+//                pieces) works on it through shard_range().
 //
 // A tensor has one placement per mesh dimension. Shards along several mesh
 // dimensions nest in mesh-dimension order: mesh dim 0 cuts first, mesh dim 1
@@ -28,17 +35,19 @@ struct Placement {
   Kind kind = Kind::Replicate;
   int8_t dim = 0;                         // Shard: the tensor dim
   comm::ReduceOp op = comm::ReduceOp::Sum;  // Partial: the pending reduction
+  int8_t owner = -1;                      // Shard: -1 ceil-division chunks; c >= 0 all on coordinate c (ShardOn)
 
   bool is_replicate() const { return kind == Kind::Replicate; }
   bool is_shard() const { return kind == Kind::Shard; }
   bool is_shard(int d) const { return kind == Kind::Shard && dim == d; }
   bool is_partial() const { return kind == Kind::Partial; }
   bool is_partial_sum() const { return kind == Kind::Partial && op == comm::ReduceOp::Sum; }
-  std::string str() const;  // "R", "S(0)", "P(sum)"
+  bool is_owned() const { return kind == Kind::Shard && owner >= 0; }  // ShardOn
+  std::string str() const;  // "R", "S(0)", "S(0)@1" (ShardOn), "P(sum)"
 
   friend bool operator==(const Placement& a, const Placement& b) {
     if (a.kind != b.kind) return false;
-    if (a.kind == Kind::Shard) return a.dim == b.dim;
+    if (a.kind == Kind::Shard) return a.dim == b.dim && a.owner == b.owner;
     if (a.kind == Kind::Partial) return a.op == b.op;
     return true;
   }
@@ -48,6 +57,10 @@ struct Placement {
 inline Placement Replicate() { return {}; }
 inline Placement Shard(int dim) { return {Placement::Kind::Shard, int8_t(dim), comm::ReduceOp::Sum}; }
 inline Placement Partial(comm::ReduceOp op = comm::ReduceOp::Sum) { return {Placement::Kind::Partial, 0, op}; }
+// Tensor dim `dim` entirely on coordinate `coord` of the mesh dim (see above).
+inline Placement ShardOn(int dim, int coord) {
+  return {Placement::Kind::Shard, int8_t(dim), comm::ReduceOp::Sum, int8_t(coord)};
+}
 
 class Placements {
  public:
@@ -101,6 +114,16 @@ inline Range chunk_range(int64_t size, int64_t n, int64_t c) {
   int64_t e = b + chunk;
   if (e > size) e = size;
   return {b, e};
+}
+
+// The range of coordinate c (of n) under the shard placement p: chunk_range
+// for Shard(d); for ShardOn(d, o) everything on o, empty ranges elsewhere
+// (before o at 0, after it at the end, so the ranges still tile [0, size) in
+// coordinate order — gathers concatenate pieces in that order).
+inline Range shard_range(const Placement& p, int64_t size, int64_t n, int64_t c) {
+  if (p.owner < 0) return chunk_range(size, n, c);
+  if (c == p.owner) return {0, size};
+  return c < p.owner ? Range{0, 0} : Range{size, size};
 }
 
 // Where the local piece of a global tensor sits, for the coordinates `coords`

@@ -28,6 +28,18 @@ class StorageImpl {
   uint32_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Gives the memory back to the allocator but keeps this object, its size
+  // and its version counter, so tensors aliasing it (views, tensors autograd
+  // saved) stay valid handles. FSDP frees gathered parameters this way after
+  // a module's forward and fills them again, in place, before its backward
+  // (nn/parallel/fsdp.h). Until reallocate(), data() is null and autograd
+  // refuses to unpack saved tensors living here. Allocator-owned storage only.
+  void release();
+  // New memory of the same size (uninitialised; the caller refills it). The
+  // version is not bumped: refilling restores the values tensors were saved with.
+  void reallocate();
+  bool released() const { return released_; }
+
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
@@ -35,6 +47,7 @@ class StorageImpl {
   Allocator* allocator_ = nullptr;  // null for external memory
   std::function<void(void*)> deleter_;
   std::atomic<uint32_t> version_{0};
+  bool released_ = false;
 };
 
 }  // namespace tessel

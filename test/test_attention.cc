@@ -1,9 +1,14 @@
-// Scaled dot-product attention: against a per-head reference, GQA, masks, gradients.
+// Scaled dot-product attention: against a per-head reference, GQA, masks, gradients;
+// the fused causal kernel against the composite, its scalar reference, threads and slices.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 
 #include "autograd/api.h"
+#include "kernels/attention.h"
+#include "kernels/cpu/attention_ref.h"
+#include "kernels/random.h"
+#include "runtime/threadpool.h"
 #include "test/util/util.h"
 
 using namespace tessel;
@@ -90,4 +95,233 @@ TEST_CASE("attention dropout with a GlobalBlock: a batch slice gets its slice of
   // Without the block, a slice draws the mask of batch row 0 instead.
   Tensor unplaced = scaled_dot_product_attention(q.narrow(0, 3, 1), k.narrow(0, 3, 1), v.narrow(0, 3, 1), o);
   CHECK_FALSE(bitwise_equal(unplaced, full.narrow(0, 3, 1)));
+}
+
+// ---- The fused causal kernel -------------------------------------------------------------
+
+namespace {
+
+AttentionOptions composite_opts(AttentionOptions o = {}) {
+  o.fused = false;
+  return o;
+}
+
+// q [B, T, Hq, D] / k, v [B, T, Hkv, D] as head-transposed views, the layout the Attention module passes.
+struct Qkv {
+  Tensor q, k, v;
+};
+Qkv make_qkv(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t D, uint64_t seed, DType dt = DType::Float32,
+             bool transposed = true, double range = 2.0) {
+  if (transposed)
+    return {uniform({B, T, Hq, D}, seed, -range, range, dt).transpose(1, 2),
+            uniform({B, T, Hkv, D}, seed + 1, -range, range, dt).transpose(1, 2),
+            uniform({B, T, Hkv, D}, seed + 2, -1, 1, dt).transpose(1, 2)};
+  return {uniform({B, Hq, T, D}, seed, -range, range, dt), uniform({B, Hkv, T, D}, seed + 1, -range, range, dt),
+          uniform({B, Hkv, T, D}, seed + 2, -1, 1, dt)};
+}
+
+// Output and input gradients for a fixed random output gradient.
+std::vector<Tensor> run_attention(const Qkv& x, const AttentionOptions& o, uint64_t seed = 77) {
+  Tensor q = x.q.detach().requires_grad_(), k = x.k.detach().requires_grad_(), v = x.v.detach().requires_grad_();
+  Tensor y = scaled_dot_product_attention(q, k, v, o);
+  Tensor w = uniform(y.shape(), seed, -1, 1, y.dtype());
+  sum(y * w).backward();
+  return {y, q.grad(), k.grad(), v.grad()};
+}
+
+template <class C>
+std::vector<C> values(const Tensor& t) {
+  return t.to(dtype_v<C>).contiguous().template to_vector<C>();
+}
+
+}  // namespace
+
+TEST_CASE("fused attention agrees with the composite (values and gradients)") {
+  struct Shape {
+    int64_t B, Hq, Hkv, T, D;
+  };
+  for (Shape s : {Shape{2, 4, 4, 1, 8}, Shape{1, 2, 2, 5, 3}, Shape{2, 6, 2, 17, 16}, Shape{1, 3, 1, 50, 64},
+                  Shape{2, 2, 2, 100, 1}, Shape{1, 4, 2, 131, 80}}) {
+    for (DType dt : {DType::Float32, DType::Float64}) {
+      INFO("B " << s.B << " Hq " << s.Hq << " Hkv " << s.Hkv << " T " << s.T << " D " << s.D << " "
+                << dtype_name(dt));
+      Qkv x = make_qkv(s.B, s.Hq, s.Hkv, s.T, s.D, 10 * s.T + s.D, dt);
+      auto fused = run_attention(x, {});
+      auto comp = run_attention(x, composite_opts());
+      const double tol = dt == DType::Float32 ? 2e-5 : 1e-12;
+      for (size_t i = 0; i < fused.size(); ++i) {
+        INFO("output " << i << " max |diff| " << max_abs_diff(fused[i].to(DType::Float64), comp[i].to(DType::Float64)));
+        CHECK(fused[i].shape() == comp[i].shape());
+        CHECK(allclose(fused[i].to(DType::Float64), comp[i].to(DType::Float64), tol, tol));
+      }
+    }
+  }
+  // A scale of its own.
+  Qkv x = make_qkv(1, 2, 2, 9, 4, 5);
+  AttentionOptions o;
+  o.scale = 0.3;
+  CHECK(allclose(run_attention(x, o)[0], run_attention(x, composite_opts(o))[0], 2e-5, 2e-5));
+}
+
+TEST_CASE("fused attention: output and gradients keep the head-transposed layout") {
+  // As in the Attention module: q, k, v are [B, H, T, D] views of [B, T, H, D] projections.
+  Tensor q0 = uniform({2, 7, 4, 8}, 1).requires_grad_(), k0 = uniform({2, 7, 2, 8}, 2).requires_grad_(),
+         v0 = uniform({2, 7, 2, 8}, 3).requires_grad_();
+  Tensor q = q0 * 1.0f, k = k0 * 1.0f, v = v0 * 1.0f;  // non-leaves, so hooks see the op's own gradients
+  std::vector<Tensor> seen(3);
+  Tensor qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
+  qt.register_hook([&](const Tensor& g) { seen[0] = g; return Tensor(); });
+  kt.register_hook([&](const Tensor& g) { seen[1] = g; return Tensor(); });
+  vt.register_hook([&](const Tensor& g) { seen[2] = g; return Tensor(); });
+  Tensor y = scaled_dot_product_attention(qt, kt, vt);
+  CHECK(y.transpose(1, 2).is_contiguous());  // [B, T, H, D] in memory: the reshape to [B, T, H * D] is a view
+  sum(y * uniform(y.shape(), 4)).backward();
+  for (const Tensor& g : seen) {
+    REQUIRE(g.defined());
+    CHECK(g.transpose(1, 2).is_contiguous());
+  }
+  // Contiguous inputs give contiguous outputs.
+  Qkv c = make_qkv(2, 4, 2, 7, 8, 3, DType::Float32, /*transposed=*/false);
+  CHECK(run_attention(c, {})[0].is_contiguous());
+}
+
+namespace {
+
+// The kernels on (possibly strided, 16-bit) tensors against the scalar reference on float copies.
+void check_kernels_against_reference(const Qkv& x, int v, bool dropout) {
+  const Tensor &q = x.q, &k = x.k, &vv = x.v;
+  const int64_t B = q.size(0), Hq = q.size(1), Hkv = k.size(1), T = q.size(2), D = q.size(3);
+  INFO("B " << B << " Hq " << Hq << " Hkv " << Hkv << " T " << T << " D " << D << " V " << v << " dropout "
+            << dropout << " " << dtype_name(q.dtype()));
+  kernels::AttentionParams p;
+  p.scale = 1.0 / std::sqrt(double(std::max<int64_t>(D, 1)));
+  p.chunks = v;
+  if (dropout) {
+    p.dropout = true;
+    p.key = PhiloxKey{11, 12};
+    p.keep_threshold = kernels::bernoulli_threshold(0.7);
+    p.dropout_scale = 1.0 / 0.7;
+    p.block = GlobalBlock{{B + 2, Hq, T, T}, {1, 0, 0, 0}};
+  }
+  Tensor out = raw::empty(q.shape(), q.dtype());
+  Tensor stats = raw::empty({B, Hq, T, 2}, DType::Float32);
+  kernels::attention_forward(kCPU, q, k, vv, p, out, stats);
+  Tensor dout = uniform(q.shape(), 5, -1, 1, q.dtype()).transpose(0, 1).contiguous().transpose(0, 1);  // strided
+  Tensor dq = raw::empty(q.shape(), q.dtype()), dk = raw::empty(k.shape(), q.dtype()),
+         dv = raw::empty(vv.shape(), q.dtype());
+  kernels::attention_backward(kCPU, q, k, vv, dout, stats, p, dq, dk, dv);
+
+  const auto pr = kernels::ref::AttentionProblem<float>::make(B, Hq, Hkv, T, D, p);
+  auto qf = values<float>(q), kf = values<float>(k), vf = values<float>(vv), df = values<float>(dout);
+  std::vector<float> o(qf.size()), st(size_t(B * Hq * T * 2)), gq(qf.size()), gk(kf.size()), gv(vf.size());
+  kernels::ref::attention_forward(pr, qf.data(), kf.data(), vf.data(), o.data(), st.data());
+  kernels::ref::attention_backward(pr, qf.data(), kf.data(), vf.data(), df.data(), st.data(), gq.data(), gk.data(),
+                                   gv.data());
+  auto as_dtype = [&](const std::vector<float>& r, const Tensor& like) {
+    return tensor(r, like.shape()).to(like.dtype());
+  };
+  CHECK(bitwise_equal(stats, tensor(st, stats.shape())));
+  CHECK(bitwise_equal(out.contiguous(), as_dtype(o, out)));
+  CHECK(bitwise_equal(dq.contiguous(), as_dtype(gq, dq)));
+  CHECK(bitwise_equal(dk.contiguous(), as_dtype(gk, dk)));
+  CHECK(bitwise_equal(dv.contiguous(), as_dtype(gv, dv)));
+}
+
+}  // namespace
+
+TEST_CASE("fused attention kernels equal the scalar reference bit for bit") {
+  struct Shape {
+    int64_t B, Hq, Hkv, T, D;
+  };
+  for (Shape s : {Shape{1, 1, 1, 1, 1}, Shape{2, 2, 1, 7, 5}, Shape{1, 3, 3, 48, 16}, Shape{1, 2, 2, 49, 64},
+                  Shape{2, 3, 1, 100, 24}, Shape{1, 2, 1, 130, 70}})
+    for (int v : {1, 4, 16, 1024})
+      for (bool dropout : {false, true}) {
+        Qkv x = make_qkv(s.B, s.Hq, s.Hkv, s.T, s.D, uint64_t(s.T * 7 + v), DType::Float32, (s.T + v) % 2 == 0);
+        check_kernels_against_reference(x, v, dropout);
+      }
+  // 16-bit storage computes in float and rounds once on store.
+  check_kernels_against_reference(make_qkv(2, 4, 2, 37, 16, 3, DType::BFloat16), 16, true);
+  check_kernels_against_reference(make_qkv(1, 2, 2, 20, 8, 4, DType::Float16, false), 16, false);
+  // Large scores (the max subtraction matters) and float64 (which runs the reference itself).
+  check_kernels_against_reference(make_qkv(1, 2, 2, 33, 8, 6, DType::Float32, true, 30.0), 16, false);
+}
+
+TEST_CASE("fused attention: the thread count and batch/head slices never change a bit") {
+  Qkv x = make_qkv(3, 6, 2, 77, 32, 9);
+  AttentionOptions o;
+  o.dropout_p = 0.2;
+  o.dropout_key = PhiloxKey{4, 5};
+  const int saved = num_threads();
+  set_num_threads(1);
+  auto one = run_attention(x, o);
+  for (int t : {2, 3, 5}) {
+    set_num_threads(t);
+    auto many = run_attention(x, o);
+    for (size_t i = 0; i < one.size(); ++i) CHECK(bitwise_equal(one[i], many[i]));
+  }
+  set_num_threads(saved);
+  // A slice of batch rows or of kv-head groups is computed alone with the same bits.
+  AttentionOptions s = o;
+  s.dropout_block = GlobalBlock{{3, 6, 77, 77}, {1, 3, 0, 0}};
+  Tensor part = scaled_dot_product_attention(x.q.narrow(0, 1, 2).narrow(1, 3, 3), x.k.narrow(0, 1, 2).narrow(1, 1, 1),
+                                             x.v.narrow(0, 1, 2).narrow(1, 1, 1), s);
+  CHECK(bitwise_equal(part.contiguous(), one[0].narrow(0, 1, 2).narrow(1, 3, 3).contiguous()));
+}
+
+TEST_CASE("fused attention draws the composite's dropout mask") {
+  // With v = identity rows (D = T), out row i is row i of the dropped probabilities.
+  const int64_t B = 2, H = 3, T = 24;
+  Tensor q = uniform({B, H, T, T}, 1, -2, 2, DType::Float64), k = uniform({B, H, T, T}, 2, -2, 2, DType::Float64);
+  Tensor eye = zeros({T, T}, DType::Float64);
+  for (int64_t i = 0; i < T; ++i) eye.select(0, i).select(0, i).fill_(1.0);
+  Tensor v = eye.expand({B, H, T, T});
+  AttentionOptions o;
+  o.dropout_p = 0.4;
+  o.dropout_key = PhiloxKey{8, 3};
+  o.dropout_block = GlobalBlock{{B + 1, H, T, T}, {1, 0, 0, 0}};
+  Tensor fused = scaled_dot_product_attention(q, k, v, o);
+  Tensor comp = scaled_dot_product_attention(q, k, v, composite_opts(o));
+  CHECK(allclose(fused, comp, 1e-12, 1e-12));
+  auto f = fused.contiguous().to_vector<double>(), c = comp.contiguous().to_vector<double>();
+  int64_t dropped = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    CHECK((f[i] == 0.0) == (c[i] == 0.0));
+    dropped += f[i] == 0.0;
+  }
+  CHECK(dropped > int64_t(f.size() / 2));  // the upper triangle plus ~40% of the rest
+}
+
+TEST_CASE("gradients of fused attention (float64, GQA, dropout, strided)") {
+  auto fn = [](const AttentionOptions& o) {
+    return [o](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2], o); };
+  };
+  CHECK_GRADCHECK(fn({}), {grad_input({1, 4, 6, 3}, 30), grad_input({1, 2, 6, 3}, 31),
+                           grad_input_noncontig({1, 2, 6, 3}, 32)});
+  AttentionOptions d;
+  d.dropout_p = 0.3;
+  d.dropout_key = PhiloxKey{2, 2};
+  d.scale = 0.7;
+  CHECK_GRADCHECK(fn(d), {grad_input_noncontig({2, 3, 5, 4}, 33), grad_input({2, 1, 5, 4}, 34),
+                          grad_input({2, 1, 5, 4}, 35)});
+}
+
+TEST_CASE("fused attention: the composite handles what it does not, errors name the op") {
+  Qkv x = make_qkv(1, 2, 2, 4, 8, 40);
+  // Mixed dtypes and explicit masks go through the composite.
+  AttentionOptions m;
+  m.mask = tril(ones({4, 4}, DType::Bool));
+  CHECK(allclose(scaled_dot_product_attention(x.q, x.k, x.v, m), run_attention(x, {})[0], 2e-5, 2e-5));
+  CHECK(scaled_dot_product_attention(x.q.to(DType::Float64), x.k, x.v).dtype() == DType::Float64);
+  AttentionOptions d;
+  d.dropout_p = 0.5;
+  d.dropout_block = GlobalBlock{{1, 2, 4, 3}, {0, 0, 0, 0}};
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x.q, x.k, x.v, d),
+                    Catch::Contains("scaled_dot_product_attention") && Catch::Contains("does not fit"));
+  d.dropout_p = 1.5;
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x.q, x.k, x.v, d), Catch::Contains("dropout_p"));
+  // Meta tensors: shapes only.
+  Tensor mq = empty({2, 4, 5, 8}, TensorOptions(DType::Float32).with_device(kMeta));
+  Tensor mk = empty({2, 2, 5, 8}, TensorOptions(DType::Float32).with_device(kMeta));
+  CHECK(scaled_dot_product_attention(mq, mk, mk).shape() == Dims{2, 4, 5, 8});
 }

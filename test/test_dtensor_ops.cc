@@ -50,3 +50,4 @@ TEST_CASE("embedding (vocabulary-parallel too), gather, index ops", "[dtensor]")
 TEST_CASE("cross-entropy (vocabulary-parallel, token-parallel, ignore_index, smoothing)", "[dtensor]") { check_group("cross-entropy (vocabulary-parallel, token-parallel, ignore_index, smoothing)"); }
 TEST_CASE("triangles, rotary embeddings, sort/topk", "[dtensor]") { check_group("triangles, rotary embeddings, sort/topk"); }
 TEST_CASE("attention with sharded heads (causal, GQA)", "[dtensor]") { check_group("attention with sharded heads (causal, GQA)"); }
+TEST_CASE("random shapes", "[dtensor]") { check_group("random shapes", 6); }

@@ -92,6 +92,40 @@ TEST_CASE("gradients of matmul, bmm and linear") {
                   {grad_input({2, 3, 4}, 13), grad_input({5, 4}, 14), grad_input({5}, 15)});
 }
 
+TEST_CASE("linear's weight gradient arrives contiguous, with the bits of x^T g") {
+  for (int64_t K : {5, 64, 300}) {
+    Tensor x = uniform({3, 17, K}, 30), w = uniform({11, K}, 31).requires_grad_(), g = uniform({3, 17, 11}, 32);
+    linear(x, w).backward(g);
+    // The definition: dW^T = x^T g over all rows, transposed.
+    Tensor ref = matmul(x.reshape({-1, K}).t(), g.reshape({-1, 11})).t().contiguous();
+    REQUIRE(w.grad().is_contiguous());
+    CHECK(bitwise_equal(w.grad(), ref));
+  }
+}
+
+TEST_CASE("linear with bias (the GEMM starts from the bias) has the bits of matmul + add") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (const Dims& xs : {Dims{7}, Dims{9, 33}, Dims{2, 5, 33}}) {
+      const int64_t K = xs.back();
+      Tensor x = uniform(xs, 40, -1, 1, dt).requires_grad_(), w = uniform({6, K}, 41, -1, 1, dt).requires_grad_();
+      Tensor b = uniform({6}, 42, -1, 1, dt).requires_grad_();
+      Tensor x2 = x.detach().requires_grad_(), w2 = w.detach().requires_grad_(), b2 = b.detach().requires_grad_();
+      Tensor y = linear(x, w, b), y2 = matmul(x2, w2.t()) + b2;
+      REQUIRE(bitwise_equal(y, y2));
+      Tensor g = uniform(y.shape(), 43, -1, 1, dt);
+      y.backward(g);
+      y2.backward(g);
+      CHECK(bitwise_equal(x.grad(), x2.grad()));
+      CHECK(bitwise_equal(w.grad(), w2.grad()));
+      CHECK(bitwise_equal(b.grad(), b2.grad()));
+    }
+  }
+  // A non-contiguous input and an empty batch.
+  Tensor xt = uniform({33, 4}, 44).t(), w = uniform({6, 33}, 45), b = uniform({6}, 46);
+  CHECK(bitwise_equal(linear(xt, w, b), matmul(xt, w.t()) + b));
+  CHECK(linear(zeros({0, 33}), w, b).shape() == Dims{0, 6});
+}
+
 TEST_CASE("half-precision matmul widens to float32 and rounds once") {
   Tensor a = uniform({8, 16}, 20), b = uniform({16, 4}, 21);
   Tensor ref = matmul(a.to(DType::BFloat16).to(DType::Float32), b.to(DType::BFloat16).to(DType::Float32));

@@ -460,3 +460,28 @@ TEST_CASE("meta construction allocates nothing; materialize + reset_parameters e
   auto& ml = static_cast<MoE&>(lazy->submodule("moe"));
   CHECK(bitwise_equal(me.forward(x), ml.forward(x)));
 }
+
+TEST_CASE("forward hooks run around (*m)(x), in registration order, and can be removed", "[nn]") {
+  auto lin = nn::make_model<nn::Linear>(3, 2, false);
+  lin->reset_parameters(1);
+  Tensor x = ones({1, 3});
+  std::vector<std::string> seen;
+  int pre = lin->register_forward_pre_hook([&](nn::Module& m, const Tensor& in) {
+    seen.push_back("pre:" + m.type_name());
+    return in * 2.0;
+  });
+  int post = lin->register_forward_hook([&](nn::Module&, const Tensor& in, const Tensor& out) {
+    seen.push_back("post");
+    CHECK(in.to_vector<float>() == std::vector<float>{2, 2, 2});  // the pre-hook's input
+    return out + 1.0;
+  });
+  Tensor direct = lin->forward(x);  // hooks do not run on a direct forward()
+  CHECK(seen.empty());
+  Tensor hooked = (*lin)(x);
+  CHECK(seen == std::vector<std::string>{"pre:Linear", "post"});
+  CHECK(allclose(hooked, direct * 2.0 + 1.0));
+  lin->remove_forward_hook(pre);
+  lin->remove_forward_hook(post);
+  CHECK_FALSE(lin->has_forward_hooks());
+  CHECK(bitwise_equal((*lin)(x), direct));
+}

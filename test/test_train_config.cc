@@ -242,6 +242,11 @@ TEST_CASE("validate names the offending field", "[config]") {
   CHECK_THAT(validation_error([](TrainConfig& c) { c.top_k = -1; }), Catch::Contains("top_k must be >= 0"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.out_dir = ""; }), Catch::Contains("out_dir must not be empty"));
   CHECK(validation_error([](TrainConfig& c) { c.eval_every = 0, c.heldout_percent = 0; }) == "(valid)");
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.zero = 4; }), Catch::Contains("zero must be 0 (DDP), 1, 2 or 3"));
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.zero = 3, c.mesh = "tp=2"; }),
+             Catch::Contains("zero = 3 needs a mesh with a dp dim of size > 1"));
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.ddp_bucket_mb = -1; }), Catch::Contains("ddp_bucket_mb"));
+  CHECK(validation_error([](TrainConfig& c) { c.zero = 2, c.mesh = "dp=2,tp=2"; }) == "(valid)");
 }
 
 TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
@@ -254,7 +259,11 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
       "model", "model_config", "n_layer", "dim", "n_head", "n_kv_head", "hidden", "dropout", "dtype",
       "steps", "batch_size", "seq_len", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay",
       "betas", "grad_clip", "seed", "eval_every", "eval_batches", "log_every", "data", "heldout_percent",
-      "tokenizer", "vocab", "merges", "out_dir", "metrics", "sample_length", "temperature", "top_k"};
+      "tokenizer", "vocab", "merges", "out_dir", "metrics", "sample_length", "temperature", "top_k",
+      "mesh", "backend", "plan", "sequence_parallel", "bitwise", "pipeline_schedule",
+      "virtual_stages", "pipeline_split",
+      "zero", "ddp_bucket_mb", "capacity_factor",
+      "ckpt_every", "keep_last", "resume", "ckpt_dir", "ckpt_sync"};
   std::vector<std::string> got;
   for (auto it = j.begin(); it != j.end(); ++it) got.push_back(it.key());
   std::sort(got.begin(), got.end());

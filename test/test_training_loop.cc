@@ -44,7 +44,7 @@ TEST_CASE("a training loop's steady state makes no system allocations") {
   AllocatorStats before = a->stats();
   for (int i = 6; i < 30; ++i) m.step(i);
   AllocatorStats after = a->stats();
-  CHECK(after.requests - before.requests > 1000);  // the loop really allocates tensors...
+  CHECK(after.requests - before.requests > 500);  // the loop really allocates tensors (960 in 24 steps)...
   CHECK(after.system_allocs == before.system_allocs);  // ...all served from the pool
 }
 

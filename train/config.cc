@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kOp = "config";
 
 using Member = std::variant<std::string TrainConfig::*, int64_t TrainConfig::*, uint64_t TrainConfig::*,
-                            double TrainConfig::*, std::array<double, 2> TrainConfig::*>;
+                            double TrainConfig::*, std::array<double, 2> TrainConfig::*, bool TrainConfig::*>;
 
 struct Field {
   const char* key;   // TOML key; the flag is "--" + key with '_' -> '-'
@@ -39,6 +39,8 @@ const std::vector<Field>& fields() {
       {"n_kv_head", &C::n_kv_head, "override the preset's key/value heads (0: preset)"},
       {"hidden", &C::hidden, "override the preset's MLP width (0: preset)"},
       {"dropout", &C::dropout, "override the preset's dropout (-1: preset)"},
+      {"capacity_factor", &C::capacity_factor,
+       "MoE expert capacity as a multiple of tokens * top_k / experts; slots beyond it are dropped (0: no limit)"},
       {"dtype", &C::dtype, "compute dtype: float32 | bfloat16 (master weights stay float32)"},
       {"steps", &C::steps, "training steps"},
       {"batch_size", &C::batch_size, "sequences per step (global batch)"},
@@ -64,6 +66,21 @@ const std::vector<Field>& fields() {
       {"sample_length", &C::sample_length, "tokens to sample after training (0: none)"},
       {"temperature", &C::temperature, "sampling temperature (0: greedy)"},
       {"top_k", &C::top_k, "sample among the k most likely tokens (0: all)"},
+      {"mesh", &C::mesh, "device mesh as named dims, e.g. dp=2,tp=2 (empty: one device)"},
+      {"backend", &C::backend, "collectives: auto | local (ranks as threads) | mpi (under mpirun)"},
+      {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
+      {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
+      {"bitwise", &C::bitwise, "bitwise mode: any mesh gives the one-device run's bits"},
+      {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
+      {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
+      {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
+      {"zero", &C::zero, "data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP"},
+      {"ddp_bucket_mb", &C::ddp_bucket_mb, "gradient bucket size in MiB (DDP, ZeRO-1/2); 0: one per parameter"},
+      {"ckpt_every", &C::ckpt_every, "steps between checkpoints (0: none; the last step saves too)"},
+      {"keep_last", &C::keep_last, "complete checkpoints to keep (0: all)"},
+      {"resume", &C::resume, "continue from the newest complete checkpoint in ckpt_dir, on this run's mesh"},
+      {"ckpt_dir", &C::ckpt_dir, "checkpoint directory (default <out_dir>/checkpoints)"},
+      {"ckpt_sync", &C::ckpt_sync, "write checkpoints on the training thread (default: in the background)"},
   };
   return f;
 }
@@ -146,6 +163,11 @@ void TrainConfig::load_toml(const std::string& path) {
                      if (!v) wrong("a number");
                      this->*m = *v;
                    },
+                   [&](bool TrainConfig::*m) {
+                     auto v = node.value_exact<bool>();
+                     if (!v) wrong("a boolean");
+                     this->*m = *v;
+                   },
                    [&](std::array<double, 2> TrainConfig::*m) {
                      const toml::array* arr = node.as_array();
                      if (!arr || arr->size() != 2) wrong("an array of two numbers");
@@ -186,6 +208,7 @@ void TrainConfig::validate() const {
     TESSEL_CHECK(v >= 0, kOp, "{} must be >= 0 (0 keeps the preset), got {}", name, v);
   TESSEL_CHECK(dropout == -1 || (dropout >= 0 && dropout < 1), kOp,
                "dropout must be in [0, 1) (or -1 to keep the preset), got {}", dropout);
+  non_negative("capacity_factor", capacity_factor);
   non_empty("model", model);
   non_empty("model_config", model_config);
   one_of("dtype", dtype, {"float32", "bfloat16"});
@@ -223,6 +246,43 @@ void TrainConfig::validate() const {
   TESSEL_CHECK(sample_length >= 0, kOp, "sample_length must be >= 0, got {}", sample_length);
   non_negative("temperature", temperature);
   TESSEL_CHECK(top_k >= 0, kOp, "top_k must be >= 0, got {}", top_k);
+  one_of("backend", backend, {"auto", "local", "mpi"});
+  non_empty("plan", plan);
+  one_of("pipeline_schedule", pipeline_schedule, {"gpipe", "1f1b", "interleaved"});
+  TESSEL_CHECK(virtual_stages >= 0, kOp, "virtual_stages must be >= 0 (0: automatic), got {}", virtual_stages);
+  one_of("pipeline_split", pipeline_split, {"layers", "params"});
+  const auto dims = parse_mesh(mesh);  // throws naming the malformed part
+  TESSEL_CHECK(zero >= 0 && zero <= 3, kOp, "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got {}", zero);
+  non_negative("ddp_bucket_mb", ddp_bucket_mb);
+  if (zero > 0) {
+    bool dp = false;
+    for (const auto& d : dims) dp = dp || (d.first == "dp" && d.second > 1);
+    TESSEL_CHECK(dp, kOp, "zero = {} needs a mesh with a dp dim of size > 1 (e.g. --mesh dp=2), got mesh '{}'", zero,
+                 mesh);
+  }
+  TESSEL_CHECK(ckpt_every >= 0, kOp, "ckpt_every must be >= 0, got {}", ckpt_every);
+  TESSEL_CHECK(keep_last >= 0, kOp, "keep_last must be >= 0, got {}", keep_last);
+}
+
+std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec) {
+  std::vector<std::pair<std::string, int64_t>> dims;
+  if (spec.empty()) return dims;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string part = spec.substr(pos, comma - pos);
+    const size_t eq = part.find('=');
+    TESSEL_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < part.size(), kOp,
+                 "mesh '{}': '{}' is not NAME=SIZE (e.g. dp=2,tp=2)", spec, part);
+    const std::string name = part.substr(0, eq), size = part.substr(eq + 1);
+    TESSEL_CHECK(size.find_first_not_of("0123456789") == std::string::npos && std::stoll(size) > 0, kOp,
+                 "mesh '{}': the size of '{}' must be a positive integer, got '{}'", spec, name, size);
+    for (const auto& d : dims) TESSEL_CHECK(d.first != name, kOp, "mesh '{}': dim '{}' appears twice", spec, name);
+    dims.emplace_back(name, std::stoll(size));
+    pos = comma + 1;
+  }
+  return dims;
 }
 
 std::string TrainConfig::to_json(int indent) const {
@@ -236,6 +296,11 @@ std::string TrainConfig::to_json(int indent) const {
 std::string TrainConfig::metrics_path() const {
   if (!metrics.empty()) return metrics;
   return (std::filesystem::path(out_dir) / "metrics.jsonl").string();
+}
+
+std::string TrainConfig::checkpoint_root() const {
+  if (!ckpt_dir.empty()) return ckpt_dir;
+  return (std::filesystem::path(out_dir) / "checkpoints").string();
 }
 
 DType TrainConfig::param_dtype() const {
@@ -265,6 +330,10 @@ void add_train_options(CLI::App& app, TrainConfig& cfg) {
     if (f.key == std::string("model_config")) flag = "--config," + flag;
     if (f.key == std::string("out_dir")) flag = "--out," + flag;
     std::visit(Overloaded{
+                   [&](bool TrainConfig::*m) {
+                     app.add_flag_function(
+                         flag, [&cfg, m](int64_t n) { cfg.*m = n > 0; }, f.help);
+                   },
                    [&](std::array<double, 2> TrainConfig::*m) {
                      app.add_option_function<std::vector<double>>(
                             flag, [&cfg, m](const std::vector<double>& v) { (cfg.*m) = {v[0], v[1]}; }, f.help)

@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/dtype.h"
 
@@ -31,6 +33,7 @@ struct TrainConfig {
   int64_t n_kv_head = 0;
   int64_t hidden = 0;
   double dropout = -1;
+  double capacity_factor = 0;         // MoE: token-slots an expert takes, x (tokens * top_k / experts); 0 = no limit
   std::string dtype = "float32";      // compute dtype: float32 | bfloat16 (master weights stay float32)
   // schedule and optimiser
   int64_t steps = 1000;
@@ -61,6 +64,23 @@ struct TrainConfig {
   int64_t sample_length = 200;  // tokens; 0 = no sample
   double temperature = 0.8;     // 0 = greedy
   int64_t top_k = 40;           // 0 = no top-k filter
+  // parallelism (docs/parallel.md)
+  std::string mesh;               // "dp=2,tp=2": named mesh dims, in order; empty: one device
+  std::string backend = "auto";   // auto (mpi when launched by mpirun, else local threads) | local | mpi
+  std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
+  bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
+  bool bitwise = false;           // every layout gives the one-device run's bits (docs/numerics.md)
+  std::string pipeline_schedule = "1f1b";  // with a "pp" mesh dim: gpipe | 1f1b | interleaved
+  int64_t virtual_stages = 0;              // chunks per pp rank; 0: 1, or 2 for interleaved
+  std::string pipeline_split = "layers";   // cut the blocks into stages by: layers | params
+  int64_t zero = 0;               // data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP
+  double ddp_bucket_mb = 25;      // gradient bucket size (MiB) of DDP and ZeRO-1/2; 0: one per parameter
+  // checkpoints (docs/checkpoint.md)
+  int64_t ckpt_every = 0;         // steps between checkpoints (0: none); the last step always saves when > 0
+  int64_t keep_last = 3;          // complete checkpoints kept (0: all)
+  bool resume = false;            // continue from the newest complete checkpoint in ckpt_dir (any mesh)
+  std::string ckpt_dir;           // empty: <out_dir>/checkpoints
+  bool ckpt_sync = false;         // write checkpoints on the training thread (default: a background writer)
 
   // Overwrites the fields present in a TOML file. Throws tessel::Error
   // naming the file (and line) on a syntax error, an unknown key, or a value
@@ -73,6 +93,7 @@ struct TrainConfig {
   std::string to_json(int indent = 2) const;
 
   std::string metrics_path() const;  // metrics, or <out_dir>/metrics.jsonl
+  std::string checkpoint_root() const;  // ckpt_dir, or <out_dir>/checkpoints
   DType param_dtype() const;         // dtype as a DType
 };
 
@@ -83,5 +104,8 @@ struct TrainConfig {
 // error); validation is left to the caller (cfg.validate()), which should
 // run before anything is created on disk.
 void add_train_options(CLI::App& app, TrainConfig& cfg);
+
+// "dp=2,tp=2" -> {{"dp", 2}, {"tp", 2}} (empty for ""); throws naming the bad part.
+std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec);
 
 }  // namespace tessel::train

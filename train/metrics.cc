@@ -1,5 +1,7 @@
 #include "train/metrics.h"
 
+#include "autograd/ops/dist.h"
+
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -161,7 +163,9 @@ uint64_t param_hash_u64(std::vector<std::pair<std::string, Tensor>> named) {
     TESSEL_CHECK(t.defined(), "param_hash", "tensor '{}' is undefined", name);
     TESSEL_CHECK(t.device().type != DeviceType::Meta, "param_hash", "tensor '{}' is a Meta tensor (no values): {}",
                  name, t.desc());
-    Tensor c = t.device().type == DeviceType::CPU ? t : t.detach().to(kCPU);
+    // A distributed tensor hashes its full value (collective: every rank hashes).
+    Tensor full = t.is_distributed() ? full_tensor(t.detach()) : t;
+    Tensor c = full.device().type == DeviceType::CPU ? full : full.detach().to(kCPU);
     if (!c.is_contiguous()) c = c.detach().contiguous();
     h.str(name);
     h.str(dtype_name(c.dtype()));

@@ -1,7 +1,13 @@
 #include "autograd/ops/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <numeric>
 
+#include "autograd/function.h"
+#include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/indexing.h"
@@ -9,6 +15,10 @@
 #include "autograd/ops/random.h"
 #include "autograd/ops/softmax.h"
 #include "autograd/ops/unary.h"
+#include "kernels/attention.h"
+#include "kernels/random.h"
+#include "parallel/sharding.h"
+#include "runtime/numerics.h"
 
 namespace tessel {
 
@@ -18,6 +28,102 @@ Tensor repeat_kv(const Tensor& x, int64_t g) {
   if (g == 1) return x;
   const Dims& s = x.shape();
   return x.unsqueeze(2).expand({s[0], s[1], g, s[2], s[3]}).reshape({s[0], s[1] * g, s[2], s[3]});
+}
+
+// An uninitialised tensor shaped like x whose memory follows x's dimension
+// order when x is a permutation of a contiguous layout (else contiguous).
+// Attention's q/k/v are head-transposed views of [B, T, H, D] projections;
+// giving the output and the gradients the same layout makes the transposes
+// back to [B, T, H * D] free views instead of copies.
+Tensor empty_like_layout(const Tensor& x) {
+  const int n = x.dim();
+  int order[kMaxDims];
+  std::iota(order, order + n, 0);
+  std::stable_sort(order, order + n, [&](int a, int b) { return x.strides()[a] > x.strides()[b]; });
+  Dims shape, strides, pos = Dims::filled(n, 0);
+  for (int i = 0; i < n; ++i) {
+    shape.push_back(x.size(order[i]));
+    strides.push_back(x.strides()[order[i]]);
+    pos[order[i]] = i;
+  }
+  if (x.is_contiguous() || !raw::is_contiguous(shape, strides)) return raw::empty(x.shape(), x.dtype(), x.device());
+  return raw::permute(raw::empty(shape, x.dtype(), x.device()), pos);
+}
+
+// The fused causal attention (kernels/attention.h has the order of operations).
+struct FusedAttentionOp {
+  static constexpr const char* kName = "scaled_dot_product_attention";
+  kernels::AttentionParams params;
+  SavedTensor q, k, v, stats;  // stats: (row max, row sum) per query row
+
+  Tensor forward(const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+    Tensor out = empty_like_layout(q_);
+    Tensor st = raw::empty({q_.size(0), q_.size(1), q_.size(2), 2}, accumulate_dtype(q_.dtype()), q_.device());
+    kernels::attention_forward(q_.device(), q_, k_, v_, params, out, st);
+    q = q_, k = k_, v = v_, stats = st;
+    return out;
+  }
+
+  std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
+    const Tensor &q_ = q.get(), &k_ = k.get(), &v_ = v.get();
+    Tensor g = detail::cast_raw(grads[0], q_.dtype());
+    Tensor dq = empty_like_layout(q_), dk = empty_like_layout(k_), dv = empty_like_layout(v_);
+    kernels::attention_backward(q_.device(), q_, k_, v_, g, stats.get(), params, dq, dk, dv);
+    return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
+  }
+
+  // Per mesh dim: a batch shard, or a head shard that cuts query and kv heads
+  // alike (every group of query heads stays with its kv head), passes
+  // through to the output; anything else (time, head_dim, Partial, a head
+  // split that would separate a group from its kv head) is gathered. Each
+  // piece then computes whole heads: the same bits as one device.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    const Dims& qs = ctx.in[0].shape;
+    const int64_t Hkv = ctx.in[1].shape[1], g = Hkv > 0 ? qs[1] / Hkv : 1;
+    Placements p = Placements::replicated(ctx.mesh_ndim());
+    int64_t head_split = 1;
+    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+      const int64_t n = ctx.mesh->shape()[m];
+      for (int i = 0; i < 3; ++i) {
+        const Placement& x = ctx.in[i].placements[m];
+        if (x.is_shard(0)) {
+          p[m] = Shard(0);
+          break;
+        }
+        if (x.is_shard(1) && (g == 1 || Hkv % (head_split * n) == 0)) {
+          p[m] = Shard(1);
+          head_split *= n;
+          break;
+        }
+      }
+    }
+    if (params.dropout) {  // the probabilities' block moves with the piece's batch and head offsets
+      const LocalGeometry lg = ctx.local(qs, p);
+      if (params.block.is_whole()) {
+        params.block = GlobalBlock{{qs[0], qs[1], qs[2], qs[2]}, {lg.offset[0], lg.offset[1], 0, 0}};
+      } else {
+        params.block.offset[0] += lg.offset[0];
+        params.block.offset[1] += lg.offset[1];
+      }
+    }
+    return {{p, p, p}, {p}};
+  }
+};
+
+// TESSEL_ATTENTION=composite turns the fused op off everywhere (A/B timing, debugging).
+bool fused_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TESSEL_ATTENTION");
+    return !(e && std::string(e) == "composite");
+  }();
+  return on;
+}
+
+bool use_fused(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  if (!o.fused || !o.causal || o.mask.defined() || !fused_enabled()) return false;
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !q.is_floating_point()) return false;
+  if (q.device() != k.device() || q.device() != v.device()) return false;
+  return q.device().is_meta() || kernels::attention_forward.has(q.device().type);
 }
 }  // namespace
 
@@ -36,6 +142,21 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                opts.dropout_p);
   const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(double(D));
   const int64_t g = Hq / Hkv;
+
+  if (use_fused(q, k, v, opts)) {
+    FusedAttentionOp f;
+    f.params.scale = scale;
+    f.params.chunks = numerics::reduction_chunks();
+    if (opts.dropout_p > 0.0) {
+      kernels::check_global_block(op, {B, Hq, Tq, Tk}, opts.dropout_block);
+      f.params.dropout = true;
+      f.params.key = opts.dropout_key;
+      f.params.keep_threshold = kernels::bernoulli_threshold(1.0 - opts.dropout_p);
+      f.params.dropout_scale = opts.dropout_p == 1.0 ? 0.0 : 1.0 / (1.0 - opts.dropout_p);
+      f.params.block = opts.dropout_block;
+    }
+    return call(std::move(f), q, k, v);
+  }
 
   Tensor kk = repeat_kv(k, g), vv = repeat_kv(v, g);
   Tensor scores = mul(matmul(q, kk.transpose(-2, -1)), scale);  // [B, Hq, Tq, Tk]

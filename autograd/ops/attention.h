@@ -15,14 +15,25 @@ struct AttentionOptions {
   PhiloxKey dropout_key{};      // required when dropout_p > 0
   GlobalBlock dropout_block;    // where the [B, H, Tq, Tk] probabilities sit in the global ones (empty: whole)
   Tensor mask;                  // optional bool mask broadcastable to [B, H, T_q, T_k]; true = attend
+  bool fused = true;            // use the fused causal kernel where it applies (false: always the composite)
 };
 
 // q: [B, Hq, Tq, D], k and v: [B, Hkv, Tk, D] with Hq a multiple of Hkv
 // (grouped-query attention: query head h reads kv head h / (Hq / Hkv)).
-// Returns [B, Hq, Tq, D]. Composed of differentiable ops, so every reduction
-// (scores over D, softmax over keys, the weighted sum over keys, and the
-// gradients' sums over the group of query heads sharing a kv head) follows
-// the canonical order.
+// Returns [B, Hq, Tq, D].
+//
+// Two implementations, each with its own fixed order of operations:
+// - fused (causal, no mask, q/k/v of one floating dtype, a device with the
+//   kernel -- CPU): one op that never computes the masked half, keeps only a
+//   (max, sum) pair per query row for backward, and follows the order written
+//   in kernels/attention.h (docs/numerics.md "Fused causal attention"). Its
+//   output has q's memory layout (a transposed view when q is one), its
+//   gradients those of q, k, v.
+// - composite (everything else, or opts.fused = false): matmul, scale,
+//   masked_fill, softmax, dropout, matmul -- each op's own canonical order.
+// The two agree to rounding, not bit for bit. Dropout draws the same mask in
+// both: element (b, h, i, j) of the [B, Hq, Tq, Tk] probabilities at its
+// global coordinates (dropout_block).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& opts = {});
 

@@ -136,6 +136,22 @@ Tensor full_tensor(const Tensor& t) {
   return to_local(redistribute(t, r), r);
 }
 
+void set_grad_placements(const Tensor& t, const std::optional<Placements>& placements) {
+  const char* op = "set_grad_placements";
+  TESSEL_CHECK(t.is_distributed(), op, "{} is not distributed", t.desc());
+  TESSEL_CHECK(t.is_leaf() && t.requires_grad(), op, "needs a leaf that requires grad, got {}", t.desc());
+  if (placements) {
+    parallel::check_placements(op, *t.mesh(), *placements, t.dim());
+    for (int m = 0; m < placements->size(); ++m) {
+      const Placement want = (*placements)[m], own = t.placements()[m];
+      TESSEL_CHECK(want == own || (want.is_partial_sum() && own.is_replicate()), op,
+                   "mesh dim '{}': a gradient of {} (placements {}) can be kept as {} or Partial(sum), not {}",
+                   t.mesh()->name(m), t.desc(), t.placements(), own.str(), want.str());
+    }
+  }
+  ensure_autograd_meta(t).grad_placements = placements;
+}
+
 GlobalBlock local_random_block(const Tensor& t) {
   TESSEL_CHECK(t.is_distributed(), "local_random_block", "{} is not distributed", t.desc());
   return local_geometry(t.shape(), t.mesh()->shape(), t.placements(), t.mesh()->coords()).block(t.shape());

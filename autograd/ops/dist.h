@@ -40,6 +40,13 @@ Tensor redistribute(const Tensor& t, const Placements& placements);
 // The whole tensor as a plain tensor on every rank (all-gather / all-reduce).
 Tensor full_tensor(const Tensor& t);
 
+// The placements in which AccumulateGrad keeps the gradient of the
+// distributed leaf `t` (default, or std::nullopt: t's own placements). A
+// Partial(sum) entry defers that mesh dim's reduction: gradients of several
+// backward passes add up unreduced, and whoever set it reduces them (DDP
+// buckets, nn/parallel/grad_reducer.h). Not a collective.
+void set_grad_placements(const Tensor& t, const std::optional<Placements>& placements);
+
 // Factories that create only this rank's piece. Random values depend on
 // (key, global coordinates) only: every mesh and placement gives the same
 // global tensor (DESIGN.md §4 level 1). Partial placements are allowed for

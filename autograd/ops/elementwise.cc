@@ -6,6 +6,7 @@
 #include "autograd/ops/unary.h"
 #include "kernels/elementwise.h"
 #include "parallel/sharding.h"
+#include "runtime/numerics.h"
 
 namespace tessel {
 
@@ -37,6 +38,7 @@ struct BinaryArithOp {
   const char* name() const { return kernels::binary_op_name(op); }
   Dims a_shape, b_shape;
   SavedTensor a, b, out;
+  int a_chunks = 0, b_chunks = 0;  // of the backward's sum_to (0: V); set by the bitwise rule
 
   Tensor forward(const Tensor& x, const Tensor& y) {
     DType t = arithmetic_dtype(op, x.dtype(), y.dtype());
@@ -92,20 +94,28 @@ struct BinaryArithOp {
       }
       default: TESSEL_FAIL(kernels::binary_op_name(op), "is not differentiable");
     }
-    if (ga.defined()) ga = sum_to(ga, a_shape);
-    if (gb.defined()) gb = sum_to(gb, b_shape);
+    if (ga.defined()) ga = sum_to(ga, a_shape, a_chunks);
+    if (gb.defined()) gb = sum_to(gb, b_shape, b_chunks);
     return {ga, gb};
   }
 
-  // Pointwise; Partial(sum) survives where the op is linear in it.
+  // Pointwise; Partial(sum) survives where the op is linear in it (not in
+  // bitwise mode: the arithmetic does not commute with the pending sum).
   ShardingPlan sharding(const ShardingContext& ctx) {
+    ShardingPlan plan;
     switch (op) {
       case BinaryOp::Add:
-      case BinaryOp::Sub: return sharding::pointwise(ctx, {0b11});
-      case BinaryOp::Mul: return sharding::pointwise(ctx, {0b01, 0b10});
-      case BinaryOp::Div: return sharding::pointwise(ctx, {0b01});
-      default: return sharding::pointwise(ctx);
+      case BinaryOp::Sub: plan = sharding::pointwise_exact(ctx, {0b11}, false); break;
+      case BinaryOp::Mul: plan = sharding::pointwise_exact(ctx, {0b01, 0b10}, false); break;
+      case BinaryOp::Div: plan = sharding::pointwise_exact(ctx, {0b01}, false); break;
+      default: plan = sharding::pointwise(ctx);
     }
+    if (numerics::bitwise()) {
+      std::vector<int> ch = sharding::pointwise_backward_chunks(ctx, plan);
+      a_chunks = ch[0];
+      b_chunks = ch[1];
+    }
+    return plan;
   }
 };
 
@@ -142,6 +152,7 @@ struct WhereOp {
   static constexpr const char* kName = "where";
   SavedTensor cond;
   Dims a_shape, b_shape;
+  int a_chunks = 0, b_chunks = 0;
 
   Tensor forward(const Tensor& c, const Tensor& a, const Tensor& b) {
     TESSEL_CHECK(c.dtype() == DType::Bool, "where", "condition must be bool, got {}", c.desc());
@@ -162,13 +173,21 @@ struct WhereOp {
     const Tensor& g = grads[0];
     Tensor zero = detail::scalar_raw(0, g.dtype(), g.device());
     Tensor ga, gb;
-    if (ctx.needs(1)) ga = sum_to(where(cond.get(), g, zero), a_shape);
-    if (ctx.needs(2)) gb = sum_to(where(cond.get(), zero, g), b_shape);
+    if (ctx.needs(1)) ga = sum_to(where(cond.get(), g, zero), a_shape, a_chunks);
+    if (ctx.needs(2)) gb = sum_to(where(cond.get(), zero, g), b_shape, b_chunks);
     return {Tensor(), ga, gb};
   }
 
-  // Linear in (a, b) together: both Partial(sum) stay Partial.
-  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx, {0b110}); }
+  // Linear in (a, b) together, and a pure selection: both Partial(sum) stay Partial.
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    ShardingPlan plan = sharding::pointwise_exact(ctx, {0b110}, true);
+    if (numerics::bitwise()) {
+      std::vector<int> ch = sharding::pointwise_backward_chunks(ctx, plan);
+      a_chunks = ch[1];
+      b_chunks = ch[2];
+    }
+    return plan;
+  }
 };
 
 }  // namespace
@@ -230,7 +249,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
   return where(mask, detail::scalar_raw(value, x.dtype(), x.device()), x);
 }
 
-Tensor sum_to(const Tensor& grad, const Dims& shape) {
+Tensor sum_to(const Tensor& grad, const Dims& shape, int chunks) {
   if (grad.shape() == shape) return grad;
   const int lead = grad.dim() - shape.size();
   TESSEL_CHECK(lead >= 0, "sum_to", "cannot reduce {} to shape {}", grad.desc(), shape);
@@ -244,7 +263,7 @@ Tensor sum_to(const Tensor& grad, const Dims& shape) {
       TESSEL_CHECK(shape[d - lead] == grad.shape()[d], "sum_to", "cannot reduce {} to shape {}", grad.desc(), shape);
     }
   }
-  Tensor r = dims.empty() ? grad : sum(grad, dims, /*keepdim=*/true);
+  Tensor r = dims.empty() ? grad : sum_chunks(grad, dims, /*keepdim=*/true, chunks);
   return r.reshape(shape);
 }
 

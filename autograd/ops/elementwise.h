@@ -49,7 +49,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value);
 
 // Sums `grad` over the dimensions that broadcasting expanded from `shape`
 // (the backward of broadcasting), in the canonical order.
-Tensor sum_to(const Tensor& grad, const Dims& shape);
+Tensor sum_to(const Tensor& grad, const Dims& shape, int chunks = 0);  // chunks: see sum_chunks
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);

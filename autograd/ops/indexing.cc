@@ -97,9 +97,10 @@ MaskedIndex mask_index(const Tensor& index, int64_t start, int64_t size) {
 
 // A new contiguous tensor with `shape` whose value is sum over positions of src
 // rows hit by index along d (assign mode of kernels::index_add).
-Tensor index_add_into_zeros(const Dims& shape, int d, const Tensor& index, const Tensor& src) {
+Tensor index_add_into_zeros(const Dims& shape, int d, const Tensor& index, const Tensor& src, int v = 0) {
   Tensor out = raw::empty(shape, src.dtype(), src.device());
-  kernels::index_add(src.device(), out, d, index, detail::contiguous_raw(src), chunks(), /*accumulate=*/false);
+  kernels::index_add(src.device(), out, d, index, detail::contiguous_raw(src), v > 0 ? v : chunks(),
+                     /*accumulate=*/false);
   return out;
 }
 
@@ -112,6 +113,7 @@ struct EmbeddingOp {
   // vocab_total; ids elsewhere give zero rows (the output is a pending sum).
   int64_t vocab_total = -1, vocab_start = 0;
   SavedTensor valid;
+  int grad_chunks = 0;  // of the weight gradient's sum over tokens (0: V); the bitwise rule sets it
 
   Tensor forward(const Tensor& weight, const Tensor& id_in) {
     if (vocab_total >= 0) {
@@ -125,10 +127,10 @@ struct EmbeddingOp {
       if (weight.shape()[0] == 0) {  // an empty piece of the vocabulary: contributes zeros
         Dims os = id_in.shape();
         os.push_back(weight.shape()[1]);
-        return zeros(os, TensorOptions(weight.dtype()).with_device(weight.device()));
+        return full(os, -0.0, TensorOptions(weight.dtype()).with_device(weight.device()));
       }
       Tensor out = forward_rows(weight, m.local);
-      return where(m.valid.unsqueeze(-1), out, Scalar(0.0));
+      return where(m.valid.unsqueeze(-1), out, Scalar(-0.0));  // -0: the exact identity of the pending sum
     }
     return forward_rows(weight, id_in);
   }
@@ -164,7 +166,7 @@ struct EmbeddingOp {
     Tensor flat_ids = contiguous_as(id, Dims{T});
     Tensor gm = vocab_total >= 0 ? where(valid.get().unsqueeze(-1), g, Scalar(0.0)) : g;
     Tensor g2 = contiguous_as(gm, Dims{T, D});
-    return {index_add_into_zeros(weight_shape, 0, flat_ids, g2), Tensor()};
+    return {index_add_into_zeros(weight_shape, 0, flat_ids, g2, grad_chunks), Tensor()};
   }
 
   // Per mesh dim: a vocabulary-sharded weight gives a pending sum (masked
@@ -186,6 +188,16 @@ struct EmbeddingOp {
       else if (pi.is_shard()) b = pi, o = pi;
       else if (pw.is_partial_sum()) a = pw, o = Partial();
       plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
+    }
+    if (numerics::bitwise()) {  // the weight gradient sums over tokens: exact pieces or gathered ids
+      std::vector<int> tokens;
+      for (int d = 0; d < ids_spec.dim(); ++d) tokens.push_back(d);
+      grad_chunks = sharding::local_chunks(ids_spec.shape, plan.in[1], *ctx.mesh, tokens, chunks());
+      if (grad_chunks == 0) {
+        for (int m = 0; m < ctx.mesh_ndim(); ++m)
+          if (plan.in[1][m].is_shard()) plan.in[1][m] = Replicate(), plan.out[0][m] = Replicate();
+        grad_chunks = chunks();
+      }
     }
     if (vocab) {
       vocab_total = w.shape[0];
@@ -214,6 +226,7 @@ struct GatherOp {
   // indices elsewhere give 0 (the output is a pending sum).
   int64_t total = -1, start = 0;
   SavedTensor valid;
+  int grad_chunks = 0;  // x's gradient sums over positions along d (0: V)
 
   Tensor forward(const Tensor& x, const Tensor& idx_in) {
     if (total >= 0) {
@@ -223,8 +236,8 @@ struct GatherOp {
       valid = m.valid;
       index = m.local;
       x_shape = x.shape();
-      if (x.shape()[d] == 0) return zeros(idx_in.shape(), TensorOptions(x.dtype()).with_device(x.device()));
-      return where(m.valid, gather_raw(x, d, m.local), Scalar(0.0));
+      if (x.shape()[d] == 0) return full(idx_in.shape(), -0.0, TensorOptions(x.dtype()).with_device(x.device()));
+      return where(m.valid, gather_raw(x, d, m.local), Scalar(-0.0));  // -0: the exact identity of the pending sum
     }
     return forward_plain(x, idx_in);
   }
@@ -246,7 +259,8 @@ struct GatherOp {
     if (total >= 0) g = where(valid.get(), g, Scalar(0.0));
     Tensor dx = raw::empty(x_shape, g.dtype(), g.device());
     if (dx.numel() == 0) return {dx, Tensor()};
-    kernels::scatter_add(g.device(), dx, d, index.get(), g, chunks(), /*accumulate=*/false);
+    kernels::scatter_add(g.device(), dx, d, index.get(), g, grad_chunks > 0 ? grad_chunks : chunks(),
+                         /*accumulate=*/false);
     return {dx, Tensor()};
   }
 
@@ -271,6 +285,14 @@ struct GatherOp {
       else if (pi.is_shard(d)) b = pi, o = pi;
       else if (px.is_partial_sum()) a = px, o = Partial();
       plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
+    }
+    if (numerics::bitwise()) {  // an index sharded along d cuts x's gradient sum over positions
+      grad_chunks = sharding::local_chunks(ix.shape, plan.in[1], *ctx.mesh, {d}, chunks());
+      if (grad_chunks == 0) {
+        for (int m = 0; m < ctx.mesh_ndim(); ++m)
+          if (plan.in[1][m].is_shard(d)) plan.in[1][m] = Replicate(), plan.out[0][m] = Replicate();
+        grad_chunks = chunks();
+      }
     }
     if (masked) {
       total = x.shape[d];
@@ -346,7 +368,8 @@ struct ScatterAddOp {
           c = p;
       }
       Placement a = c, b = c, s = c, o = c;
-      if (!c.is_shard() && x.placements[m].is_partial_sum() && src.placements[m].is_partial_sum())
+      if (!c.is_shard() && !numerics::bitwise() && x.placements[m].is_partial_sum() &&
+          src.placements[m].is_partial_sum())
         a = Partial(), b = Replicate(), s = Partial(), o = Partial();
       plan.in[0].push_back(a), plan.in[1].push_back(b), plan.in[2].push_back(s), plan.out[0].push_back(o);
     }
@@ -366,6 +389,8 @@ struct IndexSelectOp {
   SavedTensor index;
   Dims x_shape;
 
+  int grad_chunks = 0;  // x's gradient sums over index positions (0: V)
+
   Tensor forward(const Tensor& x, const Tensor& idx) {
     check_index_vector("index_select", idx);
     detail::check_same_device("index_select", x, idx);
@@ -378,11 +403,13 @@ struct IndexSelectOp {
 
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
     if (!ctx.needs(0) || !grads[0].defined()) return {Tensor(), Tensor()};
-    return {index_add_into_zeros(x_shape, d, index.get(), grads[0]), Tensor()};
+    return {index_add_into_zeros(x_shape, d, index.get(), grads[0], grad_chunks), Tensor()};
   }
 
   // x sharded along another dim keeps it; a sharded index shards the output
-  // along d; Partial x stays Partial; x sharded along d is gathered.
+  // along d; Partial x stays Partial (a selection); x sharded along d is
+  // gathered. Bitwise mode: a sharded index must cut the gradient's sum over
+  // positions into exact pieces, else it is gathered.
   ShardingPlan sharding(const ShardingContext& ctx) {
     const TensorSpec& x = ctx.in[0];
     const TensorSpec& ix = ctx.in[1];
@@ -396,6 +423,14 @@ struct IndexSelectOp {
       else if (pi.is_shard(0) && ix.dim() == 1) b = pi, o = Shard(d);
       else if (px.is_partial_sum()) a = px, o = px;
       plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
+    }
+    if (numerics::bitwise() && ix.dim() == 1) {
+      grad_chunks = sharding::local_chunks(ix.shape, plan.in[1], *ctx.mesh, {0}, chunks());
+      if (grad_chunks == 0) {
+        for (int m = 0; m < ctx.mesh_ndim(); ++m)
+          if (plan.in[1][m].is_shard()) plan.in[1][m] = Replicate(), plan.out[0][m] = Replicate();
+        grad_chunks = chunks();
+      }
     }
     return plan;
   }
@@ -458,7 +493,8 @@ struct IndexAddOp {
       if (px.is_shard() && px.dim != d) c = px;
       else if (ps.is_shard() && ps.dim != d) c = ps;
       Placement a = c, s = c, o = c;
-      if (!c.is_shard() && px.is_partial_sum() && ps.is_partial_sum()) a = px, s = ps, o = Partial();
+      if (!c.is_shard() && !numerics::bitwise() && px.is_partial_sum() && ps.is_partial_sum())
+        a = px, s = ps, o = Partial();
       plan.in[0].push_back(a), plan.in[1].push_back(Replicate()), plan.in[2].push_back(s), plan.out[0].push_back(o);
     }
     return plan;

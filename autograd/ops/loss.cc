@@ -8,6 +8,7 @@
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
 #include "kernels/loss.h"
+#include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -104,7 +105,33 @@ struct ClassLossOp {
     }
     return {raw::try_view(dx, scores_shape), Tensor()};
   }
+
+  // Per-token losses (reduction "none"): rows may be sharded (scores and
+  // targets alike), the class dim is whole. A reduced loss is computed
+  // replicated (class_loss_distributed decomposes it instead).
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    if (reduction != LossReduction::None) return sharding::replicate(ctx);
+    const TensorSpec& s = ctx.in[0];
+    Placements p = sharding::unshard(s.placements, {s.dim() - 1}, true);
+    return {{p, p}, {p}};
+  }
 };
+
+// Bitwise mode: the fused kernel's arithmetic on a mesh. Per-token losses
+// are row-local (class dim gathered if sharded); "sum" is the canonical sum
+// over tokens (each piece its subtree of chunks, finished by the all-reduce,
+// or gathered), "mean" that sum divided by the global count — the bits of
+// loss_reduce on one device, and the same backward (scale g / count).
+Tensor class_loss_bitwise(const Tensor& scores, const Tensor& targets, int64_t ignore_index, LossReduction red,
+                          double label_smoothing, bool fused) {
+  Tensor losses =
+      call(ClassLossOp{fused, ignore_index, LossReduction::None, label_smoothing, numerics::reduction_chunks()},
+           scores, targets);
+  if (red == LossReduction::None) return losses;
+  Tensor total = sum(losses);
+  if (red == LossReduction::Sum) return total;
+  return total / sum(ne(targets, Scalar(ignore_index)).to(scores.dtype()));
+}
 
 // The losses of distributed scores, from ops that know how to shard: with
 // the class dim sharded (vocabulary parallel) the target logit is a masked
@@ -112,6 +139,7 @@ struct ClassLossOp {
 // sharded, the mean divides the pending sum of losses by the global count.
 Tensor class_loss_distributed(const Tensor& scores, const Tensor& targets, int64_t ignore_index, LossReduction red,
                               double label_smoothing, bool fused) {
+  if (numerics::bitwise()) return class_loss_bitwise(scores, targets, ignore_index, red, label_smoothing, fused);
   const int last = scores.dim() - 1;
   const int64_t K = scores.shape()[last];
   Tensor valid = ne(targets, Scalar(ignore_index));

@@ -30,7 +30,9 @@ Tensor bmm_raw(const Tensor& x, const Tensor& y, int chunks) {
 // [..., K, N] with a's batch dims. dtype already common.
 struct MatmulOp {
   static constexpr const char* kName = "matmul";
-  int chunks;
+  int chunks;              // the forward's reduction over K
+  int chunks_n = 0;        // a's gradient, over N (0: chunks)
+  int chunks_m = 0;        // b's gradient, over M (all rows for a shared b) (0: chunks)
   SavedTensor a3, b3;  // [Bt, M, K] / [Bt, K, N] (shared b: [1, rows, K] / [1, K, N])
   Dims a_shape, b_shape, out3_shape;
 
@@ -53,8 +55,20 @@ struct MatmulOp {
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
     Tensor g = raw::try_view(detail::contiguous_raw(grads[0]), out3_shape);
     Tensor ga, gb;
-    if (ctx.needs(0)) ga = raw::try_view(bmm_raw(g, raw::transpose(b3.get(), 1, 2), chunks), a_shape);
-    if (ctx.needs(1)) gb = raw::try_view(bmm_raw(raw::transpose(a3.get(), 1, 2), g, chunks), b_shape);
+    const int cn = chunks_n > 0 ? chunks_n : chunks, cm = chunks_m > 0 ? chunks_m : chunks;
+    if (ctx.needs(0)) ga = as_shape(bmm_raw(g, raw::transpose(b3.get(), 1, 2), cn), a_shape);
+    if (ctx.needs(1)) {
+      const Tensor& bt = b3.get();
+      if (bt.stride(1) == 1 && bt.stride(2) != 1) {
+        // b is a transposed view (linear's weight.t()): compute the gradient in
+        // the weight's own layout, (g^T a)^T, so the weight's .grad arrives
+        // contiguous and is taken without a copy. Same bits as a^T g: each
+        // element is the same canonical sum of the same products (a*b == b*a).
+        gb = as_shape(raw::transpose(bmm_raw(raw::transpose(g, 1, 2), a3.get(), cm), 1, 2), b_shape);
+      } else {
+        gb = as_shape(bmm_raw(raw::transpose(a3.get(), 1, 2), g, cm), b_shape);
+      }
+    }
     return {ga, gb};
   }
 
@@ -62,7 +76,31 @@ struct MatmulOp {
   // (columns of b), K (both; output Partial), keep a Partial operand
   // (linear), or replicate. Cost: the elements a collective would move
   // (slicing a replicated operand is free); ties go to the order listed.
+  // Bitwise mode: no Partial operand (the products do not commute with the
+  // pending sum), and every reduction a sharded dim cuts — K forward, N for
+  // a's gradient, M (all rows, for a shared weight) for b's — must give each
+  // piece a whole run of canonical chunks; a candidate that would not is
+  // dropped on that mesh dim.
   ShardingPlan sharding(const ShardingContext& ctx) {
+    const TensorSpec& A = ctx.in[0];
+    const TensorSpec& B = ctx.in[1];
+    const bool bitwise = numerics::bitwise();
+    const int nd = ctx.mesh_ndim();
+    std::vector<uint32_t> banned(static_cast<size_t>(nd), 0);  // per mesh dim: candidate kinds ruled out
+    for (int attempt = 0;; ++attempt) {
+      ShardingPlan plan = choose(ctx, banned, bitwise);
+      if (!bitwise) return plan;
+      int bad_dim = -1;
+      uint32_t bad_kind = 0;
+      if (exact_chunks(ctx, plan, bad_dim, bad_kind)) return plan;
+      TESSEL_ASSERT(attempt < 8 * nd + 8 && bad_dim >= 0);
+      banned[size_t(bad_dim)] |= bad_kind;
+    }
+  }
+
+  enum Kind : uint32_t { kBatch = 1, kRows = 2, kCols = 4, kInner = 8, kPartialA = 16, kPartialB = 32, kRep = 64 };
+
+  ShardingPlan choose(const ShardingContext& ctx, const std::vector<uint32_t>& banned, bool bitwise) const {
     const TensorSpec& A = ctx.in[0];
     const TensorSpec& B = ctx.in[1];
     const bool shared = B.dim() == 2;
@@ -80,17 +118,21 @@ struct MatmulOp {
       };
       struct Cand {
         Placement pa, pb, out;
+        uint32_t kind;
       };
       Cand cands[kMaxDims + 6];
       int nc = 0;
+      const uint32_t ban = banned[size_t(m)];
       for (int d = 0; d < na - 2; ++d)
-        if (A.shape[d] > 1) cands[nc++] = {Shard(d), shared ? Replicate() : Shard(d), Shard(d)};
-      if (A.shape[m_dim] > 1) cands[nc++] = {Shard(m_dim), Replicate(), Shard(m_dim)};
-      if (B.shape[n_dim_b] > 1) cands[nc++] = {Replicate(), Shard(n_dim_b), Shard(na - 1)};
-      if (A.shape[k_dim_a] > 1) cands[nc++] = {Shard(k_dim_a), Shard(k_dim_b), Partial()};
-      cands[nc++] = {Partial(), Replicate(), Partial()};
-      cands[nc++] = {Replicate(), Partial(), Partial()};
-      cands[nc++] = {Replicate(), Replicate(), Replicate()};
+        if (A.shape[d] > 1 && !(ban & kBatch)) cands[nc++] = {Shard(d), shared ? Replicate() : Shard(d), Shard(d), kBatch};
+      if (A.shape[m_dim] > 1 && !(ban & kRows)) cands[nc++] = {Shard(m_dim), Replicate(), Shard(m_dim), kRows};
+      if (B.shape[n_dim_b] > 1 && !(ban & kCols)) cands[nc++] = {Replicate(), Shard(n_dim_b), Shard(na - 1), kCols};
+      if (A.shape[k_dim_a] > 1 && !(ban & kInner)) cands[nc++] = {Shard(k_dim_a), Shard(k_dim_b), Partial(), kInner};
+      if (!bitwise) {
+        cands[nc++] = {Partial(), Replicate(), Partial(), kPartialA};
+        cands[nc++] = {Replicate(), Partial(), Partial(), kPartialB};
+      }
+      cands[nc++] = {Replicate(), Replicate(), Replicate(), kRep};
       int best = nc - 1;
       int64_t best_cost = cost(ca, Replicate(), sa) + cost(cb, Replicate(), sb);
       for (int c = 0; c < nc; ++c) {
@@ -104,6 +146,93 @@ struct MatmulOp {
       plan.out[0].push_back(cands[best].out);
     }
     return plan;
+  }
+
+  // Sets the chunk counts of the three reductions for `plan`; on failure names
+  // the mesh dim and the candidate kind that broke exactness.
+  bool exact_chunks(const ShardingContext& ctx, const ShardingPlan& plan, int& bad_dim, uint32_t& bad_kind) {
+    const TensorSpec& A = ctx.in[0];
+    const TensorSpec& B = ctx.in[1];
+    const int na = A.dim();
+    const bool shared = B.dim() == 2;
+    const int v = numerics::reduction_chunks();
+    std::vector<int> rows;  // the dims b's gradient sums over
+    if (shared) {
+      for (int d = 0; d < na - 1; ++d) rows.push_back(d);
+    } else {
+      rows.push_back(na - 2);
+    }
+    struct Check {
+      const Dims* shape;
+      const Placements* p;
+      std::vector<int> dims;
+      int* chunks;
+      bool needed;
+    };
+    Check checks[3] = {
+        {&A.shape, &plan.in[0], {na - 1}, &chunks, true},
+        {&ctx.out[0].shape, &plan.out[0], {na - 1}, &chunks_n, ctx.grad},
+        {&A.shape, &plan.in[0], rows, &chunks_m, ctx.grad},
+    };
+    for (Check& c : checks) {
+      if (!c.needed) continue;
+      const int k = sharding::local_chunks(*c.shape, *c.p, *ctx.mesh, c.dims, v);
+      if (k > 0) {
+        *c.chunks = k;
+        continue;
+      }
+      for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+        const Placement& p = (*c.p)[m];
+        for (int d : c.dims) {
+          if (!p.is_shard(d)) continue;
+          bad_dim = m;
+          bad_kind = d == na - 1 ? (c.chunks == &chunks ? kInner : kCols) : (d == na - 2 ? kRows : kBatch);
+          return false;
+        }
+      }
+      return false;
+    }
+    return true;
+  }
+};
+
+// y = x W^T + b for float32/float64 with one dtype: the GEMM starts from the
+// bias (C = b broadcast over rows, then C = C + tree), which saves the
+// separate add's pass over y and its output buffer. Same bits as matmul +
+// add: b + tree == tree + b (IEEE addition commutes). The gradients are those
+// of matmul + add, computed with the same products and sums: dx = g W,
+// dW = g^T x (the weight's layout), db = sum_to(g, b's shape).
+struct LinearBiasOp {
+  static constexpr const char* kName = "linear";
+  Dims x_shape, out_shape;
+  SavedTensor x2, w;  // x as [M, K]; the weight [N, K]
+
+  Tensor forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    const int64_t N = weight.shape()[0], K = weight.shape()[1];
+    x_shape = x.shape();
+    out_shape = Dims(x.shape().data(), size_t(x.dim() - 1));
+    out_shape.push_back(N);
+    Tensor xm = raw::try_view(x, {-1, K});
+    if (!xm.defined()) xm = raw::try_view(detail::contiguous_raw(x), {-1, K});
+    const int64_t M = xm.shape()[0];
+    Tensor out = raw::empty(Dims{1, M, N}, x.dtype(), x.device());
+    kernels::copy(x.device(), raw::expand(raw::unsqueeze(raw::unsqueeze(bias, 0), 0), {1, M, N}), out);
+    kernels::bmm(x.device(), raw::unsqueeze(xm, 0), raw::unsqueeze(raw::transpose(weight, 0, 1), 0), out,
+                 /*accumulate=*/true, numerics::reduction_chunks());
+    x2 = xm;
+    w = weight;
+    return raw::try_view(out, out_shape);
+  }
+
+  std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
+    const Tensor& g = grads[0];
+    const int64_t N = out_shape.back();
+    Tensor g3 = g.reshape({1, -1, N});
+    Tensor gx, gw, gb;
+    if (ctx.needs(0)) gx = bmm(g3, w.get().unsqueeze(0)).reshape(x_shape);
+    if (ctx.needs(1)) gw = bmm(g3.transpose(1, 2), x2.get().unsqueeze(0)).squeeze(0);
+    if (ctx.needs(2)) gb = sum_to(g, Dims{N});
+    return {gx, gw, gb};
   }
 };
 
@@ -161,13 +290,20 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(weight.dim() == 2, "linear", "weight must be 2-D [out, in], got {}", weight.desc());
   TESSEL_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear",
                "input {} does not match weight {} (in_features {})", x.desc(), weight.desc(), weight.size(1));
-  Tensor y = matmul(x, weight.t());
-  if (bias.defined()) {
-    TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear",
-                 "bias {} does not match weight {} (out_features {})", bias.desc(), weight.desc(), weight.size(0));
-    y = y + bias;
+  if (!bias.defined()) return matmul(x, weight.t());
+  TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear",
+               "bias {} does not match weight {} (out_features {})", bias.desc(), weight.desc(), weight.size(0));
+  const DType t = x.dtype();
+  // (Distributed operands take matmul + add, whose ops have sharding rules.)
+  const bool plain = !x.is_distributed() && !weight.is_distributed() && !bias.is_distributed();
+  if (plain && (t == DType::Float32 || t == DType::Float64) && weight.dtype() == t && bias.dtype() == t &&
+      x.numel() > 0) {
+    detail::check_same_device("linear", x, weight);
+    detail::check_same_device("linear", x, bias);
+    return call(LinearBiasOp{}, x, weight, bias);
   }
-  return y;
+  // 16-bit or mixed dtypes: the product is rounded before the add (two roundings), kept as it was.
+  return matmul(x, weight.t()) + bias;
 }
 
 }  // namespace tessel

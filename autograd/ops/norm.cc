@@ -5,7 +5,9 @@
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
+#include "kernels/elementwise.h"
 #include "kernels/norm.h"
+#include "kernels/reduce.h"
 #include "parallel/sharding.h"
 #include "runtime/numerics.h"
 
@@ -45,6 +47,7 @@ struct NormOp {
   double eps;
   int chunks;
   Dims nshape;
+  int row_chunks = 0;  // of the weight/bias gradients' sums over rows (0: chunks); bitwise rule
   int64_t m = 0, n = 0;
   Dims x_shape;
   SavedTensor x2, w2, mean, rstd;
@@ -80,10 +83,47 @@ struct NormOp {
     if (ctx.needs(0)) dx = raw::empty({m, n}, xf.dtype(), xf.device());
     if (ctx.needs(1)) dw = raw::empty({n}, xf.dtype(), xf.device());
     if (ctx.needs(2)) db = raw::empty({n}, xf.dtype(), xf.device());
-    if (rms) kernels::rms_norm_backward(xf.device(), g, xf, wf, rstd.get(), dx, dw, chunks);
-    else kernels::layer_norm_backward(xf.device(), g, xf, wf, mean.get(), rstd.get(), dx, dw, db, chunks);
+    if (row_chunks > 0 && row_chunks != chunks && (dw.defined() || db.defined())) {
+      // Rows are a sharded piece: the kernel gives dx; the sums over rows use
+      // the piece's share of the chunks, with the kernel's arithmetic.
+      if (rms) kernels::rms_norm_backward(xf.device(), g, xf, wf, rstd.get(), dx, Tensor(), chunks);
+      else kernels::layer_norm_backward(xf.device(), g, xf, wf, mean.get(), rstd.get(), dx, Tensor(), Tensor(), chunks);
+      row_sums(g, xf, dw, db);
+    } else if (rms) {
+      kernels::rms_norm_backward(xf.device(), g, xf, wf, rstd.get(), dx, dw, chunks);
+    } else {
+      kernels::layer_norm_backward(xf.device(), g, xf, wf, mean.get(), rstd.get(), dx, dw, db, chunks);
+    }
     return {dx.defined() ? raw::try_view(dx, x_shape) : dx, dw.defined() ? raw::try_view(dw, nshape) : dw,
             db.defined() ? raw::try_view(db, nshape) : db};
+  }
+
+  // dweight_j = canonical sum over rows of g * xhat, dbias_j = of g (kernels/norm.h),
+  // in the compute dtype C, with row_chunks chunks; rounded once into dw/db.
+  void row_sums(const Tensor& g, const Tensor& xf, const Tensor& dw, const Tensor& db) const {
+    const Device dev = xf.device();
+    const DType acc = accumulate_dtype(xf.dtype());
+    Tensor gc = detail::cast_raw(g, acc), xc = detail::cast_raw(xf, acc);
+    auto col = [&](const Tensor& t) { return raw::expand(raw::unsqueeze(t, 1), {m, n}); };
+    auto bin = [&](kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
+      Tensor o = raw::empty({m, n}, acc, dev);
+      kernels::binary(dev, op, a, b, o);
+      return o;
+    };
+    auto column_sum = [&](const Tensor& t, const Tensor& dst) {
+      Tensor s = raw::empty({1, n}, acc, dev);
+      kernels::reduce(dev, kernels::ReduceOp::Sum, t, s, row_chunks);
+      if (m == 1) {  // one row: the canonical sum is +0 + x (a -0 becomes +0), which a copy would not do
+        kernels::binary(dev, kernels::BinaryOp::Add, s, raw::expand(detail::scalar_raw(0.0, acc, dev), {1, n}), s);
+      }
+      kernels::copy(dev, raw::try_view(s, {n}), dst);
+    };
+    if (dw.defined()) {
+      Tensor xhat = rms ? bin(kernels::BinaryOp::Mul, xc, col(rstd.get()))
+                        : bin(kernels::BinaryOp::Mul, bin(kernels::BinaryOp::Sub, xc, col(mean.get())), col(rstd.get()));
+      column_sum(bin(kernels::BinaryOp::Mul, gc, xhat), dw);
+    }
+    if (db.defined()) column_sum(gc, db);
   }
 
   // Rows (the leading dims) may be sharded, e.g. sequence parallel; the
@@ -93,6 +133,15 @@ struct NormOp {
     const TensorSpec& x = ctx.in[0];
     Placements p = sharding::unshard(x.placements, {}, true);
     for (int d = x.dim() - nshape.size(); d < x.dim(); ++d) p = sharding::unshard(p, {d}, false);
+    if (numerics::bitwise()) {  // the weight/bias gradients sum over rows: exact pieces or gathered rows
+      std::vector<int> rows;
+      for (int d = 0; d < x.dim() - nshape.size(); ++d) rows.push_back(d);
+      row_chunks = sharding::local_chunks(x.shape, p, *ctx.mesh, rows, chunks);
+      if (row_chunks == 0) {
+        for (int d : rows) p = sharding::unshard(p, {d}, false);
+        row_chunks = chunks;
+      }
+    }
     const Placements r = Placements::replicated(ctx.mesh_ndim());
     return {{p, r, r}, {p}};
   }
@@ -132,14 +181,14 @@ Tensor norm_sharded(const Tensor& x, int k, const Tensor& w, const Tensor& b, do
 Tensor layer_norm(const Tensor& x, const Dims& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
   check_norm("layer_norm", x, normalized_shape, weight, bias, eps);
-  if (normalized_dims_sharded(x, normalized_shape.size()))
+  if (normalized_dims_sharded(x, normalized_shape.size()) && !numerics::bitwise())
     return norm_sharded(x, normalized_shape.size(), weight, bias, eps, false);
   return call(NormOp{false, eps, numerics::reduction_chunks(), normalized_shape}, x, weight, bias);
 }
 
 Tensor rms_norm(const Tensor& x, const Dims& normalized_shape, const Tensor& weight, double eps) {
   check_norm("rms_norm", x, normalized_shape, weight, Tensor(), eps);
-  if (normalized_dims_sharded(x, normalized_shape.size()))
+  if (normalized_dims_sharded(x, normalized_shape.size()) && !numerics::bitwise())
     return norm_sharded(x, normalized_shape.size(), weight, Tensor(), eps, true);
   return call(NormOp{true, eps, numerics::reduction_chunks(), normalized_shape}, x, weight, Tensor());
 }

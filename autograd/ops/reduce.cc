@@ -65,22 +65,47 @@ std::vector<int> reduce_map(int n, uint32_t mask, bool keepdim) {
   return map;
 }
 
-Tensor reduce_raw(ReduceOp op, const Tensor& x, uint32_t mask, DType out_dtype) {
+Tensor reduce_raw(ReduceOp op, const Tensor& x, uint32_t mask, DType out_dtype, int chunks) {
   Tensor out = raw::empty(keepdim_shape(x.shape(), mask), out_dtype, x.device());
-  kernels::reduce(x.device(), op, x, out, numerics::reduction_chunks());
+  kernels::reduce(x.device(), op, x, out, chunks > 0 ? chunks : numerics::reduction_chunks());
   return out;
+}
+
+std::vector<int> mask_dims(uint32_t mask, int n) {
+  std::vector<int> dims;
+  for (int d = 0; d < n; ++d)
+    if (mask & (1u << d)) dims.push_back(d);
+  return dims;
+}
+
+// Bitwise mode: the layout of a reduction's input. Partial inputs are reduced
+// first (not exact otherwise); sharded reduced dims stay sharded when each
+// piece is a whole run of chunks (the rank-order reduction finishes the
+// canonical tree), else they are gathered. Sets the local chunk count.
+Placements exact_reduction_layout(const ShardingContext& ctx, uint32_t mask, int& chunks) {
+  const TensorSpec& x = ctx.in[0];
+  Placements in = sharding::unshard(x.placements, {}, true);
+  const std::vector<int> dims = mask_dims(mask, x.dim());
+  const int v = numerics::reduction_chunks();
+  chunks = sharding::local_chunks(x.shape, in, *ctx.mesh, dims, v);
+  if (chunks == 0) {
+    for (int d : dims) in = sharding::unshard(in, {d}, false);
+    chunks = v;
+  }
+  return in;
 }
 
 struct SumOp {
   static constexpr const char* kName = "sum";
   uint32_t mask;
   bool keepdim;
+  int chunks = 0;  // 0: numerics::reduction_chunks()
   Dims in_shape;
 
   Tensor forward(const Tensor& x) {
     in_shape = x.shape();
     DType t = is_floating(x.dtype()) ? x.dtype() : DType::Int64;
-    Tensor out = reduce_raw(ReduceOp::Sum, x, mask, t);
+    Tensor out = reduce_raw(ReduceOp::Sum, x, mask, t, chunks);
     return keepdim ? out : raw::try_view(out, squeezed_shape(x.shape(), mask));
   }
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) {
@@ -89,10 +114,14 @@ struct SumOp {
 
   // A sum over a sharded dim leaves a pending sum: Partial(sum). Linear, so
   // Partial inputs stay Partial.
+  // In bitwise mode the local sum uses the piece's share of the canonical
+  // chunks (exact_reduction_layout).
   ShardingPlan sharding(const ShardingContext& ctx) {
     const TensorSpec& x = ctx.in[0];
+    Placements in = x.placements;
+    if (numerics::bitwise() && is_floating(x.dtype)) in = exact_reduction_layout(ctx, mask, chunks);
     std::vector<int> map = reduce_map(x.dim(), mask, keepdim);
-    return {{x.placements}, {sharding::map_dims(x.placements, map.data(), Partial())}};
+    return {{in}, {sharding::map_dims(in, map.data(), Partial())}};
   }
 };
 
@@ -102,6 +131,7 @@ struct ExtremeOp {  // amax / amin
   bool keepdim;
   bool is_max;
   bool piece = false;  // a local piece of a sharded reduction: may be empty (gives -inf / +inf)
+  int chunks = 0;      // 0: numerics::reduction_chunks()
   SavedTensor x, out_keep;
   const char* name() const { return is_max ? "amax" : "amin"; }
 
@@ -110,7 +140,7 @@ struct ExtremeOp {  // amax / amin
     for (int d = 0; d < in.dim(); ++d)
       TESSEL_CHECK(piece || !(mask & (1u << d)) || in.shape()[d] > 0, name, "cannot reduce over empty dimension {} of {}", d,
                    in.desc());
-    Tensor out = reduce_raw(is_max ? ReduceOp::Max : ReduceOp::Min, in, mask, in.dtype());
+    Tensor out = reduce_raw(is_max ? ReduceOp::Max : ReduceOp::Min, in, mask, in.dtype(), chunks);
     x = in;
     out_keep = out;
     return keepdim ? out : raw::try_view(out, squeezed_shape(in.shape(), mask));
@@ -135,6 +165,8 @@ struct ExtremeOp {  // amax / amin
     if (ctx.grad) {
       for (int d = 0; d < x.dim(); ++d)
         if (mask & (1u << d)) in = sharding::unshard(in, {d}, false);
+    } else if (numerics::bitwise()) {  // the sign of a zero max depends on the tree: keep it canonical
+      in = exact_reduction_layout(ctx, mask, chunks);
     }
     std::vector<int> map = reduce_map(x.dim(), mask, keepdim);
     piece = true;  // the global shape was checked by the Meta run
@@ -187,6 +219,10 @@ std::tuple<Tensor, Tensor> extreme_with_index(const Tensor& x, int64_t dim, bool
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return call(SumOp{reduce_mask(x, dims, "sum"), keepdim}, x);
+}
+
+Tensor sum_chunks(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, int chunks) {
+  return call(SumOp{reduce_mask(x, dims, "sum"), keepdim, chunks}, x);
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {

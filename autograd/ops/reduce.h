@@ -11,6 +11,9 @@ namespace tessel {
 // Floating inputs keep their dtype (accumulated in float/double, rounded once);
 // integer and bool inputs sum to int64.
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// sum with an explicit canonical chunk count (0: numerics::reduction_chunks()):
+// for backward passes that reduce a local piece of a sharded dim (bitwise mode).
+Tensor sum_chunks(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, int chunks);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Largest / smallest value (NaN propagates); gradient shared evenly by ties.
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);

@@ -46,7 +46,7 @@ struct UnaryMathOp {
   }
 
   ShardingPlan sharding(const ShardingContext& ctx) {
-    return op == UnaryOp::Neg ? sharding::pointwise(ctx, {0b1}) : sharding::pointwise(ctx);
+    return op == UnaryOp::Neg ? sharding::pointwise_exact(ctx, {0b1}, true) : sharding::pointwise(ctx);
   }
 };
 

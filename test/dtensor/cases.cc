@@ -1,6 +1,8 @@
 // The distributed op cases (see cases.h).
 #include "test/dtensor/cases.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "autograd/api.h"
@@ -21,6 +23,13 @@ std::string compare(const std::string& what, const Tensor& got, const Tensor& wa
     return what + ": got " + got.desc() + ", want " + want.desc();
   bool ok = bitwise ? bitwise_equal(got, want) : allclose(got.to(DType::Float64), want.to(DType::Float64), 2e-5, 2e-5);
   if (ok) return "";
+  if (getenv("TESSEL_DEBUG_CASES")) {
+    Tensor a = got.to(DType::Float64).contiguous(), b = want.to(DType::Float64).contiguous();
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      double x = a.data<double>()[i], y = b.data<double>()[i];
+      if (x != y) fprintf(stderr, "  [%lld] got %a want %a\n", (long long)i, x, y);
+    }
+  }
   return what + (bitwise ? " differs bitwise" : " differs") + " (max |diff| " +
          std::to_string(max_abs_diff(got.to(DType::Float64), want.to(DType::Float64))) + ")";
 }
@@ -37,7 +46,9 @@ Tensor weighted_loss(const std::vector<Tensor>& outs, uint64_t seed) {
   return loss;
 }
 
-std::string run_case_impl(const OpCase& c, const MeshPtr& mesh, uint64_t seed) {
+std::string run_case_impl(const OpCase& c_in, const MeshPtr& mesh, uint64_t seed, bool all_bitwise) {
+  OpCase c = c_in;
+  if (c.random_shapes) c.shapes = c.random_shapes(seed);
   // Reference: one device.
   std::vector<Tensor> ref_in;
   for (size_t i = 0; i < c.shapes.size(); ++i) ref_in.push_back(uniform(c.shapes[i], seed + i).requires_grad_(c.grad));
@@ -68,7 +79,7 @@ std::string run_case_impl(const OpCase& c, const MeshPtr& mesh, uint64_t seed) {
   for (size_t j = 0; j < out.size(); ++j) {
     if (!out[j].is_distributed()) return "output " + std::to_string(j) + " is not distributed" + where;
     std::string r = compare("output " + std::to_string(j) + " " + out[j].placements().str(), full_tensor(out[j]),
-                            ref_out[j], c.bitwise);
+                            ref_out[j], c.bitwise || all_bitwise);
     if (!r.empty()) return r + where;
   }
   if (ref_loss.defined()) {
@@ -80,7 +91,7 @@ std::string run_case_impl(const OpCase& c, const MeshPtr& mesh, uint64_t seed) {
       if (!g.defined()) return "no gradient for input " + std::to_string(i) + where;
       if (g.placements() != placements[i])
         return "gradient of input " + std::to_string(i) + " has placements " + g.placements().str() + where;
-      std::string r = compare("gradient of input " + std::to_string(i), full_tensor(g), ref_grad[i], false);
+      std::string r = compare("gradient of input " + std::to_string(i), full_tensor(g), ref_grad[i], all_bitwise);
       if (!r.empty()) return r + where;
     }
   }
@@ -89,9 +100,18 @@ std::string run_case_impl(const OpCase& c, const MeshPtr& mesh, uint64_t seed) {
 
 std::vector<Tensor> one(Tensor t) { return {std::move(t)}; }
 
+// Sizes in [1, 9] drawn from a seed.
+struct Sizes {
+  std::mt19937_64 gen;
+  explicit Sizes(uint64_t seed) : gen(seed * 2654435761u + 7) {}
+  int64_t operator()() { return int64_t(gen() % 9) + 1; }
+};
+
 }  // namespace
 
-std::string run_op_case(const OpCase& c, const MeshPtr& mesh, uint64_t seed) { return run_case_impl(c, mesh, seed); }
+std::string run_op_case(const OpCase& c, const MeshPtr& mesh, uint64_t seed, bool all_bitwise) {
+  return run_case_impl(c, mesh, seed, all_bitwise);
+}
 
 std::vector<OpGroup> dtensor_op_groups() {
   std::vector<OpGroup> groups;
@@ -263,6 +283,51 @@ std::vector<OpGroup> dtensor_op_groups() {
                   o.causal = true;
                   return one(scaled_dot_product_attention(x[0], x[1], x[2], o));
                 }});
+    groups.push_back(std::move(grp));
+  }
+  {
+    OpGroup grp{"random shapes", {}};
+    auto& g = grp.cases;
+    auto rs = [](std::function<std::vector<Dims>(Sizes&)> f) {
+      return [f](uint64_t seed) {
+        Sizes s(seed);
+        return f(s);
+      };
+    };
+    OpCase c;
+    c = {"add broadcast", {}, [](auto& x, auto&) { return one(x[0] + x[1]); }, true};
+    c.random_shapes = rs([](Sizes& s) {
+      int64_t a = s(), b = s(), k = s();
+      return std::vector<Dims>{{a, b, k}, {b, k}};
+    });
+    g.push_back(c);
+    c = {"matmul", {}, [](auto& x, auto&) { return one(matmul(x[0], x[1])); }};
+    c.random_shapes = rs([](Sizes& s) {
+      int64_t b = s(), m = s(), k = s(), n = s();
+      return std::vector<Dims>{{b, m, k}, {k, n}};
+    });
+    g.push_back(c);
+    c = {"sum dims 0, 2", {}, [](auto& x, auto&) { return one(sum(x[0], {0, 2})); }};
+    c.random_shapes = rs([](Sizes& s) { return std::vector<Dims>{{s(), s(), s()}}; });
+    g.push_back(c);
+    c = {"softmax", {}, [](auto& x, auto&) { return one(softmax(x[0], -1)); }};
+    c.random_shapes = rs([](Sizes& s) { return std::vector<Dims>{{s(), s()}}; });
+    g.push_back(c);
+    c = {"layer_norm", {}, [](auto& x, auto&) { return one(layer_norm(x[0], {x[0].size(-1)}, x[1], x[2])); }};
+    c.random_shapes = rs([](Sizes& s) {
+      int64_t a = s(), b = s(), k = s() + 1;
+      return std::vector<Dims>{{a, b, k}, {k}, {k}};
+    });
+    g.push_back(c);
+    c = {"reshape", {}, [](auto& x, auto&) { return one(x[0].reshape({-1}) * 2.0); }, true};
+    c.random_shapes = rs([](Sizes& s) { return std::vector<Dims>{{s(), s(), s()}}; });
+    g.push_back(c);
+    c = {"cross_entropy", {}, [](auto& x, auto& d) {
+           Tensor t = d(testing::randint({x[0].size(0)}, 3, 0, x[0].size(1)));
+           return one(cross_entropy(x[0], t));
+         }};
+    c.random_shapes = rs([](Sizes& s) { return std::vector<Dims>{{s(), s() + 1}}; });
+    g.push_back(c);
     groups.push_back(std::move(grp));
   }
   return groups;

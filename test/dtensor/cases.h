@@ -26,6 +26,9 @@ struct OpCase {
   bool bitwise = false;  // outputs compared bit for bit
   bool grad = true;      // input gradients compared (within tolerance)
   bool partial = true;   // inputs may start as Partial(sum)
+  // When set, the input shapes of a run are drawn from its seed (the same on
+  // every rank) instead of `shapes`.
+  std::function<std::vector<Dims>(uint64_t seed)> random_shapes;
 };
 
 struct OpGroup {
@@ -38,6 +41,8 @@ std::vector<OpGroup> dtensor_op_groups();
 
 // Runs one case on this rank (all ranks of `mesh` call it with the same seed):
 // "" when the distributed outputs and gradients match the single-device ones.
-std::string run_op_case(const OpCase& c, const MeshPtr& mesh, uint64_t seed);
+// With all_bitwise, outputs and gradients must equal the single-device ones
+// bit for bit (what bitwise mode promises for every op).
+std::string run_op_case(const OpCase& c, const MeshPtr& mesh, uint64_t seed, bool all_bitwise = false);
 
 }  // namespace tessel::testing

@@ -22,6 +22,7 @@ const Bench kBenches[] = {
     {"collectives",
      "all_reduce / all_gather / reduce_scatter of the MPI backend against raw MPI (launches mpirun, --ranks N)"},
     {"dispatch", "time a distributed op call adds over the same op on a plain tensor, per stage"},
+    {"ckpt", "checkpoint save/load GB/s against a plain sequential copy of the same bytes; resharded load"},
     {"step_cuda", "a training step on a GPU: tokens/s and MFU (vs PyTorch eager / torch.compile when available)"},
 };
 
@@ -59,8 +60,7 @@ int exec_bench(const std::string& name, const std::vector<std::string>& args) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks against reference libraries (each ends with one JSON line)");
-  bench->require_subcommand(1);
+  CLI::App* bench = bench_command(app);
   for (const Bench& b : kBenches) {
     const std::string name = b.name;
     CLI::App* sub = add_command(*bench, name, b.help, [bench, name] {

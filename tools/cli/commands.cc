@@ -16,6 +16,14 @@ CLI::App* add_command(CLI::App& app, const std::string& name, const std::string&
   return sub;
 }
 
+CLI::App* bench_command(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands({}))
+    if (sub->get_name() == "bench") return sub;
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks against reference libraries; each ends with one JSON line");
+  bench->require_subcommand(1);
+  return bench;
+}
+
 int run_selected(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands()) {
     // Nested subcommands (bench gemm) take precedence over their parent.

@@ -10,9 +10,15 @@ namespace tessel::cli {
 // Registers `name`; `run` executes after parsing if the subcommand was chosen.
 CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& help, std::function<int()> run);
 int run_selected(CLI::App& app);
+// The `bench` command that benchmarks attach to as nested subcommands
+// (created on first use, so each benchmark registers itself independently).
+CLI::App* bench_command(CLI::App& app);
 
 void register_info(CLI::App& app);
 void register_train(CLI::App& app);
-void register_bench(CLI::App& app);
+void register_bench(CLI::App& app);  // gemm, collectives, dispatch (tools/bench binaries)
+void register_bench_step(CLI::App& app);
+void register_launch(CLI::App& app);
+void register_ckpt(CLI::App& app);  // inspect, verify, convert
 
 }  // namespace tessel::cli

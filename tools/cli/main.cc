@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
   tessel::cli::register_info(app);
   tessel::cli::register_train(app);
   tessel::cli::register_bench(app);
+  tessel::cli::register_bench_step(app);
+  tessel::cli::register_launch(app);
+  tessel::cli::register_ckpt(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -27,21 +27,37 @@ struct TrainResult {
   std::string param_hash;
   double tokens_per_s = 0;
   std::string greedy_sample, sampled_text;
+  // With TrainHooks::keep_params: the final parameters, full (gathered) and plain.
+  std::vector<std::pair<std::string, Tensor>> final_params;
 };
 
 struct TrainHooks {
   // Called after every step with its metrics (tests, custom logging).
   std::function<void(const StepMetrics&)> on_step;
   bool quiet = false;  // no progress bar / console report
+  bool keep_params = false;  // return the final parameters in TrainResult::final_params
 };
 
-// Validates everything (config, tokenizer files, model preset, corpus) before
-// creating anything on disk; then trains, writing <out_dir>/config.json,
+// Validates everything (config, tokenizer files, model preset, corpus, mesh)
+// before creating anything on disk; then trains, writing <out_dir>/config.json,
 // metrics (JSONL), loss.svg and sample.txt (all atomically or line-flushed).
+//
+// With a mesh (cfg.mesh, e.g. "dp=2,tp=2") the model is laid out by the
+// parallel plan and every rank trains its pieces (docs/parallel.md): under
+// mpirun each process is a rank; otherwise (or with backend = local) the
+// ranks are threads of this process. Rank 0 writes the outputs and runs the
+// hooks; the result is rank 0's.
 TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks = {});
 
+// Lays a batch of token ids out for the model (identity on one device).
+using BatchLayout = std::function<Tensor(const Tensor&)>;
+
+// The logits of (laid-out) ids, when not model.forward's (a pipeline's).
+using ForwardFn = std::function<Tensor(const Tensor&)>;
+
 // Mean cross-entropy over `batches` held-out batches (no grad, eval mode).
-double evaluate(models::LanguageModel& model, const class DataLoader& heldout, int64_t batches, uint64_t seed);
+double evaluate(models::LanguageModel& model, const class DataLoader& heldout, int64_t batches, uint64_t seed,
+                const BatchLayout& layout = nullptr, const ForwardFn& forward = nullptr);
 
 // Entropy of the unigram token distribution of `tokens` (nats).
 double unigram_entropy(const int32_t* tokens, int64_t n, int64_t vocab);

@@ -1,0 +1,190 @@
+#include "nn/parallel/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "autograd/api.h"
+#include "autograd/ops/dist.h"
+#include "kernels/optim.h"
+#include "nn/clip.h"
+#include "runtime/numerics.h"
+
+namespace tessel::parallel::pipeline {
+namespace {
+constexpr const char* kOp = "pipeline";
+
+// Bitwise mode: the step's loss as the one-device loop computes it. Every
+// rank gets each micro-batch's token loss and per-block aux losses (float32;
+// each from the one rank that computed it, the others add -0.0: exact) and
+// evaluates the one-device expression with the same ops:
+// sum_m (token_m + (aux_m0 + aux_m1 + ...) * coef).
+double bitwise_loss_sum(const StepStats& st, const PipelineStage& stage) {
+  NoGradGuard ng;
+  const size_t m = st.token_loss.size(), nb = m ? st.block_aux.size() / m : 0;
+  Tensor buf = raw::empty({int64_t(m + m * nb)}, DType::Float32);
+  float* b = buf.data<float>();
+  std::copy(st.token_loss.begin(), st.token_loss.end(), b);
+  std::copy(st.block_aux.begin(), st.block_aux.end(), b + m);
+  if (const auto& c = stage.pp_comm()) c->all_reduce(buf, comm::ReduceOp::Sum)->wait();
+  auto scalar = [](float v) {
+    Tensor t = raw::empty({}, DType::Float32);
+    t.data<float>()[0] = v;
+    return t;
+  };
+  const models::LanguageModel& model = stage.model();
+  const bool moe = model.config.arch == models::Arch::Mixtral;
+  double sum = 0;
+  for (size_t k = 0; k < m; ++k) {
+    Tensor l = scalar(b[k]);
+    if (moe && nb > 0) {
+      Tensor aux = scalar(b[m + k * nb]);
+      for (size_t i = 1; i < nb; ++i) aux = aux + scalar(b[m + k * nb + i]);
+      l = l + aux * model.config.aux_loss_coef;
+    }
+    sum += l.item<double>();
+  }
+  return sum;
+}
+}
+
+bool has_pipeline_dim(const Mesh& mesh) {
+  for (int d = 0; d < mesh.ndim(); ++d)
+    if (mesh.name(d) == "pp") return true;
+  return false;
+}
+
+Pipeline::Pipeline(const models::ModelConfig& config, const MeshPtr& mesh, const ParallelPlan& plan, uint64_t seed,
+                   int64_t micro_batches, const PipelineOptions& opts)
+    : opts_(opts) {
+  TESSEL_CHECK(mesh && has_pipeline_dim(*mesh), kOp, "mesh {} has no 'pp' dim", mesh ? mesh->str() : "(none)");
+  const int pp = int(mesh->size(mesh->dim_index("pp")));
+  try {
+    schedule_ = make_schedule(opts.schedule, pp, int(micro_batches), opts.virtual_stages);
+  } catch (const Error& e) {
+    TESSEL_FAIL(kOp, "mesh {}: {}", mesh->str(), e.what());
+  }
+  stats_ = check_schedule(schedule_);
+  stage_ = std::make_unique<PipelineStage>(config, mesh, plan, seed, StageOptions{opts.virtual_stages, opts.split});
+  executor_ = std::make_unique<Executor>(*stage_, opts.compute);
+}
+
+std::vector<nn::ParamGroup> Pipeline::param_groups(double weight_decay) const {
+  std::set<std::string> held;
+  for (const auto& p : stage_->named_parameters()) held.insert(p.name);
+  std::vector<nn::ParamGroup> groups = nn::default_param_groups(model(), weight_decay);
+  for (auto& g : groups) {
+    std::vector<nn::NamedTensor> kept;
+    for (auto& p : g.params)
+      if (held.count(p.name)) kept.push_back(p);
+    g.params = std::move(kept);
+  }
+  return groups;
+}
+
+int64_t Pipeline::local_parameter_bytes() const {
+  int64_t n = 0;
+  for (const auto& p : stage_->named_parameters()) n += int64_t(raw::local_of(p.tensor).nbytes());
+  return n;
+}
+
+PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t global_batch,
+                                        const std::vector<MicroBatchIds>& micro_batches) {
+  TESSEL_CHECK(model().is_training(), kOp, "train_step needs the model in training mode (model().train())");
+  std::vector<MicroBatch> mbs;
+  mbs.reserve(micro_batches.size());
+  for (const MicroBatchIds& b : micro_batches)
+    mbs.push_back({stage_->layout(b.inputs), stage_->layout(b.targets), {seed, step, b.first_sample, global_batch}});
+  const StepStats st = executor_->run(schedule_, mbs);
+  // The step's loss and aux loss are spread over the stages: sum them over pp.
+  Tensor sums = raw::empty({4}, DType::Float64);
+  double* s = sums.data<double>();
+  s[0] = st.loss_sum;
+  s[1] = st.aux_last;
+  s[2] = st.has_aux ? 1.0 : 0.0;
+  s[3] = st.comm_wait_s;
+  if (const auto& c = stage_->pp_comm()) c->all_reduce(sums, comm::ReduceOp::Sum)->wait();
+  PipelineStepResult r;
+  r.loss_sum = s[0];
+  if (numerics::bitwise()) r.loss_sum = bitwise_loss_sum(st, *stage_);
+  r.loss = r.loss_sum / double(micro_batches.size());
+  if (s[2] > 0) r.aux_loss = s[1];
+  r.comm_wait_s = st.comm_wait_s;
+  r.comm_wait_mean_s = s[3] / double(stage_->pp_size());
+  return r;
+}
+
+double Pipeline::clip_grad_norm_(double max_norm) {
+  TESSEL_CHECK(max_norm >= 0, kOp, "invalid max_norm = {} (must be >= 0)", max_norm);
+  stage_->sync_tied_grads();
+  // The norm of nn::clip_grad_norm_ over the whole model, bit for bit: each
+  // rank computes the per-parameter sums of squares of the parameters it
+  // counts, the list is completed over pp (each entry comes from one rank, the
+  // others add +0: exact), and every rank combines it in model order.
+  const auto prim = stage_->primary_parameters();
+  std::vector<Tensor> tensors;
+  for (const auto& [i, t] : prim) tensors.push_back(t);
+  const std::vector<float> mine = nn::square_sums(tensors, "pipeline clip_grad_norm_");
+  const int64_t n = int64_t(stage_->homes().size());
+  Tensor buf = raw::empty({2 * n}, DType::Float32);  // [sums..., has a gradient...]
+  float* b = buf.data<float>();
+  std::fill(b, b + 2 * n, 0.0f);
+  for (size_t k = 0; k < prim.size(); ++k) {
+    if (mine[k] < 0) continue;
+    b[prim[k].first] = mine[k];
+    b[n + int64_t(prim[k].first)] = 1.0f;
+  }
+  if (const auto& c = stage_->pp_comm()) c->all_reduce(buf, comm::ReduceOp::Sum)->wait();
+  std::vector<float> all(size_t(n), -1.0f);
+  for (int64_t i = 0; i < n; ++i)
+    if (b[n + i] > 0) all[size_t(i)] = b[i];
+  const float total = nn::norm_of_square_sums(all);
+  if (max_norm > 0) {
+    const float scale = float(max_norm) / (total + 1e-6f);
+    if (scale < 1.0f) {
+      NoGradGuard ng;
+      for (const Tensor& p : stage_->parameters()) {
+        Tensor g = p.grad();
+        if (!g.defined()) continue;
+        kernels::scale_inplace(g.device(), raw::local_of(g), scale);
+        g.bump_version();
+      }
+    }
+  }
+  return double(total);
+}
+
+Tensor Pipeline::forward(const Tensor& ids) { return executor_->forward(ids); }
+
+std::vector<std::pair<std::string, Tensor>> Pipeline::gather_parameters() const {
+  NoGradGuard ng;
+  const auto all = model().named_parameters();
+  const auto& homes = stage_->homes();
+  const int me = stage_->pp_rank();
+  const bool main = stage_->in_main_group();
+  const int tag = 2 * stage_->num_stages();  // after the activation and gradient tags
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::vector<comm::WorkPtr> sends;
+  std::vector<Tensor> keep;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const ParamHome& h = homes[i];
+    const Tensor& t = all[i].tensor;
+    Tensor full;
+    if (h.primary == me) full = t.is_distributed() ? full_tensor(t.detach()) : t.detach();  // collective on the stage mesh
+    if (!main) continue;
+    if (me == 0) {
+      if (h.primary != 0) {
+        full = raw::empty(t.shape(), t.dtype());
+        stage_->pp_comm()->recv(full, h.primary, tag);
+      }
+      out.emplace_back(h.name, full);
+    } else if (h.primary == me) {
+      keep.push_back(full.is_contiguous() ? full : full.contiguous());
+      sends.push_back(stage_->pp_comm()->send(keep.back(), 0, tag, /*async=*/true));
+    }
+  }
+  for (auto& w : sends) w->wait();
+  return out;
+}
+
+}  // namespace tessel::parallel::pipeline

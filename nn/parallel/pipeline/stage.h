@@ -1,0 +1,106 @@
+#pragma once
+// One rank's part of a pipelined language model.
+//
+// The model (models::LanguageModel: embed -> blocks() -> head) is built on
+// Meta on every rank, so all ranks agree on its parameters' names and shapes
+// without allocating them. Its blocks are cut into S = pp x V virtual stages
+// (partition.h); rank r holds the chunks vs = c * pp + r (schedule.h), plus
+// the embedding when it holds vs 0 and the head when it holds vs S-1. Only
+// the parameters of what a rank holds are materialised and initialised (from
+// (seed, path), so their values are those of the single-device model); the
+// others stay Meta tensors without memory.
+//
+// Which parameters the embedding and the head use is found by tracing them
+// on Meta tensors (autograd::grad on Meta computes no values): no model has
+// to declare it, and a tied matrix (NanoGPT's wte: embedding and LM head) is
+// found in both. Such a parameter is held by the first and the last rank;
+// its gradient is summed over the two (sync_tied_grads) and it counts once
+// in norms and hashes (on its *primary* rank, the lowest one holding it).
+//
+// Within a stage the other mesh dims (dp, tp, ...) work as without a
+// pipeline: the whole model is parallelized with the plan on the sub-mesh
+// without "pp" (Mesh::sub), so every stage keeps the plan's layouts.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/language_model.h"
+#include "nn/parallel/pipeline/partition.h"
+#include "nn/parallel/plan.h"
+#include "runtime/comm/comm.h"
+#include "runtime/mesh.h"
+
+namespace tessel::parallel::pipeline {
+
+struct StageOptions {
+  int virtual_stages = 1;         // V: chunks per rank
+  std::string split = "layers";  // layers | params (partition.h)
+};
+
+// Where a parameter of the whole model lives.
+struct ParamHome {
+  std::string name;
+  int primary = 0;      // lowest pp rank holding it
+  bool held = false;    // this rank holds (and has materialised) it
+  bool tied = false;    // held by more than one pp rank
+};
+
+class PipelineStage {
+ public:
+  // Collective over `mesh` (it splits the tied-parameter group off the pp
+  // communicator). `mesh` must have a "pp" dim; `plan` lays the stage out on
+  // the other dims (ignored when pp is the only dim). Throws naming the mesh,
+  // the model and the sizes when the blocks cannot fill pp x V stages.
+  PipelineStage(const models::ModelConfig& config, const MeshPtr& mesh, const ParallelPlan& plan, uint64_t seed,
+                const StageOptions& opts);
+
+  models::LanguageModel& model() const { return *model_; }
+  const std::shared_ptr<models::LanguageModel>& model_ptr() const { return model_; }
+  const MeshPtr& mesh() const { return mesh_; }
+  // The mesh of this stage (the dims other than pp); null when pp is the only dim.
+  const MeshPtr& stage_mesh() const { return stage_mesh_; }
+  const ParallelPlan& plan() const { return plan_; }
+  // The pp communicator (its rank = pp coordinate); null when pp = 1.
+  const comm::CommPtr& pp_comm() const { return pp_comm_; }
+  int pp_rank() const { return pp_rank_; }
+  int pp_size() const { return pp_size_; }
+  int virtual_stages() const { return opts_.virtual_stages; }
+  int num_stages() const { return pp_size_ * opts_.virtual_stages; }
+  int stage_of(int chunk) const { return chunk * pp_size_ + pp_rank_; }
+  const Partition& partition() const { return partition_; }
+  // True when this rank's sub-mesh coordinates are all 0 (the pp group of world rank 0).
+  bool in_main_group() const { return main_group_; }
+
+  // This rank's parameters (materialised), in model order.
+  const std::vector<nn::NamedTensor>& named_parameters() const { return held_; }
+  std::vector<Tensor> parameters() const;
+  // This rank's parameters whose gradients count here (tied ones only on
+  // their primary rank), with their index in homes().
+  std::vector<std::pair<size_t, Tensor>> primary_parameters() const;
+  // Every parameter of the model, in model order.
+  const std::vector<ParamHome>& homes() const { return homes_; }
+  // Sums the gradients of tied parameters over the ranks that hold them.
+  void sync_tied_grads() const;
+  void sync_tied_bitwise(const nn::NamedTensor& p, std::vector<Tensor>& contrib) const;
+  // The ids / targets layout of the plan on the stage mesh (identity for pp only).
+  Tensor layout(const Tensor& ids) const;
+  // "pp rank 1 of 2: stages 1 [2, 4) + head; 3 parameters tensors, ..."
+  std::string describe() const;
+
+ private:
+  std::shared_ptr<models::LanguageModel> model_;
+  MeshPtr mesh_, stage_mesh_;
+  ParallelPlan plan_;
+  comm::CommPtr pp_comm_, tied_comm_;
+  int pp_rank_ = 0, pp_size_ = 1;
+  bool main_group_ = true;
+  StageOptions opts_;
+  Partition partition_;
+  std::vector<nn::NamedTensor> held_;
+  std::vector<ParamHome> homes_;
+  // Bitwise mode: each tied parameter's gradient per micro-batch, in
+  // backward order (index: position in held_).
+  std::vector<std::shared_ptr<std::vector<Tensor>>> tied_contrib_;
+};
+
+}  // namespace tessel::parallel::pipeline

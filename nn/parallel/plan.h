@@ -1,0 +1,90 @@
+#pragma once
+// Parallel plans: how a model is laid out on a mesh, as plain data (DESIGN.md
+// §6, veScale-style). Model code never changes; a plan says
+//
+//   params:  regex on parameter paths -> placements per mesh dim name
+//            (first matching rule wins; unmatched parameters are replicated);
+//   modules: regex on module paths -> the layout a module's input is
+//            redistributed to before its forward, and its output after
+//            (every matching rule applies, in order);
+//   data:    the layout of the token ids [B, T] (default: dp and ep ->
+//            Shard(0): expert-parallel ranks take part of the batch too);
+//   experts: regex on module paths of nn::MoE layers -> the mesh dim their
+//            experts are spread over (expert parallelism, nn/parallel/
+//            expert_parallel.h); ignored on a mesh without that dim.
+//
+// Placements are keyed by mesh dim *name* ("tp", "dp", ...), so one plan
+// serves every mesh: dims a plan names that the mesh lacks are ignored, and
+// mesh dims a rule does not name keep their current placement (inputs and
+// outputs) or are Replicate (parameters).
+//
+// JSON form (load with ParallelPlan::from_json / from_file):
+//   {"name": "llama-tp",
+//    "params":  [{"match": "layers\\.\\d+\\.attn\\.w[qkv]\\.weight", "tp": "S(0)"}, ...],
+//    "modules": [{"match": "layers\\.\\d+\\.attn", "input": {"tp": "R"}, "output": {"tp": "S(1)"}}],
+//    "experts": [{"match": "layers\\.\\d+\\.ffn", "dim": "ep"}],
+//    "data":    {"dp": "S(0)", "ep": "S(0)"}}
+// Placement strings: "R", "S(d)", "P" (Partial(sum); module layouts only).
+#include <optional>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/mesh.h"
+#include "runtime/placement.h"
+
+namespace tessel::parallel {
+
+// Placements for some mesh dims, by name.
+struct DimLayout {
+  std::vector<std::pair<std::string, Placement>> dims;
+  bool empty() const { return dims.empty(); }
+  // On `mesh`: the named dims take their placement, the others keep `base`'s.
+  Placements on(const Mesh& mesh, const Placements& base) const;
+  std::string str() const;  // "{tp: S(0), dp: R}"
+};
+
+struct ParamRule {
+  std::string match;
+  DimLayout layout;
+};
+
+struct ModuleRule {
+  std::string match;
+  DimLayout input, output;  // empty: leave as is
+};
+
+struct ExpertRule {
+  std::string match;  // MoE module paths
+  std::string dim;    // mesh dim name, e.g. "ep"
+};
+
+struct ParallelPlan {
+  std::string name;
+  std::vector<ParamRule> params;
+  std::vector<ModuleRule> modules;
+  std::vector<ExpertRule> experts;
+  DimLayout data{{{"dp", Shard(0)}, {"ep", Shard(0)}}};
+
+  static ParallelPlan from_json(const std::string& text, const std::string& source = "plan");
+  static ParallelPlan from_file(const std::string& path);
+  std::string to_json() const;
+};
+
+Placement parse_placement(const std::string& s, const std::string& where);
+
+// The plans that ship with tessel, by model family: "nanogpt", "llama",
+// "mixtral" (Megatron tensor parallel over "tp": column-parallel q/k/v and
+// up/gate/fc, row-parallel o/down/proj, vocabulary-parallel embedding and LM
+// head; with sequence_parallel the residual stream between blocks is sharded
+// along the sequence over "tp", norms and dropout run on sequence shards),
+// and "none" (everything replicated, data parallel only). "mixtral" also
+// spreads every layer's experts over "ep" (expert parallelism).
+ParallelPlan builtin_plan(const std::string& name, bool sequence_parallel = false);
+std::vector<std::string> builtin_plan_names();
+
+// A plan by name (builtin) or, if `spec` names a file (ends in .json), loaded from it.
+ParallelPlan load_plan(const std::string& spec, bool sequence_parallel = false);
+
+}  // namespace tessel::parallel

@@ -1,0 +1,55 @@
+// bench step without PyTorch: the tessel side runs and the last line is the
+// promised JSON (the PyTorch side is exercised by ./tessel bench step).
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/error.h"
+#include "tools/bench/step_bench.h"
+
+using namespace tessel;
+
+TEST_CASE("bench step --no-reference ends with one JSON line", "[bench]") {
+  tools::StepBenchOptions o;
+  o.model = "llama";
+  o.config = "tiny";
+  o.batch = 2;
+  o.seq = 16;
+  o.warmup = 1;
+  o.steps = 2;
+  o.reference = false;
+  std::ostringstream out;
+  REQUIRE(tools::run_step_bench(o, out) == 0);
+  std::string text = out.str(), last;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) last = line;
+  auto j = nlohmann::json::parse(last);
+  CHECK(j["bench"] == "step");
+  CHECK(j["model"] == "llama");
+  CHECK(j["config"] == "tiny");
+  CHECK(j["ours_s"].get<double>() > 0);
+  CHECK(j["reference"].is_null());
+  for (const char* part : {"forward", "backward", "optimizer"}) CHECK(j[part]["ours_s"].get<double>() > 0);
+  CHECK(j["tokens_per_s"].get<double>() > 0);
+  CHECK(j["batch"] == 2);
+  CHECK(j["seq"] == 16);
+  CHECK(text.find("first-step loss") == std::string::npos);  // no loss comparison without a reference
+}
+
+TEST_CASE("bench step refuses bad options by name", "[bench]") {
+  tools::StepBenchOptions o;
+  o.config = "tiny";
+  o.seq = 1000;
+  o.reference = false;
+  std::ostringstream out;
+  CHECK_THROWS_WITH(tools::run_step_bench(o, out), Catch::Contains("seq 1000 exceeds the context 64"));
+  o.seq = 8;
+  o.steps = 0;
+  CHECK_THROWS_WITH(tools::run_step_bench(o, out), Catch::Contains("steps > 0"));
+  o.steps = 1;
+  o.reference = true;
+  o.python = "/no/such/python";
+  CHECK_THROWS_AS(tools::run_step_bench(o, out), Error);
+}

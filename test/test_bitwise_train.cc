@@ -1,0 +1,135 @@
+// Bitwise mode for training (docs/numerics.md "Bitwise mode"): with
+// cfg.bitwise, every layout gives the one-device run's bits — the loss bits
+// and the parameter hash after every step, dropout on — for the same global
+// batch and micro-batch count.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test/util/runfiles.h"
+#include "test/util/util.h"
+#include "train/trainer/trainer.h"
+
+using namespace tessel;
+using namespace tessel::train;
+
+namespace {
+
+struct Trace {
+  std::vector<uint64_t> loss_bits;
+  std::vector<std::string> hashes;
+};
+
+int steps() {
+  const char* e = std::getenv("TESSEL_BITWISE_STEPS");  // longer runs by hand
+  return e ? std::atoi(e) : 20;
+}
+
+TrainConfig base(const std::string& model) {
+  TrainConfig c;
+  c.model = model;
+  c.model_config = "tiny";
+  c.steps = steps();
+  c.batch_size = 8;
+  c.seq_len = 16;
+  c.micro_batches = 2;
+  c.eval_every = 0;
+  c.sample_length = 0;
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  c.warmup_steps = 5;
+  c.dropout = 0.1;  // dropout on in every model
+  c.bitwise = true;
+  c.out_dir = (std::filesystem::path(testing::scratch_dir("bitwise_train")) / model).string();
+  return c;
+}
+
+Trace run(const TrainConfig& c) {
+  Trace t;
+  TrainHooks h;
+  h.quiet = true;
+  h.on_step = [&](const StepMetrics& m) {
+    uint64_t bits;
+    const double l = *m.loss;
+    std::memcpy(&bits, &l, sizeof bits);
+    t.loss_bits.push_back(bits);
+    t.hashes.push_back(m.param_hash);
+  };
+  run_training(c, h);
+  return t;
+}
+
+// "" when equal, else the first step that differs.
+std::string first_difference(const Trace& ref, const Trace& got) {
+  if (got.hashes.size() != ref.hashes.size()) return "ran " + std::to_string(got.hashes.size()) + " steps";
+  for (size_t i = 0; i < ref.hashes.size(); ++i) {
+    if (got.hashes[i] != ref.hashes[i]) return "param_hash differs at step " + std::to_string(i + 1);
+    if (got.loss_bits[i] != ref.loss_bits[i]) return "loss bits differ at step " + std::to_string(i + 1);
+  }
+  return "";
+}
+
+struct Layout {
+  const char* mesh;
+  bool sp = false;
+  int zero = 0;
+  const char* schedule = "1f1b";
+};
+
+void check_layouts(const std::string& model, const std::vector<Layout>& layouts, int64_t micro_batches = 2) {
+  TrainConfig r = base(model);
+  r.micro_batches = micro_batches;
+  const Trace ref = run(r);
+  REQUIRE(ref.hashes.size() == size_t(steps()));
+  for (const Layout& l : layouts) {
+    TrainConfig c = r;
+    c.mesh = l.mesh;
+    c.sequence_parallel = l.sp;
+    c.zero = l.zero;
+    c.pipeline_schedule = l.schedule;
+    const std::string what = model + ", " + std::to_string(micro_batches) + " micro-batches, on " + l.mesh + (l.sp ? " + sp" : "") +
+                             (l.zero ? " zero=" + std::to_string(l.zero) : "") +
+                             (std::strstr(l.mesh, "pp") ? std::string(" ") + l.schedule : "");
+    std::string diff;
+    try {
+      diff = first_difference(ref, run(c));
+    } catch (const std::exception& e) {
+      diff = std::string("threw: ") + e.what();
+    }
+    INFO(what);
+    CHECK(diff == "");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bitwise: dp, tp, sp, dp x tp, ZeRO-1/2, FSDP give the one-device bits every step", "[bitwise][train]") {
+  for (std::string model : {"nanogpt", "llama"}) {
+    check_layouts(model, {{"dp=2"},
+                          {"tp=2"},
+                          {"tp=2", true},
+                          {"dp=2,tp=2"},
+                          {"dp=2,tp=2", true},
+                          {"dp=2", false, 1},
+                          {"dp=2", false, 2},
+                          {"dp=2", false, 3}});
+  }
+}
+
+TEST_CASE("bitwise: pipeline (GPipe, 1F1B; with dp and tp) gives the one-device bits every step", "[bitwise][train]") {
+  for (std::string model : {"nanogpt", "llama"})
+    check_layouts(model, {{"pp=2", false, 0, "gpipe"}, {"pp=2"}, {"dp=2,pp=2"}, {"tp=2,pp=2", true}});
+}
+
+TEST_CASE("bitwise: 1 and 4 micro-batches (gradient accumulation) on dp, tp, ZeRO-2, pp", "[bitwise][train]") {
+  for (int64_t m : {1, 4})
+    check_layouts("nanogpt", {{"dp=2"}, {"tp=2", true}, {"dp=2", false, 2}, {"dp=2", false, 3}, {"pp=2", false, 0, "gpipe"}}, m);
+}
+
+TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep gives the one-device bits every step", "[bitwise][train]") {
+  check_layouts("mixtral", {{"dp=2"}, {"tp=2"}, {"ep=2"}, {"dp=2,ep=2"}, {"pp=2"}});
+}

@@ -1,0 +1,42 @@
+#pragma once
+// bench step: one training step of a model (forward + loss, backward, AdamW
+// update + zero_grad), timed part by part, against the same model in PyTorch
+// on the CPU in the same run: same weights (handed over as safetensors), same
+// batch, same thread count, float32.
+//
+// tools/bench/step_bench.py runs PyTorch's side (torch.set_num_threads(threads))
+// as a child process that takes one step per request; the two sides' steps
+// alternate (after a 100 ms pause each, so neither side's idle threads are
+// still spinning), so both see the same machine even when it is shared and
+// its load changes. Each side takes `warmup` untimed steps, then the median
+// over `steps` timed steps of each part and of the whole step. Prints a table and ends with one JSON line:
+//   {"bench": "step", "model", "config", "ours_s", "reference": "pytorch X.Y (CPU, N threads)",
+//    "reference_s", "speedup": reference_s / ours_s,
+//    "forward": {"ours_s", "reference_s", "speedup"}, "backward": {...}, "optimizer": {...},
+//    "cpu": {...} (process CPU seconds per step, all threads: robust to other load at 1 thread;
+//    at more threads PyTorch's OpenMP workers spin while waiting, which counts),
+//    "tokens_per_s", "reference_tokens_per_s", "batch", "seq", "threads", "steps", "first_loss": {...}}
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace tessel::tools {
+
+struct StepBenchOptions {
+  std::string model = "nanogpt";
+  std::string config = "small";
+  int64_t batch = 8;
+  int64_t seq = 0;      // 0: the config's context length
+  int warmup = 1;
+  int steps = 5;
+  int threads = 0;      // 0: TESSEL_THREADS, else all cores
+  uint64_t seed = 1;
+  bool reference = true;  // false: time tessel only
+  std::string python;     // "" : reference_python()
+};
+
+// Returns 0, or 1 when the reference could not run or the two first-step
+// losses disagree (the sides would not be computing the same thing).
+int run_step_bench(const StepBenchOptions& opts, std::ostream& out);
+
+}  // namespace tessel::tools
