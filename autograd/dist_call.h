@@ -26,6 +26,7 @@
 #include "autograd/grad_context.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "autograd/trace.h"
 #include "parallel/sharding.h"
 
 namespace tessel {
@@ -145,6 +146,17 @@ void log_replicated_fallback(const char* op);
 
 double now_seconds();
 
+// Op tracing (autograd/trace.h): the outputs of a forward op.
+template <class Out>
+void trace_outputs(const char* name, const Out& out) {
+  if (trace::current() == nullptr) return;
+  if constexpr (std::is_same_v<Out, Tensor>) {
+    trace::forward_output(name, 0, out);
+  } else if constexpr (std::is_same_v<Out, std::vector<Tensor>>) {
+    for (size_t i = 0; i < out.size(); ++i) trace::forward_output(name, int(i), out[i]);
+  }
+}
+
 template <class Op, class... Args>
 auto call_distributed(const char* name, Op op, const Args&... args) {
   const bool prof = dispatch_profiling();
@@ -206,6 +218,7 @@ auto call_distributed(const char* name, Op op, const Args&... args) {
     s.wrap_s += now_seconds() - t3;
     ++s.calls;
   }
+  trace_outputs(name, out);
   return out;
 }
 

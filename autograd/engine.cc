@@ -1,5 +1,7 @@
 #include "autograd/engine.h"
 
+#include "autograd/trace.h"
+
 #include <atomic>
 #include <queue>
 #include <unordered_map>
@@ -263,6 +265,7 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
     bool is_accumulator = dynamic_cast<AccumulateGrad*>(node) != nullptr;
     if (any && !(captures && is_accumulator)) {
       outs = node->apply(std::move(grads));
+      if (TESSEL_UNLIKELY(trace::current() != nullptr) && !is_accumulator) trace::backward_grads(node->name(), outs);
     }
     if (!retain_graph) node->release_saved();
     if (!is_accumulator && !outs.empty() && outs.size() != node->next_edges.size()) {

@@ -116,6 +116,7 @@ auto call(Op op, const Args&... args) {
     node->op.emplace(std::move(op));
     node->num_outputs = detail::set_history_all(*out, node);
   }
+  if (TESSEL_UNLIKELY(trace::current() != nullptr)) detail::trace_outputs(detail::op_name(op), *out);
   return std::move(*out);
 }
 

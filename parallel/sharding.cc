@@ -1,5 +1,10 @@
 #include "parallel/sharding.h"
 
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
 #include "runtime/numerics.h"
 
 namespace tessel::sharding {
@@ -97,7 +102,6 @@ int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const
   int64_t w = 1;
   for (int m : cuts) w *= mesh.size(m);
   if (w > v || v % w != 0) return 0;
-  const int k = int(v / w);
   int64_t unit = 1;
   for (size_t i = 1; i < dims.size(); ++i) unit *= shape[dims[i]];
   const int64_t n = shape[d0] * unit;
@@ -115,16 +119,32 @@ int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const
       }
     pieces = std::move(next);
   }
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const int64_t off = pieces[i].off * unit, len = pieces[i].len * unit;
-    for (int j = 0; j < k; ++j) {
-      const int g = int(i) * k + j;
-      if (off + numerics::chunk_begin(len, k, j) != numerics::chunk_begin(n, v, g) ||
-          off + numerics::chunk_end(len, k, j) != numerics::chunk_end(n, v, g))
-        return 0;
+  // Piece i must own global chunks [i*k, (i+1)*k) with its own k-chunk
+  // geometry. k = V/W is the plain case; a smaller power of two k works when
+  // every global chunk from W*k on is empty (a short reduction, n < V...):
+  // the pieces then finish the subtree of the first W*k chunks, and the rest
+  // of the tree only adds +0 subtrees, which change no value (a canonical sum
+  // is never -0: every lane starts at +0).
+  for (int k = int(v / w); k >= 1; k /= 2) {
+    if (k < v / w && numerics::chunk_begin(n, v, int(w) * k) != n) break;
+    bool ok = true;
+    for (size_t i = 0; i < pieces.size() && ok; ++i) {
+      const int64_t off = pieces[i].off * unit, len = pieces[i].len * unit;
+      for (int j = 0; j < k && ok; ++j) {
+        const int g = int(i) * k + j;
+        ok = off + numerics::chunk_begin(len, k, j) == numerics::chunk_begin(n, v, g) &&
+             off + numerics::chunk_end(len, k, j) == numerics::chunk_end(n, v, g);
+      }
     }
+    if (ok) return k;
   }
-  return k;
+  if (std::getenv("TESSEL_DEBUG_CHUNKS")) {
+    std::string d;
+    for (int x : dims) d += std::to_string(x) + ",";
+    std::fprintf(stderr, "local_chunks: not exact: shape %s dims {%s} placements %s V %d\n", fmt::format("{}", shape).c_str(),
+                 d.c_str(), p.str().c_str(), v);
+  }
+  return 0;
 }
 
 std::vector<int> pointwise_backward_chunks(const ShardingContext& ctx, ShardingPlan& plan) {

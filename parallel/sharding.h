@@ -88,6 +88,9 @@ Placements unshard(const Placements& p, std::initializer_list<int> dims, bool pa
 //     cutting mesh dims' sizes) divides V, and every piece is a whole run of
 //     the global chunks: V / W — each piece computes its subtree and the
 //     rank-order reduction of the collectives finishes the same tree;
+//   - a short reduction (the global chunks from W*k on are all empty): the
+//     largest power of two k < V / W for which the pieces own runs of k
+//     chunks (the rest of the tree adds +0 subtrees, which change nothing);
 //   - otherwise 0: not exact (the caller gathers the reduced dims instead).
 int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const std::vector<int>& dims, int v);
 

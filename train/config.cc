@@ -71,6 +71,7 @@ const std::vector<Field>& fields() {
       {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
       {"bitwise", &C::bitwise, "bitwise mode: any mesh gives the one-device run's bits"},
+      {"dump", &C::dump, "write per-op forward/backward tensor hashes to FILE (compare with tessel verify)"},
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
@@ -252,6 +253,18 @@ void TrainConfig::validate() const {
   TESSEL_CHECK(virtual_stages >= 0, kOp, "virtual_stages must be >= 0 (0: automatic), got {}", virtual_stages);
   one_of("pipeline_split", pipeline_split, {"layers", "params"});
   const auto dims = parse_mesh(mesh);  // throws naming the malformed part
+  if (bitwise) {
+    int64_t ep = 1, tp = 1;
+    for (const auto& d : dims) {
+      if (d.first == "ep") ep = d.second;
+      if (d.first == "tp") tp = d.second;
+    }
+    // The expert dispatch runs the experts on tp pieces of their weights
+    // outside the sharding rules, so their row-parallel sums are not split
+    // on the canonical tree (docs/numerics.md "Bitwise mode").
+    TESSEL_CHECK(ep == 1 || tp == 1, kOp,
+                 "bitwise mode does not cover ep x tp yet (mesh '{}'): use ep or tp for the experts, not both", mesh);
+  }
   TESSEL_CHECK(zero >= 0 && zero <= 3, kOp, "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got {}", zero);
   non_negative("ddp_bucket_mb", ddp_bucket_mb);
   if (zero > 0) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 
@@ -30,6 +31,7 @@ std::atomic<int64_t>& timeout_ms() {
 }
 
 thread_local CommPtr t_world;
+thread_local double t_wait_seconds = 0;
 
 std::mutex& process_world_mutex() {
   static std::mutex m;
@@ -90,6 +92,20 @@ void init_nccl() {
   }
   detail::hooks().init_nccl();
 }
+
+double thread_wait_seconds() { return t_wait_seconds; }
+
+namespace detail {
+void add_wait_seconds(double s) { t_wait_seconds += s; }
+WaitTimer::WaitTimer()
+    : t0_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                 .count()) {}
+WaitTimer::~WaitTimer() {
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  t_wait_seconds += double(now - t0_ns_) * 1e-9;
+}
+}  // namespace detail
 
 namespace detail {
 

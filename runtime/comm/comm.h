@@ -58,6 +58,25 @@ void set_default_timeout(std::chrono::milliseconds t);
 // local backend completes collectives eagerly (async only defers receives);
 // tensors passed to an async operation must stay alive and untouched until it
 // has completed.
+// Seconds this thread has spent blocked in collectives and point-to-point
+// waits so far (rendezvous, receives, MPI/NCCL completion waits): the
+// trainer reports its per-step delta as comm_wait_s.
+double thread_wait_seconds();
+namespace detail {
+void add_wait_seconds(double s);
+// Adds the scope's duration to thread_wait_seconds().
+class WaitTimer {
+ public:
+  WaitTimer();
+  ~WaitTimer();
+  WaitTimer(const WaitTimer&) = delete;
+  WaitTimer& operator=(const WaitTimer&) = delete;
+
+ private:
+  int64_t t0_ns_;
+};
+}  // namespace detail
+
 class Work {
  public:
   virtual ~Work() = default;

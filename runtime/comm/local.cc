@@ -177,6 +177,7 @@ class RecvWork final : public Work {
 };
 
 void LocalComm::arrive_and_wait(const std::string& where) {
+  detail::WaitTimer timer;
   Job& job = *g_->job;
   std::unique_lock<std::mutex> lk(job.mu);
   const uint64_t mine = ++g_->arrivals[size_t(rank_)];
@@ -578,6 +579,7 @@ WorkPtr LocalComm::recv(const Tensor& t, int src, int tag, bool async) {
 }
 
 void LocalComm::wait_recv(const std::shared_ptr<PendingRecv>& r, int src, int tag, const std::string& where) {
+  detail::WaitTimer timer;
   Job& job = *g_->job;
   std::unique_lock<std::mutex> lk(job.mu);
   const auto timeout = default_timeout();

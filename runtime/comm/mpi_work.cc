@@ -107,6 +107,7 @@ void MpiWork::timeout() {
 }
 
 void MpiWork::wait() {
+  detail::WaitTimer timer;
   int spins = 0;
   while (!progress()) {
     if (Clock::now() >= deadline) timeout();

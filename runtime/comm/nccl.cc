@@ -71,6 +71,7 @@ class NcclWork final : public Work {
         deadline_(Clock::now() + default_timeout()) {}
   ~NcclWork() override { cudaEventDestroy(ev_); }
   void wait() override {
+    detail::WaitTimer timer;
     int spins = 0;
     while (!is_completed()) {
       if (Clock::now() >= deadline_) {

@@ -1,19 +1,180 @@
 // `tessel bench step`: a training step against PyTorch (tools/bench/step_bench.h).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "tools/bench/step_bench.h"
 #include "tools/cli/commands.h"
+#include "train/trainer/trainer.h"
 
 namespace tessel::cli {
+namespace {
+
+// `bench step --bitwise`: the same training steps on a mesh (ranks as
+// threads) in bitwise mode and in fast mode, rounds interleaved so drift hits
+// both; medians of the per-step times after warm-up.
+int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& mesh, int64_t micro_batches,
+                           int rounds) {
+  const std::string out = (std::filesystem::temp_directory_path() / "tessel_bench_bitwise").string();
+  std::vector<double> times[2];  // [fast, bitwise]
+  double loss[2] = {0, 0};
+  for (int r = 0; r < rounds; ++r) {
+    for (int mode = 0; mode < 2; ++mode) {
+      train::TrainConfig c;
+      c.model = o.model;
+      c.model_config = o.config;
+      c.batch_size = o.batch;
+      if (o.seq > 0) c.seq_len = o.seq;
+      c.micro_batches = micro_batches;
+      c.steps = o.warmup + o.steps;
+      c.warmup_steps = 1;
+      c.eval_every = 0;
+      c.sample_length = 0;
+      c.mesh = mesh;
+      c.bitwise = mode == 1;
+      c.seed = o.seed;
+      c.out_dir = out;
+      train::TrainHooks h;
+      h.quiet = true;
+      int64_t step = 0;
+      h.on_step = [&](const train::StepMetrics& m) {
+        if (++step <= o.warmup || !m.tokens_per_s) return;
+        times[mode].push_back(1.0 / *m.tokens_per_s);  // seconds per token: the same scale for both
+        loss[mode] = *m.loss;
+      };
+      train::run_training(c, h);
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const double fast = median(times[0]), bit = median(times[1]);
+  std::printf("bench step --bitwise: %s %s, batch %lld, %lld micro-batches, mesh %s, %d rounds x %d timed steps\n",
+              o.model.c_str(), o.config.c_str(), (long long)o.batch, (long long)micro_batches, mesh.c_str(), rounds,
+              o.steps);
+  std::printf("  fast mode:    %.3f ms per 1k tokens (last loss %.6f)\n", fast * 1e6, loss[0]);
+  std::printf("  bitwise mode: %.3f ms per 1k tokens (last loss %.6f)\n", bit * 1e6, loss[1]);
+  std::printf("  bitwise / fast = %.3f (goal <= 1.15)\n", bit / fast);
+  std::printf("%s\n", fmt::format("{{\"bench\": \"step_bitwise\", \"model\": \"{}\", \"config\": \"{}\", "
+                                   "\"mesh\": \"{}\", \"micro_batches\": {}, \"ours_s\": {:.6g}, "
+                                   "\"reference\": \"tessel fast mode (same mesh, same run)\", "
+                                   "\"reference_s\": {:.6g}, \"speedup\": {:.4f}, \"unit\": \"seconds per token\"}}",
+                                   o.model, o.config, mesh, micro_batches, bit, fast, fast / bit)
+                           .c_str());
+  return 0;
+}
+
+// `bench step --mesh A --mesh B ...`: fast-mode training steps on each layout
+// (ranks as threads of this process) against the one-device run in the same
+// run: seconds per step, tokens/s, and for pipelines the share of the step
+// rank 0 spent blocked in transfers (comm_wait_s; bubble included).
+int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std::string>& meshes,
+                        int64_t micro_batches, const std::string& schedule) {
+  const std::string out = (std::filesystem::temp_directory_path() / "tessel_bench_mesh").string();
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  struct Row {
+    std::string mesh;
+    double tokens_per_s = 0, wait_share = -1;
+  };
+  std::vector<Row> rows;
+  std::vector<std::string> all = {""};
+  all.insert(all.end(), meshes.begin(), meshes.end());
+  for (const std::string& mesh : all) {
+    train::TrainConfig c;
+    c.model = o.model;
+    c.model_config = o.config;
+    c.batch_size = o.batch;
+    if (o.seq > 0) c.seq_len = o.seq;
+    c.micro_batches = micro_batches;
+    c.steps = o.warmup + o.steps;
+    c.warmup_steps = 1;
+    c.eval_every = 0;
+    c.sample_length = 0;
+    c.mesh = mesh;
+    c.pipeline_schedule = schedule;
+    c.seed = o.seed;
+    c.out_dir = out;
+    train::TrainHooks h;
+    h.quiet = true;
+    int64_t step = 0;
+    std::vector<double> secs, waits;
+    auto last = std::chrono::steady_clock::now();
+    h.on_step = [&](const train::StepMetrics& m) {
+      const auto now = std::chrono::steady_clock::now();
+      const double step_s = std::chrono::duration<double>(now - last).count();
+      last = now;
+      if (++step <= o.warmup || !m.tokens_per_s) return;
+      secs.push_back(1.0 / *m.tokens_per_s);  // seconds per token
+      if (auto w = m.extra("comm_wait_s")) waits.push_back(*w / step_s);  // share of the step
+    };
+    train::run_training(c, h);
+    Row r;
+    r.mesh = mesh.empty() ? "one device" : mesh;
+    const double per_token = median(secs);
+    r.tokens_per_s = per_token > 0 ? 1.0 / per_token : 0;
+    if (!waits.empty()) r.wait_share = median(waits);
+    rows.push_back(r);
+  }
+  std::printf("bench step --mesh: %s %s, batch %lld, %lld micro-batches, %d timed steps, ranks as threads\n",
+              o.model.c_str(), o.config.c_str(), (long long)o.batch, (long long)micro_batches, o.steps);
+  std::printf("  %-22s %12s %14s %10s\n", "layout", "tokens/s", "vs one device", "comm wait");
+  for (const Row& r : rows)
+    std::printf("  %-22s %12.1f %13.2fx %10s\n", r.mesh.c_str(), r.tokens_per_s, r.tokens_per_s / rows[0].tokens_per_s,
+                r.wait_share < 0 ? "-" : fmt::format("{:.1f}%", 100 * r.wait_share).c_str());
+  std::string layouts;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    layouts += fmt::format("{}{{\"mesh\": \"{}\", \"tokens_per_s\": {:.6g}, \"comm_wait_share\": {}}}",
+                           i > 1 ? ", " : "", rows[i].mesh, rows[i].tokens_per_s,
+                           rows[i].wait_share < 0 ? std::string("null") : fmt::format("{:.4f}", rows[i].wait_share));
+  }
+  const Row& first = rows.size() > 1 ? rows[1] : rows[0];
+  std::printf("%s\n", fmt::format("{{\"bench\": \"step_mesh\", \"model\": \"{}\", \"config\": \"{}\", "
+                                   "\"mesh\": \"{}\", \"ours_s\": {:.6g}, \"reference\": \"tessel on one device "
+                                   "(same run)\", \"reference_s\": {:.6g}, \"speedup\": {:.4f}, "
+                                   "\"unit\": \"seconds per token\", \"layouts\": [{}]}}",
+                                   o.model, o.config, first.mesh, 1.0 / first.tokens_per_s,
+                                   1.0 / rows[0].tokens_per_s, first.tokens_per_s / rows[0].tokens_per_s, layouts)
+                           .c_str());
+  return 0;
+}
+
+}  // namespace
 
 void register_bench_step(CLI::App& app) {
   static tools::StepBenchOptions o;
-  static bool no_reference = false;
+  static bool no_reference = false, bitwise = false;
+  static std::vector<std::string> meshes;
+  static std::string schedule = "1f1b";
+  static int64_t micro_batches = 2;
+  static int rounds = 3;
   CLI::App* cmd = add_command(*bench_command(app), "step",
-                              "Time a training step (forward, backward, AdamW) against PyTorch on the CPU", [] {
+                              "Time a training step (forward, backward, AdamW) against PyTorch on the CPU; with "
+                              "--bitwise, bitwise against fast mode on a mesh",
+                              [] {
+                                if (bitwise)
+                                  return run_bitwise_step_bench(o, meshes.empty() ? "dp=2,tp=2" : meshes[0],
+                                                                micro_batches, rounds);
+                                if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
                                 o.reference = !no_reference;
                                 return tools::run_step_bench(o, std::cout);
                               });
+  cmd->add_flag("--bitwise", bitwise, "time bitwise mode against fast mode on --mesh (ranks as threads)");
+  cmd->add_option("--mesh", meshes,
+                  "layouts to time against one device (repeatable: --mesh dp=2 --mesh tp=2,pp=2); with --bitwise "
+                  "the mesh (default dp=2,tp=2)");
+  cmd->add_option("--pipeline-schedule", schedule, "with --mesh ...,pp=N: gpipe | 1f1b | interleaved")
+      ->capture_default_str();
+  cmd->add_option("--micro-batches", micro_batches, "with --bitwise: micro-batches per step")->capture_default_str();
+  cmd->add_option("--rounds", rounds, "with --bitwise: interleaved fast/bitwise runs")->capture_default_str();
   cmd->add_option("--model", o.model, "nanogpt | llama | mixtral")->capture_default_str();
   cmd->add_option("--config", o.config, "named model config")->capture_default_str();
   cmd->add_option("--batch", o.batch, "sequences per step")->capture_default_str();

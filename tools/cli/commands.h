@@ -20,5 +20,6 @@ void register_bench(CLI::App& app);  // gemm, collectives, dispatch (tools/bench
 void register_bench_step(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_ckpt(CLI::App& app);  // inspect, verify, convert
+void register_verify(CLI::App& app);  // compare two runs
 
 }  // namespace tessel::cli

@@ -25,6 +25,7 @@
 #include "train/data.h"
 #include "train/plot.h"
 #include "train/sample.h"
+#include "train/dump.h"
 #include "train/trainer/checkpointing.h"
 #include "train/trainer/pipeline_train.h"
 
@@ -168,6 +169,10 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   }
   std::unique_ptr<Pipeline> pipe = make_pipeline(cfg, mc, mesh, plan);  // a "pp" mesh dim: this rank's stages
   auto model = pipe ? pipe->stage().model_ptr() : models::make_language_model(mc, cfg.seed);
+  TESSEL_CHECK(cfg.dump.empty() || !pipe, "train",
+               "--dump traces every op of the whole model on every rank; with a pp mesh dim each rank runs other "
+               "ops (dump the run without pp: in bitwise mode its trace is the pipelined run's)");
+  std::unique_ptr<DumpRecorder> dump = cfg.dump.empty() ? nullptr : std::make_unique<DumpRecorder>(cfg.dump, main_rank);
   if (!pipe || cfg.capacity_factor > 0)
     nn::set_capacity_factor(*model, cfg.capacity_factor);  // MoE layers (an error for a model without)
   const bool moe = !pipe && !nn::moe_layers(*model).empty();
@@ -255,6 +260,12 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                 (long long)first_step);
   for (int64_t step = first_step; step < cfg.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    const double wait0 = comm::thread_wait_seconds();
+    std::optional<trace::Scope> tracing;  // --dump: this step's forwards and backwards
+    if (dump) {
+      dump->set_step(step + 1);
+      tracing.emplace(dump.get());
+    }
     const double lr = sched.lr(step);
     opt.set_lr(lr);
     double loss_sum = 0;
@@ -274,6 +285,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       (cfg.micro_batches == 1 ? loss : loss / double(cfg.micro_batches)).backward();
     }
     if (dp) dp->finish();
+    tracing.reset();
     const double gnorm = pipe                 ? pipe->clip_grad_norm_(cfg.grad_clip)
                          : cfg.grad_clip > 0 ? nn::clip_grad_norm_(params, cfg.grad_clip)
                                              : nn::grad_norm(params);
@@ -291,6 +303,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     sm.tokens_per_s = tokens_per_step / secs;
     sm.param_hash = pipe ? pipeline_param_hash(*pipe) : param_hash(model->named_parameters());
     sm.extras = pipe_extras;
+    // Seconds this rank was blocked in communication during the step (the
+    // pipeline reports its transfers' waits itself).
+    if (mesh && !pipe) sm.extras.emplace_back("comm_wait_s", comm::thread_wait_seconds() - wait0);
     Tensor aux = pipe ? Tensor() : model->aux_loss();
     if (aux.defined()) sm.extras.emplace_back("aux_loss", aux.item<double>());
     if (moe) sm.extras.emplace_back("moe_dropped_tokens", double(dropped));
