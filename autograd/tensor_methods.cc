@@ -423,10 +423,38 @@ Tensor Tensor::to(DType t) const {
   return call(CastOp{t}, *this);
 }
 
+namespace {
+// A copy to another device (CPU <-> CUDA, CUDA <-> CUDA); the gradient goes
+// back to the source device. The copy runs in the CUDA kernel table whenever
+// either side is a GPU (kernels/cuda/copy.cc handles every direction).
+struct ToDeviceOp {
+  static constexpr const char* kName = "to";
+  Device to;
+  Device from = kCPU;
+  Tensor forward(const Tensor& x) {
+    from = x.device();
+    TESSEL_CHECK(!x.is_distributed(), "to", "moving distributed tensor {} to {} is not supported (move its local "
+                 "pieces)", x.desc(), to.str());
+    Tensor out = raw::empty(x.shape(), x.dtype(), to);
+    kernels::copy(to.is_cuda() ? to : from, x, out);
+    return out;
+  }
+  std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) { return {grads[0].to(from)}; }
+};
+}  // namespace
+
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   if (d.is_meta()) return raw::empty(shape(), dtype(), d);
-  TESSEL_FAIL("to", "copying {} to device {} is not supported in this build", desc(), d.str());
+  TESSEL_CHECK(!device().is_meta(), "to", "cannot copy the values of meta tensor {} to {}", desc(), d.str());
+  TESSEL_CHECK(!d.is_cuda() || cuda_available(), "to", "cannot copy {} to {}: {}", desc(), d.str(),
+#ifdef TESSEL_WITH_CUDA
+               "no CUDA device is available"
+#else
+               "this build has no CUDA support"
+#endif
+  );
+  return call(ToDeviceOp{d}, *this);
 }
 
 // ---- in-place ----------------------------------------------------------------------

@@ -38,4 +38,10 @@ __attribute__((weak)) int tessel_cuda_device_count_hook() { return 0; }
 int cuda_device_count() { return tessel_cuda_device_count_hook(); }
 bool cuda_available() { return cuda_device_count() > 0; }
 
+__attribute__((weak)) void tessel_cuda_synchronize_hook(int) {}
+
+void synchronize(Device d) {
+  if (d.is_cuda()) tessel_cuda_synchronize_hook(d.index);
+}
+
 }  // namespace tessel

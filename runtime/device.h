@@ -33,6 +33,9 @@ const char* device_type_name(DeviceType t);
 // Is a CUDA device usable in this process (built with CUDA and a GPU present)?
 bool cuda_available();
 int cuda_device_count();
+// Waits until the work queued on the device (every stream) has finished; a
+// no-op for CPU and Meta. Benchmarks and host timing need it on CUDA.
+void synchronize(Device d);
 
 // An ordered queue of work on a device. CPU work is synchronous, so the CPU
 // stream is a token; CUDA streams wrap cudaStream_t (see kernels/cuda).

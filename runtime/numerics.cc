@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <string>
 
 #include "runtime/error.h"
 
@@ -51,6 +52,28 @@ int set_reduction_chunks(int v) {
   TESSEL_CHECK(valid(v), "set_reduction_chunks", "V must be a power of two in [1, 1024], got {}", v);
   return chunks().exchange(v);
 }
+
+GemmMode parse_gemm_mode(const char* text, const char* what) {
+  const std::string t = text ? text : "";
+  if (t == "bitwise") return GemmMode::Bitwise;
+  if (t == "fast") return GemmMode::Fast;
+  TESSEL_FAIL(what, "GEMM mode must be 'bitwise' or 'fast', got '{}'", t);
+}
+
+const char* gemm_mode_name(GemmMode mode) { return mode == GemmMode::Fast ? "fast" : "bitwise"; }
+
+namespace {
+std::atomic<GemmMode>& gemm_mode_var() {
+  static std::atomic<GemmMode> m{[] {
+    const char* env = std::getenv("TESSEL_GEMM");
+    return env && *env ? parse_gemm_mode(env, "TESSEL_GEMM") : GemmMode::Bitwise;
+  }()};
+  return m;
+}
+}  // namespace
+
+GemmMode gemm_mode() { return gemm_mode_var().load(std::memory_order_relaxed); }
+GemmMode set_gemm_mode(GemmMode mode) { return gemm_mode_var().exchange(mode); }
 
 }  // namespace numerics
 }  // namespace tessel

@@ -65,5 +65,33 @@ TESSEL_HOST_DEVICE_INLINE int64_t chunk_end(int64_t n, int v, int c) { return ch
 // Lanes inside a chunk for elementwise-sum reductions (kernels/canonical.h).
 inline constexpr int kLanes = 8;
 
+// Which GEMM a matmul on a GPU uses (docs/cuda.md). CPU matmuls always follow
+// the canonical K-order; the mode only changes what CUDA does:
+//   Bitwise: tessel's own GEMM in the canonical K-order (docs/gemm.md): the
+//            same bits as the CPU for float32 (DESIGN.md §4 level 4).
+//   Fast:    cuBLASLt (tensor cores for bfloat16/float16, float32 accumulate)
+//            with one algorithm fixed per problem shape and no split-K
+//            atomics: run-to-run deterministic (levels 1 and 2), not
+//            shard-invariant and not equal to the CPU.
+// Default Bitwise; TESSEL_GEMM=bitwise|fast sets the initial value.
+enum class GemmMode : uint8_t { Bitwise, Fast };
+GemmMode gemm_mode();
+// Returns the previous mode.
+GemmMode set_gemm_mode(GemmMode mode);
+const char* gemm_mode_name(GemmMode mode);
+// Parses "bitwise" / "fast"; throws tessel::Error naming `what` otherwise.
+GemmMode parse_gemm_mode(const char* text, const char* what);
+
+class GemmModeGuard {
+ public:
+  explicit GemmModeGuard(GemmMode m) : prev_(set_gemm_mode(m)) {}
+  ~GemmModeGuard() { set_gemm_mode(prev_); }
+  GemmModeGuard(const GemmModeGuard&) = delete;
+  GemmModeGuard& operator=(const GemmModeGuard&) = delete;
+
+ private:
+  GemmMode prev_;
+};
+
 }  // namespace numerics
 }  // namespace tessel

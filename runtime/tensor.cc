@@ -15,17 +15,27 @@ bool Tensor::is_contiguous() const { return raw::is_contiguous(shape(), strides(
 
 namespace {
 FullTensorHook g_full_tensor_hook = nullptr;
+HostCopyHook g_host_copy_hook = nullptr;
 
-// Values of a distributed tensor, gathered (item, to_vector, printing).
+// Values of a distributed tensor, gathered, and of a device tensor, copied to
+// the host (item, to_vector, printing).
 Tensor readable(const Tensor& t, const char* op) {
-  if (!t.is_distributed()) return t;
-  TESSEL_CHECK(g_full_tensor_hook, op, "reading the values of distributed tensor {} needs the parallel library",
-               t.desc());
-  return g_full_tensor_hook(t);
+  Tensor r = t;
+  if (t.is_distributed()) {
+    TESSEL_CHECK(g_full_tensor_hook, op, "reading the values of distributed tensor {} needs the parallel library",
+                 t.desc());
+    r = g_full_tensor_hook(t);
+  }
+  if (r.device().is_cuda()) {
+    TESSEL_CHECK(g_host_copy_hook, op, "reading the values of {} needs the CUDA kernels (//kernels/cuda)", r.desc());
+    r = g_host_copy_hook(r);
+  }
+  return r;
 }
 }  // namespace
 
 void set_full_tensor_hook(FullTensorHook hook) { g_full_tensor_hook = hook; }
+void set_host_copy_hook(HostCopyHook hook) { g_host_copy_hook = hook; }
 
 const DistInfo& Tensor::dist() const {
   TESSEL_CHECK(is_distributed(), "dist", "{} is not a distributed tensor", desc());
@@ -131,7 +141,7 @@ std::string Tensor::to_string(int64_t max_elems) const {
   }
   std::ostringstream os;
   os << desc();
-  if (device().is_meta() || !device().is_cpu()) return os.str();
+  if (device().is_meta() || (device().is_cuda() && !g_host_copy_hook)) return os.str();
   std::vector<double> v;
   if (dtype() == DType::Int64) {
     auto iv = to_vector<int64_t>();

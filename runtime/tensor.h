@@ -96,7 +96,7 @@ class Tensor {
   // The values, formatted (at most max_elems shown).
   std::string to_string(int64_t max_elems = 64) const;
 
-  // Single element converted to T (tensor must have one element, be on CPU).
+  // Single element converted to T (one element; CUDA tensors are copied to the host first).
   template <class T> T item() const;
   // All elements in row-major order converted to T (CPU tensors).
   template <class T> std::vector<T> to_vector() const;
@@ -227,5 +227,10 @@ void for_each_element(const Dims& shape, const Dims& strides, int64_t offset,
 // layer installs a function returning the full (replicated) local tensor.
 using FullTensorHook = Tensor (*)(const Tensor&);
 void set_full_tensor_hook(FullTensorHook hook);
+
+// How item()/to_vector()/to_string() read a CUDA tensor: the CUDA kernels
+// (kernels/cuda) install a function returning a contiguous CPU copy.
+using HostCopyHook = Tensor (*)(const Tensor&);
+void set_host_copy_hook(HostCopyHook hook);
 
 }  // namespace tessel

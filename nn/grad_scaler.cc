@@ -1,0 +1,75 @@
+#include "nn/grad_scaler.h"
+
+#include <map>
+
+#include "autograd/api.h"
+#include "autograd/grad_mode.h"
+#include "kernels/amp.h"
+
+namespace tessel::nn {
+
+GradScaler::GradScaler(GradScalerOptions options) : opts_(options), scale_(options.init_scale) {
+  TESSEL_CHECK(opts_.init_scale > 0, "GradScaler", "init_scale must be > 0, got {}", opts_.init_scale);
+  TESSEL_CHECK(opts_.growth_factor > 1.0, "GradScaler", "growth_factor must be > 1, got {}", opts_.growth_factor);
+  TESSEL_CHECK(opts_.backoff_factor > 0.0 && opts_.backoff_factor < 1.0, "GradScaler",
+               "backoff_factor must be in (0, 1), got {}", opts_.backoff_factor);
+  TESSEL_CHECK(opts_.growth_interval >= 1, "GradScaler", "growth_interval must be >= 1, got {}",
+               opts_.growth_interval);
+}
+
+void GradScaler::set_scale(double scale) {
+  TESSEL_CHECK(scale > 0, "GradScaler", "scale must be > 0, got {}", scale);
+  scale_ = scale;
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!opts_.enabled) return loss;
+  return mul(loss, Scalar(scale_));
+}
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  if (!opts_.enabled) return;
+  TESSEL_CHECK(!unscaled_, "GradScaler", "unscale_ was already called for this step (call update() after step())");
+  NoGradGuard no_grad;
+  const float inv = float(1.0 / scale_);
+  std::map<std::pair<int, int>, Tensor> flags;  // one float32 flag per device
+  for (const ParamGroup& group : optimizer.param_groups()) {
+    for (const NamedTensor& p : group.params) {
+      Tensor g = p.tensor.grad();
+      if (!g.defined()) continue;
+      const Device d = g.device();
+      Tensor& flag = flags[{int(d.type), d.index}];
+      if (!flag.defined()) flag = zeros(Dims{}, TensorOptions(DType::Float32).with_device(d));
+      kernels::amp_unscale(d, g, flag, inv);
+      g.bump_version();
+    }
+  }
+  found_inf_ = false;
+  for (const auto& [key, flag] : flags) found_inf_ = found_inf_ || flag.item<float>() != 0.0f;
+  unscaled_ = true;
+}
+
+bool GradScaler::step(Optimizer& optimizer) {
+  if (!opts_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  if (!unscaled_) unscale_(optimizer);
+  if (found_inf_) return false;
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!opts_.enabled) return;
+  if (found_inf_) {
+    scale_ *= opts_.backoff_factor;
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ >= opts_.growth_interval) {
+    scale_ *= opts_.growth_factor;
+    growth_tracker_ = 0;
+  }
+  unscaled_ = false;
+}
+
+}  // namespace tessel::nn

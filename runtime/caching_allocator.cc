@@ -1,0 +1,169 @@
+#include "runtime/caching_allocator.h"
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace tessel {
+
+size_t device_size_class(size_t n) {
+  if (n == 0) return 0;
+  if (n <= 4096) return (n + 511) & ~size_t(511);
+  // Eight classes per power of two (steps of at least 512 bytes above 4 KiB).
+  size_t p = size_t(1) << (63 - __builtin_clzll(n - 1));  // largest power of two < n
+  size_t step = p / 8;
+  return (n + step - 1) / step * step;
+}
+
+CachingAllocator::CachingAllocator(DeviceMemoryBackend* backend, DeviceType type) : backend_(backend), type_(type) {}
+
+AllocatorStats& CachingAllocator::dev(int device) {
+  if (size_t(device) >= per_device_.size()) per_device_.resize(size_t(device) + 1);
+  return per_device_[size_t(device)];
+}
+
+void* CachingAllocator::allocate(size_t nbytes, Stream stream) {
+  if (nbytes == 0) return nullptr;
+  const int device = stream.device.type == type_ ? stream.device.index : 0;
+  void* s = stream.handle ? stream.handle : backend_->current_stream(device);
+  const size_t cls = device_size_class(nbytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  AllocatorStats& st = dev(device);
+  ++st.requests;
+  if (!pending_.empty()) process_pending_locked();
+  auto it = free_.find(Key{device, s, cls});
+  void* p = nullptr;
+  if (it != free_.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+    st.cached_bytes -= int64_t(cls);
+  } else {
+    p = backend_->raw_alloc(device, cls);
+    if (!p) {
+      // Give the cache back to the device and try once more.
+      release_cached_locked(device);
+      p = backend_->raw_alloc(device, cls);
+    }
+    if (!p) {
+      size_t free_b = 0, total_b = 0;
+      backend_->mem_info(device, &free_b, &total_b);
+      TESSEL_FAIL("allocate",
+                  "out of memory on {}:{} allocating {} bytes (class {}): {} bytes in use by tensors (peak {}), "
+                  "device reports {} free of {}",
+                  device_type_name(type_), device, nbytes, cls, st.current_bytes, st.peak_bytes, free_b, total_b);
+    }
+    ++st.system_allocs;
+  }
+  st.current_bytes += int64_t(cls);
+  st.peak_bytes = std::max(st.peak_bytes, st.current_bytes);
+  live_[p] = Block{device, s, cls, {}};
+  return p;
+}
+
+void CachingAllocator::deallocate(void* p, size_t, Stream) {
+  if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  TESSEL_CHECK(it != live_.end(), "deallocate", "{} pointer {} was not allocated by this allocator (or freed twice)",
+               device_type_name(type_), p);
+  Block b = std::move(it->second);
+  live_.erase(it);
+  AllocatorStats& st = dev(b.device);
+  st.current_bytes -= int64_t(b.size);
+  st.cached_bytes += int64_t(b.size);
+  if (b.other_streams.empty()) {
+    free_[Key{b.device, b.stream, b.size}].push_back(p);
+    return;
+  }
+  Pending pend{p, std::move(b), {}};
+  for (void* s : pend.block.other_streams) pend.events.push_back(backend_->record_event(pend.block.device, s));
+  pending_.push_back(std::move(pend));
+}
+
+void CachingAllocator::process_pending_locked() {
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& pd = pending_[i];
+    bool done = true;
+    for (void* e : pd.events) done = done && backend_->event_done(e);
+    if (done) {
+      for (void* e : pd.events) backend_->destroy_event(e);
+      free_[Key{pd.block.device, pd.block.stream, pd.block.size}].push_back(pd.ptr);
+    } else {
+      if (kept != i) pending_[kept] = std::move(pd);
+      ++kept;
+    }
+  }
+  pending_.resize(kept);
+}
+
+void CachingAllocator::release_cached_locked(int device) {
+  // Blocks in the free lists may still be read or written by work queued on
+  // their stream: wait for the device before handing them back.
+  std::vector<int> devices;
+  for (const auto& [key, list] : free_)
+    if (!list.empty() && (device < 0 || key.device == device)) devices.push_back(key.device);
+  for (const Pending& pd : pending_)
+    if (device < 0 || pd.block.device == device) devices.push_back(pd.block.device);
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  for (int d : devices) backend_->synchronize(d);
+  process_pending_locked();
+  for (auto& [key, list] : free_) {
+    if (device >= 0 && key.device != device) continue;
+    AllocatorStats& st = dev(key.device);
+    for (void* p : list) {
+      backend_->raw_free(key.device, p);
+      ++st.system_frees;
+      st.cached_bytes -= int64_t(key.size);
+    }
+    list.clear();
+  }
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cached_locked(-1);
+}
+
+void CachingAllocator::record_stream(void* p, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  TESSEL_CHECK(it != live_.end(), "record_stream", "{} pointer {} is not the start of a live block",
+               device_type_name(type_), p);
+  Block& b = it->second;
+  if (stream == b.stream) return;
+  if (std::find(b.other_streams.begin(), b.other_streams.end(), stream) == b.other_streams.end())
+    b.other_streams.push_back(stream);
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  AllocatorStats total;
+  for (const AllocatorStats& s : per_device_) {
+    total.requests += s.requests;
+    total.system_allocs += s.system_allocs;
+    total.system_frees += s.system_frees;
+    total.current_bytes += s.current_bytes;
+    total.peak_bytes += s.peak_bytes;
+    total.cached_bytes += s.cached_bytes;
+  }
+  return total;
+}
+
+AllocatorStats CachingAllocator::device_stats(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return size_t(device) < per_device_.size() ? per_device_[size_t(device)] : AllocatorStats{};
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (AllocatorStats& s : per_device_) s.peak_bytes = s.current_bytes;
+}
+
+size_t CachingAllocator::pending_frees() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.size();
+}
+
+}  // namespace tessel

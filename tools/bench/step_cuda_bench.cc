@@ -1,0 +1,146 @@
+#include "tools/bench/step_cuda_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <ostream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/api.h"
+#include "models/language_model.h"
+#include "nn/autocast.h"
+#include "nn/clip.h"
+#include "nn/module.h"
+#include "nn/optim.h"
+#include "runtime/allocator.h"
+#include "runtime/numerics.h"
+
+namespace tessel::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Runs the PyTorch reference script; returns its JSON line (null when absent).
+nlohmann::json torch_reference(const StepCudaBenchOptions& o, std::ostream& out) {
+  std::string script = o.torch_script.empty() ? "tools/bench/step_cuda_torch.py" : o.torch_script;
+  std::string probe = o.python + " -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null";
+  if (std::system(probe.c_str()) != 0) {
+    out << "reference: PyTorch with CUDA is not importable by '" << o.python << "': skipped\n";
+    return nullptr;
+  }
+  std::string cmd = fmt::format("{} {} --config {} --batch {} --seq {} --steps {} --warmup {} --dtype {}", o.python,
+                                script, o.config, o.batch, o.seq, o.steps, o.warmup, o.dtype);
+  out << "reference: " << cmd << "\n";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  if (!pipe) return nullptr;
+  std::string text, last;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, pipe.get())) {
+    text = buf;
+    out << "  " << text;
+    if (!text.empty() && text[0] == '{') last = text;
+  }
+  if (last.empty()) return nullptr;
+  try {
+    return nlohmann::json::parse(last);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
+  if (!cuda_available()) {
+    out << "bench step_cuda: no GPU available in this process (built "
+#ifdef TESSEL_WITH_CUDA
+        << "with"
+#else
+        << "without"
+#endif
+        << " CUDA)\n";
+    out << nlohmann::json{{"bench", "step_cuda"}, {"error", "no GPU"}}.dump() << "\n";
+    return 2;
+  }
+  const Device dev(DeviceType::CUDA, 0);
+  numerics::GemmModeGuard mode(numerics::parse_gemm_mode(o.gemm.c_str(), "--gemm"));
+  TESSEL_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "bench step_cuda", "--dtype must be bf16 or fp32, got {}",
+               o.dtype);
+  models::ModelConfig cfg = models::model_config(o.model, o.config);
+  cfg.max_seq_len = std::max(cfg.max_seq_len, o.seq);
+  std::shared_ptr<models::LanguageModel> m;
+  {
+    nn::ConstructionScope meta(kMeta);
+    m = models::build_model(cfg);
+  }
+  m->materialize(dev);
+  m->reset_parameters(1);
+  int64_t params = 0;
+  for (const Tensor& p : m->parameters()) params += p.numel();
+  nn::AdamWOptions ao;
+  ao.lr = 6e-4;
+  ao.betas = {0.9, 0.95};
+  nn::AdamW opt(nn::default_param_groups(*m, 0.1), ao);
+  Tensor ids = randint(0, cfg.vocab_size, {o.batch, o.seq + 1}, PhiloxKey{1, stream_for("bench.ids")},
+                       TensorOptions(DType::Int64).with_device(dev));
+  Tensor x = ids.narrow(1, 0, o.seq), y = ids.narrow(1, 1, o.seq);
+  std::vector<double> times;
+  float last_loss = 0;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    synchronize(dev);
+    const auto t0 = Clock::now();
+    opt.zero_grad();
+    Tensor loss;
+    {
+      std::optional<nn::AutocastScope> ac;
+      if (o.dtype == "bf16") ac.emplace(DType::BFloat16);
+      loss = m->loss(m->forward(x), y);
+    }
+    loss.backward();
+    nn::clip_grad_norm_(m->parameters(), 1.0);
+    opt.step();
+    synchronize(dev);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (s >= o.warmup) times.push_back(ms);
+    if (s == o.warmup + o.steps - 1) last_loss = loss.item<float>();
+    out << fmt::format("step {:3d}  {:8.2f} ms{}\n", s, ms, s < o.warmup ? "  (warmup)" : "");
+  }
+  const double step_ms = median(times);
+  const double tokens_per_s = double(o.batch * o.seq) / (step_ms / 1e3);
+  const double L = double(cfg.n_layer), H = double(cfg.n_head), Q = double(cfg.dim / cfg.n_head);
+  const double flops_per_token = 6.0 * double(params) + 12.0 * L * H * Q * double(o.seq);
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops : (o.dtype == "bf16" ? 989.4 : 66.9);  // H100 SXM dense
+  const double mfu = flops_per_token * tokens_per_s / (peak * 1e12);
+  const AllocatorStats mem = allocator_for(dev)->stats();
+  out << fmt::format("tessel: {} {} B={} T={} {} gemm={}: {:.2f} ms/step, {:.0f} tokens/s, MFU {:.1f}%, peak memory "
+                     "{:.2f} GiB, loss {:.4f}\n",
+                     o.model, o.config, o.batch, o.seq, o.dtype, o.gemm, step_ms, tokens_per_s, 100 * mfu,
+                     double(mem.peak_bytes) / double(1 << 30), last_loss);
+  nlohmann::json ref = o.reference ? torch_reference(o, out) : nlohmann::json(nullptr);
+  nlohmann::json j = {{"bench", "step_cuda"},
+                      {"model", o.model},
+                      {"config", o.config},
+                      {"batch", o.batch},
+                      {"seq", o.seq},
+                      {"dtype", o.dtype},
+                      {"gemm", o.gemm},
+                      {"params", params},
+                      {"step_ms", step_ms},
+                      {"tokens_per_s", tokens_per_s},
+                      {"mfu", mfu},
+                      {"peak_tflops", peak},
+                      {"peak_memory_bytes", mem.peak_bytes},
+                      {"reference", ref}};
+  out << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace tessel::tools

@@ -1,0 +1,38 @@
+#pragma once
+// bench step_cuda: one training step (forward, backward, gradient clipping,
+// AdamW) of a model on a GPU, timed with device synchronisation, in tokens/s
+// and model FLOPs utilisation; optionally against PyTorch eager and
+// torch.compile on the same GPU in the same run (tools/bench/step_cuda_torch.py,
+// when `python3 -c "import torch"` works there).
+//
+// Ends with one JSON line:
+//   {"bench": "step_cuda", "model": .., "config": .., "batch": .., "seq": ..,
+//    "dtype": "bf16"|"fp32", "gemm": "fast"|"bitwise", "params": ..,
+//    "step_ms": median, "tokens_per_s": .., "mfu": .., "peak_tflops": ..,
+//    "reference": {"eager": {..}, "compile": {..}} | null}
+// MFU counts nanoGPT's 6 N + 12 L H Q T FLOPs per token against
+// --peak-tflops (default: the H100 SXM dense peak of the compute dtype).
+#include <iosfwd>
+#include <string>
+
+namespace tessel::tools {
+
+struct StepCudaBenchOptions {
+  std::string model = "nanogpt";
+  std::string config = "gpt2-124m";
+  int64_t batch = 8;
+  int64_t seq = 1024;
+  int steps = 20;
+  int warmup = 3;
+  std::string dtype = "bf16";  // bf16 (autocast, float32 master weights) | fp32
+  std::string gemm = "fast";   // fast (cuBLASLt) | bitwise
+  double peak_tflops = 0;      // 0: H100 SXM dense peak for the dtype
+  bool reference = true;       // run the PyTorch reference when available
+  std::string python = "python3";
+  std::string torch_script;    // default: next to the sources / the binary
+};
+
+// Returns 0 on success, 2 when no GPU is available (after printing why).
+int run_step_cuda_bench(const StepCudaBenchOptions& opts, std::ostream& out);
+
+}  // namespace tessel::tools
