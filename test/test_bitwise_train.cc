@@ -12,17 +12,13 @@
 
 #include "test/util/runfiles.h"
 #include "test/util/util.h"
+#include "test/train/trace.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;
 using namespace tessel::train;
 
 namespace {
-
-struct Trace {
-  std::vector<uint64_t> loss_bits;
-  std::vector<std::string> hashes;
-};
 
 int steps() {
   const char* e = std::getenv("TESSEL_BITWISE_STEPS");  // longer runs by hand
@@ -48,30 +44,9 @@ TrainConfig base(const std::string& model) {
   return c;
 }
 
-Trace run(const TrainConfig& c) {
-  Trace t;
-  TrainHooks h;
-  h.quiet = true;
-  h.on_step = [&](const StepMetrics& m) {
-    uint64_t bits;
-    const double l = *m.loss;
-    std::memcpy(&bits, &l, sizeof bits);
-    t.loss_bits.push_back(bits);
-    t.hashes.push_back(m.param_hash);
-  };
-  run_training(c, h);
-  return t;
-}
-
-// "" when equal, else the first step that differs.
-std::string first_difference(const Trace& ref, const Trace& got) {
-  if (got.hashes.size() != ref.hashes.size()) return "ran " + std::to_string(got.hashes.size()) + " steps";
-  for (size_t i = 0; i < ref.hashes.size(); ++i) {
-    if (got.hashes[i] != ref.hashes[i]) return "param_hash differs at step " + std::to_string(i + 1);
-    if (got.loss_bits[i] != ref.loss_bits[i]) return "loss bits differ at step " + std::to_string(i + 1);
-  }
-  return "";
-}
+using testing::first_difference;
+using Trace = testing::StepTrace;
+Trace run(const TrainConfig& c) { return testing::run_traced(c); }
 
 struct Layout {
   const char* mesh;

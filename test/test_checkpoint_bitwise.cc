@@ -15,6 +15,7 @@
 #include "checkpoint/manager.h"
 #include "test/util/runfiles.h"
 #include "train/config.h"
+#include "test/train/trace.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;
@@ -22,12 +23,6 @@ using namespace tessel::train;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Trace {
-  std::vector<int64_t> steps;
-  std::vector<uint64_t> loss_bits;
-  std::vector<std::string> hashes;
-};
 
 TrainConfig base(const std::string& out, const std::string& model = "nanogpt") {
   TrainConfig c;
@@ -51,34 +46,9 @@ TrainConfig base(const std::string& out, const std::string& model = "nanogpt") {
   return c;
 }
 
-Trace run(const TrainConfig& c) {
-  Trace t;
-  TrainHooks h;
-  h.quiet = true;
-  h.on_step = [&](const StepMetrics& m) {
-    uint64_t bits;
-    const double l = *m.loss;
-    std::memcpy(&bits, &l, sizeof bits);
-    t.steps.push_back(m.step);
-    t.loss_bits.push_back(bits);
-    t.hashes.push_back(m.param_hash);
-  };
-  run_training(c, h);
-  return t;
-}
-
-// "" when `got` (steps from..to) has the reference's bits at every step, else the first difference.
-std::string first_difference(const Trace& ref, const Trace& got, int64_t from) {
-  const size_t n = ref.steps.size() - size_t(from);
-  if (got.steps.size() != n) return "ran " + std::to_string(got.steps.size()) + " steps, expected " + std::to_string(n);
-  for (size_t i = 0; i < n; ++i) {
-    const size_t j = size_t(from) + i;
-    if (got.steps[i] != ref.steps[j]) return "step " + std::to_string(got.steps[i]) + " where " + std::to_string(ref.steps[j]) + " was expected";
-    if (got.loss_bits[i] != ref.loss_bits[j]) return "loss bits differ at step " + std::to_string(ref.steps[j]);
-    if (got.hashes[i] != ref.hashes[j]) return "param_hash differs at step " + std::to_string(ref.steps[j]);
-  }
-  return "";
-}
+using testing::first_difference;
+using Trace = testing::StepTrace;
+Trace run(const TrainConfig& c) { return testing::run_traced(c); }
 
 struct Layout {
   std::string mesh;

@@ -98,7 +98,8 @@ void GradReducer::begin_micro_batch(bool last) {
   if (micro_ > 0 && last_ && mode_ == Mode::AllReduce)
     TESSEL_FAIL(kOp, "begin_micro_batch after the step's last micro-batch: call finish() before the next step");
   const Device dev = params_[0]->param.device();
-  const bool per_micro = mode_ == Mode::AllReduce && numerics::bitwise();
+  if (micro_ == 0) per_micro_ = mode_ == Mode::AllReduce && numerics::bitwise();
+  const bool per_micro = per_micro_;
   if (micro_ == 0) {
     if (mode_ == Mode::AllReduce) {
       // Zeroed gradient views: AccumulateGrad adds into the buckets directly.
@@ -176,7 +177,7 @@ void GradReducer::finish() {
     for (Bucket& b : buckets_) {
       b.work->wait();
       b.work = nullptr;
-      if (micro_ > 1 && numerics::bitwise()) kernels::binary(b.flat.device(), kernels::BinaryOp::Add, b.acc, b.flat, b.flat);
+      if (micro_ > 1 && per_micro_) kernels::binary(b.flat.device(), kernels::BinaryOp::Add, b.acc, b.flat, b.flat);
     }
     install_all_reduced();
   } else {

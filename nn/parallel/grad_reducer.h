@@ -103,6 +103,7 @@ class GradReducer {
   int micro_ = 0;     // micro-batches begun this step
   bool sync_ = false; // this backward launches buckets
   bool last_ = false; // the step's last micro-batch has begun
+  bool per_micro_ = false; // bitwise mode: all-reduce every micro-batch (fixed for the step)
   size_t next_ = 0;   // next bucket to launch
 };
 

@@ -15,6 +15,31 @@
 namespace tessel::cli {
 namespace {
 
+// The training run both mesh benchmarks time: o's model and batch, warm-up
+// plus timed steps, no evaluation or samples.
+train::TrainConfig bench_config(const tools::StepBenchOptions& o, const std::string& mesh, int64_t micro_batches,
+                                const std::string& out) {
+  train::TrainConfig c;
+  c.model = o.model;
+  c.model_config = o.config;
+  c.batch_size = o.batch;
+  if (o.seq > 0) c.seq_len = o.seq;
+  c.micro_batches = micro_batches;
+  c.steps = o.warmup + o.steps;
+  c.warmup_steps = 1;
+  c.eval_every = 0;
+  c.sample_length = 0;
+  c.mesh = mesh;
+  c.seed = o.seed;
+  c.out_dir = out;
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 // `bench step --bitwise`: the same training steps on a mesh (ranks as
 // threads) in bitwise mode and in fast mode, rounds interleaved so drift hits
 // both; medians of the per-step times after warm-up.
@@ -25,20 +50,8 @@ int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& 
   double loss[2] = {0, 0};
   for (int r = 0; r < rounds; ++r) {
     for (int mode = 0; mode < 2; ++mode) {
-      train::TrainConfig c;
-      c.model = o.model;
-      c.model_config = o.config;
-      c.batch_size = o.batch;
-      if (o.seq > 0) c.seq_len = o.seq;
-      c.micro_batches = micro_batches;
-      c.steps = o.warmup + o.steps;
-      c.warmup_steps = 1;
-      c.eval_every = 0;
-      c.sample_length = 0;
-      c.mesh = mesh;
+      train::TrainConfig c = bench_config(o, mesh, micro_batches, out);
       c.bitwise = mode == 1;
-      c.seed = o.seed;
-      c.out_dir = out;
       train::TrainHooks h;
       h.quiet = true;
       int64_t step = 0;
@@ -50,10 +63,6 @@ int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& 
       train::run_training(c, h);
     }
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   const double fast = median(times[0]), bit = median(times[1]);
   std::printf("bench step --bitwise: %s %s, batch %lld, %lld micro-batches, mesh %s, %d rounds x %d timed steps\n",
               o.model.c_str(), o.config.c_str(), (long long)o.batch, (long long)micro_batches, mesh.c_str(), rounds,
@@ -77,10 +86,6 @@ int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& 
 int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std::string>& meshes,
                         int64_t micro_batches, const std::string& schedule) {
   const std::string out = (std::filesystem::temp_directory_path() / "tessel_bench_mesh").string();
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   struct Row {
     std::string mesh;
     double tokens_per_s = 0, wait_share = -1;
@@ -89,20 +94,8 @@ int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std:
   std::vector<std::string> all = {""};
   all.insert(all.end(), meshes.begin(), meshes.end());
   for (const std::string& mesh : all) {
-    train::TrainConfig c;
-    c.model = o.model;
-    c.model_config = o.config;
-    c.batch_size = o.batch;
-    if (o.seq > 0) c.seq_len = o.seq;
-    c.micro_batches = micro_batches;
-    c.steps = o.warmup + o.steps;
-    c.warmup_steps = 1;
-    c.eval_every = 0;
-    c.sample_length = 0;
-    c.mesh = mesh;
+    train::TrainConfig c = bench_config(o, mesh, micro_batches, out);
     c.pipeline_schedule = schedule;
-    c.seed = o.seed;
-    c.out_dir = out;
     train::TrainHooks h;
     h.quiet = true;
     int64_t step = 0;
