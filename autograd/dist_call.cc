@@ -145,8 +145,10 @@ std::vector<Tensor> DistGradInfo::localize(std::vector<Tensor>& grads, Placement
   const int nd = mesh->ndim();
   mode = Placements::replicated(nd);
   // Bitwise mode: a pending-sum gradient is reduced before an op's backward
-  // touches it (the backward's arithmetic does not commute with the sum).
-  const bool keep_partial = !numerics::bitwise();
+  // touches it (the backward's arithmetic does not commute with the sum),
+  // unless that backward only moves elements (views: the weight-gradient
+  // sums of data parallelism stay pending through a transposed weight).
+  const bool keep_partial = !numerics::bitwise() || partial_exact;
   for (int m = 0; m < nd && keep_partial; ++m) {
     if (!(passthrough >> m & 1u)) continue;
     for (const Tensor& g : grads)

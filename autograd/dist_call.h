@@ -41,6 +41,15 @@ inline bool arg_distributed(const std::vector<Tensor>& v) {
 template <class T>
 inline bool arg_distributed(const T&) { return false; }
 
+// `bool partial_exact() const`: the op's backward moves gradient elements
+// without arithmetic (each input-gradient element is one output-gradient
+// element or +0: views, split), so a pending sum (Partial) may pass through
+// it in bitwise mode too -- reducing before or after gives the same bits.
+template <class Op, class = void>
+struct has_partial_exact : std::false_type {};
+template <class Op>
+struct has_partial_exact<Op, std::void_t<decltype(std::declval<const Op&>().partial_exact())>> : std::true_type {};
+
 template <class Op, class = void>
 struct has_sharding_rule : std::false_type {};
 template <class Op>
@@ -86,6 +95,7 @@ struct DistGradInfo {
   std::vector<Dims> in_shape, out_shape;  // global
   std::vector<bool> in_defined;
   uint32_t passthrough = 0;  // mesh dims where everything is Replicate
+  bool partial_exact = false;  // the backward only moves elements (has_partial_exact)
 
   // Local pieces of the output gradients in their dual placements; records
   // the pass-through mode per mesh dim for wrap_inputs.
@@ -201,6 +211,7 @@ auto call_distributed(const char* name, Op op, const Args&... args) {
     connect(*node, placed);
     node->name_ = name;
     node->info = make_grad_info(c, name);
+    if constexpr (has_partial_exact<Op>::value) node->info.partial_exact = op.partial_exact();
     node->op.emplace(std::move(op));
     if constexpr (std::is_same_v<Out, Tensor>) {
       set_history(out, node, 0);

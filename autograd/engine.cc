@@ -14,6 +14,7 @@
 #include "autograd/ops/factory.h"
 #include "parallel/sharding.h"
 #include "runtime/numerics.h"
+#include "runtime/profile.h"
 
 namespace tessel {
 
@@ -264,7 +265,10 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
     std::vector<Tensor> outs;
     bool is_accumulator = dynamic_cast<AccumulateGrad*>(node) != nullptr;
     if (any && !(captures && is_accumulator)) {
-      outs = node->apply(std::move(grads));
+      {
+        profile::Timer timer(node->name(), ".bwd");
+        outs = node->apply(std::move(grads));
+      }
       if (TESSEL_UNLIKELY(trace::current() != nullptr) && !is_accumulator) trace::backward_grads(node->name(), outs);
     }
     if (!retain_graph) node->release_saved();

@@ -32,6 +32,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "runtime/macros.h"
+#include "runtime/profile.h"
 
 namespace tessel {
 
@@ -97,6 +98,7 @@ struct OpNode final : Node {
 
 template <class Op, class... Args>
 auto call(Op op, const Args&... args) {
+  profile::Timer profile_timer(detail::op_name(op));
   if (TESSEL_UNLIKELY((detail::arg_distributed(args) || ...))) {
     return detail::call_distributed(detail::op_name(op), std::move(op), args...);
   }

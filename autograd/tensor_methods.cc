@@ -172,6 +172,10 @@ struct ViewOp {
     }
     return {Tensor()};
   }
+  // Every kind but Expand (whose backward sums) moves gradient elements
+  // without arithmetic: a pending sum may pass through in bitwise mode.
+  bool partial_exact() const { return kind != ViewKind::Expand; }
+
   // Views keep Partial (they are linear) and move shards with their dims; a
   // shard the view cannot carry (a sliced, selected or expanded dim, a reshape
   // that would not keep chunks contiguous) is gathered first.

@@ -4,6 +4,7 @@
 
 #include "kernels/elementwise.h"
 #include "runtime/numerics.h"
+#include "runtime/profile.h"
 #include "runtime/comm/comm.h"
 
 namespace tessel::parallel {
@@ -279,6 +280,7 @@ Tensor redistribute_local(const Tensor& local, const Dims& global_shape, const M
   check_placements("redistribute", mesh, from, global_shape.size());
   check_placements("redistribute", mesh, to, global_shape.size());
   if (from == to) return local;
+  profile::Timer timer("redistribute");  // actual layout changes only
   if (local.device().is_meta()) {
     return raw::empty(local_geometry(global_shape, mesh.shape(), to, mesh.coords()).shape, local.dtype(),
                       local.device());

@@ -71,6 +71,7 @@ const std::vector<Field>& fields() {
       {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
       {"bitwise", &C::bitwise, "bitwise mode: any mesh gives the one-device run's bits"},
+      {"profile", &C::profile, "print a per-op time profile of the training steps (rank 0; also TESSEL_PROFILE=1)"},
       {"dump", &C::dump, "write per-op forward/backward tensor hashes to FILE (compare with tessel verify)"},
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},

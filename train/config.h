@@ -70,6 +70,7 @@ struct TrainConfig {
   std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
   bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
   bool bitwise = false;           // every layout gives the one-device run's bits (docs/numerics.md)
+  bool profile = false;           // per-op self times of rank 0's steps, printed at the end (runtime/profile.h)
   std::string dump;               // per-op forward/backward tensor hashes to this file (tessel verify)
   std::string pipeline_schedule = "1f1b";  // with a "pp" mesh dim: gpipe | 1f1b | interleaved
   int64_t virtual_stages = 0;              // chunks per pp rank; 0: 1, or 2 for interleaved

@@ -123,7 +123,12 @@ bool use_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Attentio
   if (!o.fused || !o.causal || o.mask.defined() || !fused_enabled()) return false;
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !q.is_floating_point()) return false;
   if (q.device() != k.device() || q.device() != v.device()) return false;
-  return q.device().is_meta() || kernels::attention_forward.has(q.device().type);
+  if (q.device().is_meta()) return true;
+  if (!kernels::attention_forward.has(q.device().type)) return false;
+  // On a GPU the fused kernel is the bitwise-mode attention (the CPU kernel's
+  // order and bits); fast mode keeps the composite, whose GEMMs run on
+  // cuBLASLt tensor cores (docs/cuda.md).
+  return q.device().type != DeviceType::CUDA || numerics::gemm_mode() == numerics::GemmMode::Bitwise;
 }
 }  // namespace
 

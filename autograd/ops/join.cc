@@ -129,6 +129,8 @@ struct SplitOp {
   std::vector<int64_t> sizes;
   Dims in_shape;
   const char* name() const { return op; }
+  // The backward assembles the pieces' gradients (zeros where none): no arithmetic.
+  bool partial_exact() const { return true; }
 
   std::vector<Tensor> forward(const Tensor& x) {
     in_shape = x.shape();

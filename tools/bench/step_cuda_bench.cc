@@ -56,24 +56,17 @@ nlohmann::json torch_reference(const StepCudaBenchOptions& o, std::ostream& out)
   }
 }
 
-}  // namespace
+struct Timing {
+  double step_ms = 0;
+  float last_loss = 0;
+  int64_t params = 0;
+  int64_t peak_bytes = 0;
+};
 
-int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
-  if (!cuda_available()) {
-    out << "bench step_cuda: no GPU available in this process (built "
-#ifdef TESSEL_WITH_CUDA
-        << "with"
-#else
-        << "without"
-#endif
-        << " CUDA)\n";
-    out << nlohmann::json{{"bench", "step_cuda"}, {"error", "no GPU"}}.dump() << "\n";
-    return 2;
-  }
+// Builds the model and times warm-up + timed steps with the GEMM mode `gemm`.
+Timing time_steps(const StepCudaBenchOptions& o, const std::string& gemm, std::ostream& out) {
   const Device dev(DeviceType::CUDA, 0);
-  numerics::GemmModeGuard mode(numerics::parse_gemm_mode(o.gemm.c_str(), "--gemm"));
-  TESSEL_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "bench step_cuda", "--dtype must be bf16 or fp32, got {}",
-               o.dtype);
+  numerics::GemmModeGuard mode(numerics::parse_gemm_mode(gemm.c_str(), "--gemm"));
   models::ModelConfig cfg = models::model_config(o.model, o.config);
   cfg.max_seq_len = std::max(cfg.max_seq_len, o.seq);
   std::shared_ptr<models::LanguageModel> m;
@@ -83,8 +76,8 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
   }
   m->materialize(dev);
   m->reset_parameters(1);
-  int64_t params = 0;
-  for (const Tensor& p : m->parameters()) params += p.numel();
+  Timing t;
+  for (const Tensor& p : m->parameters()) t.params += p.numel();
   nn::AdamWOptions ao;
   ao.lr = 6e-4;
   ao.betas = {0.9, 0.95};
@@ -92,8 +85,8 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
   Tensor ids = randint(0, cfg.vocab_size, {o.batch, o.seq + 1}, PhiloxKey{1, stream_for("bench.ids")},
                        TensorOptions(DType::Int64).with_device(dev));
   Tensor x = ids.narrow(1, 0, o.seq), y = ids.narrow(1, 1, o.seq);
+  allocator_for(dev)->reset_peak();
   std::vector<double> times;
-  float last_loss = 0;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     synchronize(dev);
     const auto t0 = Clock::now();
@@ -110,35 +103,78 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
     synchronize(dev);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (s >= o.warmup) times.push_back(ms);
-    if (s == o.warmup + o.steps - 1) last_loss = loss.item<float>();
-    out << fmt::format("step {:3d}  {:8.2f} ms{}\n", s, ms, s < o.warmup ? "  (warmup)" : "");
+    if (s == o.warmup + o.steps - 1) t.last_loss = loss.item<float>();
+    out << fmt::format("[gemm {}] step {:3d}  {:8.2f} ms{}\n", gemm, s, ms, s < o.warmup ? "  (warmup)" : "");
   }
-  const double step_ms = median(times);
+  t.step_ms = median(times);
+  t.peak_bytes = allocator_for(dev)->stats().peak_bytes;
+  return t;
+}
+
+}  // namespace
+
+int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
+  if (!cuda_available()) {
+    out << "bench step_cuda: no GPU available in this process (built "
+#ifdef TESSEL_WITH_CUDA
+        << "with"
+#else
+        << "without"
+#endif
+        << " CUDA)\n";
+    out << nlohmann::json{{"bench", "step_cuda"}, {"error", "no GPU"}}.dump() << "\n";
+    return 2;
+  }
+  TESSEL_CHECK(o.dtype == "bf16" || o.dtype == "fp32", "bench step_cuda", "--dtype must be bf16 or fp32, got {}",
+               o.dtype);
+  TESSEL_CHECK(o.gemm == "fast" || o.gemm == "bitwise", "bench step_cuda", "--gemm must be fast or bitwise, got {}",
+               o.gemm);
+  const models::ModelConfig cfg = models::model_config(o.model, o.config);
+  const Timing t = time_steps(o, o.gemm, out);
+  const double step_ms = t.step_ms;
   const double tokens_per_s = double(o.batch * o.seq) / (step_ms / 1e3);
   const double L = double(cfg.n_layer), H = double(cfg.n_head), Q = double(cfg.dim / cfg.n_head);
-  const double flops_per_token = 6.0 * double(params) + 12.0 * L * H * Q * double(o.seq);
+  const double flops_per_token = 6.0 * double(t.params) + 12.0 * L * H * Q * double(o.seq);
   const double peak = o.peak_tflops > 0 ? o.peak_tflops : (o.dtype == "bf16" ? 989.4 : 66.9);  // H100 SXM dense
   const double mfu = flops_per_token * tokens_per_s / (peak * 1e12);
-  const AllocatorStats mem = allocator_for(dev)->stats();
   out << fmt::format("tessel: {} {} B={} T={} {} gemm={}: {:.2f} ms/step, {:.0f} tokens/s, MFU {:.1f}%, peak memory "
                      "{:.2f} GiB, loss {:.4f}\n",
                      o.model, o.config, o.batch, o.seq, o.dtype, o.gemm, step_ms, tokens_per_s, 100 * mfu,
-                     double(mem.peak_bytes) / double(1 << 30), last_loss);
+                     double(t.peak_bytes) / double(1 << 30), t.last_loss);
+  // Bitwise mode's cost: the same steps with the canonical-order GEMM.
+  nlohmann::json bitwise = nullptr;
+  if (o.bitwise_cost && o.gemm == "fast") {
+    const Timing b = time_steps(o, "bitwise", out);
+    out << fmt::format("tessel gemm=bitwise: {:.2f} ms/step, bitwise / fast = {:.3f}\n", b.step_ms,
+                       b.step_ms / step_ms);
+    bitwise = {{"step_ms", b.step_ms}, {"cost", b.step_ms / step_ms}, {"loss", b.last_loss}};
+  }
   nlohmann::json ref = o.reference ? torch_reference(o, out) : nlohmann::json(nullptr);
+  // The standard fields: PyTorch eager on the same GPU is the reference.
+  nlohmann::json ref_s = nullptr, speedup = nullptr;
+  if (ref.is_object() && ref.contains("eager") && ref["eager"].contains("step_ms")) {
+    ref_s = ref["eager"]["step_ms"].get<double>() / 1e3;
+    speedup = ref_s.get<double>() / (step_ms / 1e3);
+  }
   nlohmann::json j = {{"bench", "step_cuda"},
+                      {"ours_s", step_ms / 1e3},
+                      {"reference", "pytorch eager (same GPU, same run)"},
+                      {"reference_s", ref_s},
+                      {"speedup", speedup},
                       {"model", o.model},
                       {"config", o.config},
                       {"batch", o.batch},
                       {"seq", o.seq},
                       {"dtype", o.dtype},
                       {"gemm", o.gemm},
-                      {"params", params},
+                      {"params", t.params},
                       {"step_ms", step_ms},
                       {"tokens_per_s", tokens_per_s},
                       {"mfu", mfu},
                       {"peak_tflops", peak},
-                      {"peak_memory_bytes", mem.peak_bytes},
-                      {"reference", ref}};
+                      {"peak_memory_bytes", t.peak_bytes},
+                      {"bitwise", bitwise},
+                      {"torch", ref}};
   out << j.dump() << "\n";
   return 0;
 }

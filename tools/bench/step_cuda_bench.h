@@ -6,10 +6,13 @@
 // when `python3 -c "import torch"` works there).
 //
 // Ends with one JSON line:
-//   {"bench": "step_cuda", "model": .., "config": .., "batch": .., "seq": ..,
-//    "dtype": "bf16"|"fp32", "gemm": "fast"|"bitwise", "params": ..,
-//    "step_ms": median, "tokens_per_s": .., "mfu": .., "peak_tflops": ..,
-//    "reference": {"eager": {..}, "compile": {..}} | null}
+//   {"bench": "step_cuda", "ours_s": median step s, "reference": "pytorch eager ...",
+//    "reference_s": eager step s | null, "speedup": reference_s / ours_s | null,
+//    "model": .., "config": .., "batch": .., "seq": .., "dtype": "bf16"|"fp32",
+//    "gemm": "fast"|"bitwise", "params": .., "step_ms": .., "tokens_per_s": ..,
+//    "mfu": .., "peak_tflops": .., "peak_memory_bytes": ..,
+//    "bitwise": {"step_ms", "cost": bitwise / fast, "loss"} | null,
+//    "torch": {"eager": {..}, "compile": {..}} | null}
 // MFU counts nanoGPT's 6 N + 12 L H Q T FLOPs per token against
 // --peak-tflops (default: the H100 SXM dense peak of the compute dtype).
 #include <iosfwd>
@@ -27,6 +30,7 @@ struct StepCudaBenchOptions {
   std::string dtype = "bf16";  // bf16 (autocast, float32 master weights) | fp32
   std::string gemm = "fast";   // fast (cuBLASLt) | bitwise
   double peak_tflops = 0;      // 0: H100 SXM dense peak for the dtype
+  bool bitwise_cost = true;    // with gemm fast: also time the bitwise GEMM (its cost)
   bool reference = true;       // run the PyTorch reference when available
   std::string python = "python3";
   std::string torch_script;    // default: next to the sources / the binary

@@ -45,6 +45,8 @@ std::string find_bench(const std::string& name) {
                           name, name, dir));
 }
 
+}  // namespace
+
 int exec_bench(const std::string& name, const std::vector<std::string>& args) {
   std::string path = find_bench(name);
   std::vector<std::string> argv = {path};
@@ -56,8 +58,6 @@ int exec_bench(const std::string& name, const std::vector<std::string>& args) {
   execv(path.c_str(), cargs.data());
   throw Error(fmt::format("bench {}: cannot execute {}", name, path));
 }
-
-}  // namespace
 
 void register_bench(CLI::App& app) {
   CLI::App* bench = bench_command(app);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "tools/bench/step_bench.h"
+#include "runtime/error.h"
 #include "tools/cli/commands.h"
 #include "train/trainer/trainer.h"
 
@@ -140,7 +141,33 @@ int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std:
   return 0;
 }
 
+// `bench step --device cuda`: the GPU step benchmark (bench_step_cuda) with
+// this command's model, config, shape and step counts; --bitwise selects the
+// canonical-order GEMM there.
+int run_cuda_step_bench(const tools::StepBenchOptions& o, CLI::App& cmd, bool bitwise, const std::string& dtype,
+                        bool no_reference) {
+  std::vector<std::string> args = {"--model", o.model};
+  // The CPU bench's defaults (config small, batch 8, 5 steps) are not the GPU
+  // bench's (gpt2-124m, batch 8 x 1024, 20 steps): forward what was given.
+  auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  if (given("--config")) args.insert(args.end(), {"--config", o.config});
+  if (given("--batch")) args.insert(args.end(), {"--batch", std::to_string(o.batch)});
+  if (given("--seq") && o.seq > 0) args.insert(args.end(), {"--seq", std::to_string(o.seq)});
+  if (given("--steps")) args.insert(args.end(), {"--steps", std::to_string(o.steps)});
+  if (given("--warmup")) args.insert(args.end(), {"--warmup", std::to_string(o.warmup)});
+  if (!dtype.empty()) args.insert(args.end(), {"--dtype", dtype});
+  if (bitwise) args.insert(args.end(), {"--gemm", "bitwise"});
+  if (no_reference) args.push_back("--no-reference");
+  if (!o.python.empty()) args.insert(args.end(), {"--python", o.python});
+  return exec_bench("step_cuda", args);
+}
+
 }  // namespace
+
+static CLI::App*& step_cmd() {
+  static CLI::App* cmd = nullptr;
+  return cmd;
+}
 
 void register_bench_step(CLI::App& app) {
   static tools::StepBenchOptions o;
@@ -149,10 +176,17 @@ void register_bench_step(CLI::App& app) {
   static std::string schedule = "1f1b";
   static int64_t micro_batches = 2;
   static int rounds = 3;
+  static std::string device = "cpu", dtype;
   CLI::App* cmd = add_command(*bench_command(app), "step",
                               "Time a training step (forward, backward, AdamW) against PyTorch on the CPU; with "
                               "--bitwise, bitwise against fast mode on a mesh",
                               [] {
+                                if (device == "cuda" || device == "cuda:0")
+                                  return run_cuda_step_bench(o, *step_cmd(), bitwise, dtype, no_reference);
+                                if (device != "cpu")
+                                  throw Error(fmt::format("bench step: --device must be cpu or cuda, got '{}'", device));
+                                if (!dtype.empty())
+                                  throw Error("bench step: --dtype applies to --device cuda only (the CPU step is float32)");
                                 if (bitwise)
                                   return run_bitwise_step_bench(o, meshes.empty() ? "dp=2,tp=2" : meshes[0],
                                                                 micro_batches, rounds);
@@ -160,6 +194,11 @@ void register_bench_step(CLI::App& app) {
                                 o.reference = !no_reference;
                                 return tools::run_step_bench(o, std::cout);
                               });
+  step_cmd() = cmd;
+  cmd->add_option("--device", device,
+                  "cpu | cuda (cuda runs bench step_cuda: tokens/s and MFU against PyTorch eager and torch.compile)")
+      ->capture_default_str();
+  cmd->add_option("--dtype", dtype, "with --device cuda: bf16 (autocast, default) | fp32");
   cmd->add_flag("--bitwise", bitwise, "time bitwise mode against fast mode on --mesh (ranks as threads)");
   cmd->add_option("--mesh", meshes,
                   "layouts to time against one device (repeatable: --mesh dp=2 --mesh tp=2,pp=2); with --bitwise "

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace tessel::cli {
 
@@ -13,6 +15,9 @@ int run_selected(CLI::App& app);
 // The `bench` command that benchmarks attach to as nested subcommands
 // (created on first use, so each benchmark registers itself independently).
 CLI::App* bench_command(CLI::App& app);
+// Replaces this process with the benchmark binary bench_NAME (next to the
+// CLI) run with `args`; throws when it cannot be found or executed.
+int exec_bench(const std::string& name, const std::vector<std::string>& args);
 
 void register_info(CLI::App& app);
 void register_train(CLI::App& app);

@@ -14,6 +14,7 @@
 #include "runtime/comm/comm.h"
 #include "runtime/mesh.h"
 #include "runtime/numerics.h"
+#include "runtime/profile.h"
 #include "models/config.h"
 #include "nn/autocast.h"
 #include "nn/clip.h"
@@ -258,9 +259,13 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   if (first_step > 0 && !hooks.quiet)
     std::printf("  resumed from %s after step %lld\n", checkpoint::step_dir(ckpt.root(), first_step).c_str(),
                 (long long)first_step);
+  std::unique_ptr<profile::Profiler> profiler;
+  if (cfg.profile || profile::env_enabled()) profiler = std::make_unique<profile::Profiler>();
   for (int64_t step = first_step; step < cfg.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     const double wait0 = comm::thread_wait_seconds();
+    std::optional<profile::Scope> profiling;
+    if (profiler) profiling.emplace(profiler.get());
     std::optional<trace::Scope> tracing;  // --dump: this step's forwards and backwards
     if (dump) {
       dump->set_step(step + 1);
@@ -273,25 +278,42 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     if (pipe) loss_sum = pipeline_forward_backward(*pipe, cfg, loader, step, pipe_extras);
     int64_t dropped = 0;  // MoE token-slots over the capacity, all layers, ranks and micro-batches
     for (int64_t m = 0; !pipe && m < cfg.micro_batches; ++m) {
-      if (dp) dp->begin_micro_batch(m + 1 == cfg.micro_batches);
+      if (dp) {
+        profile::Timer timer("dp.begin_micro_batch");
+        dp->begin_micro_batch(m + 1 == cfg.micro_batches);
+      }
       Batch b = loader.micro_batch(step, m, cfg.micro_batches);
       nn::ForwardScope scope({cfg.seed, uint64_t(step), b.first_sample, cfg.batch_size});
       std::optional<nn::AutocastScope> autocast;
       if (compute != DType::Float32) autocast.emplace(compute);
       Tensor ids = layout ? layout(b.inputs) : b.inputs, targets = layout ? layout(b.targets) : b.targets;
       Tensor loss = model->loss(model->forward(ids), targets);
-      loss_sum += loss.item<double>();
+      {
+        profile::Timer timer("loss.item");
+        loss_sum += loss.item<double>();
+      }
       dropped += nn::dropped_tokens(*model);
       (cfg.micro_batches == 1 ? loss : loss / double(cfg.micro_batches)).backward();
     }
-    if (dp) dp->finish();
+    if (dp) {
+      profile::Timer timer("dp.finish");
+      dp->finish();
+    }
     tracing.reset();
-    const double gnorm = pipe                 ? pipe->clip_grad_norm_(cfg.grad_clip)
-                         : cfg.grad_clip > 0 ? nn::clip_grad_norm_(params, cfg.grad_clip)
-                                             : nn::grad_norm(params);
-    opt.step();
-    if (dp) dp->after_step();
-    opt.zero_grad();
+    double gnorm = 0;
+    {
+      profile::Timer timer("clip_grad_norm");
+      gnorm = pipe                 ? pipe->clip_grad_norm_(cfg.grad_clip)
+              : cfg.grad_clip > 0 ? nn::clip_grad_norm_(params, cfg.grad_clip)
+                                  : nn::grad_norm(params);
+    }
+    {
+      profile::Timer timer("optimizer.step");
+      opt.step();
+      if (dp) dp->after_step();
+      opt.zero_grad();
+    }
+    profiling.reset();  // the profile covers what the step time covers
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     train_seconds += secs;
 
@@ -328,6 +350,12 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     if (pipe) result.final_params = pipe->gather_parameters();  // on rank 0
     else
       for (auto& [name, t] : model->named_parameters()) result.final_params.emplace_back(name, full_tensor(t.detach()));
+  }
+  if (profiler) {
+    result.profile = profiler->table(train_seconds);
+    if (main_rank && !hooks.quiet)
+      std::printf("profile of rank 0, %lld steps, %.3f s of steps (self times; share of that wall time):\n%s",
+                  (long long)(cfg.steps - first_step), train_seconds, result.profile.c_str());
   }
   result.tokens_per_s = train_seconds > 0 ? tokens_per_step * double(cfg.steps - first_step) / train_seconds : 0;
   result.heldout_loss = evaluate(*model, heldout, cfg.eval_batches, cfg.seed, layout, forward);

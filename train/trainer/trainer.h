@@ -29,6 +29,8 @@ struct TrainResult {
   std::string greedy_sample, sampled_text;
   // With TrainHooks::keep_params: the final parameters, full (gathered) and plain.
   std::vector<std::pair<std::string, Tensor>> final_params;
+  // With TrainConfig::profile (or TESSEL_PROFILE=1): this rank's per-op table.
+  std::string profile;
 };
 
 struct TrainHooks {

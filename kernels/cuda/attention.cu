@@ -1,0 +1,291 @@
+// CUDA fused causal attention, forward and backward, in the order of
+// operations of kernels/attention.h (the CPU kernel's bits for float32:
+// DESIGN.md §4 level 4). This is the bitwise-mode kernel: exact two-pass
+// softmax, every sum over keys or queries the canonical one over the global
+// length, no atomics. Mapping:
+//
+//   forward:   one block per query row (b, h, i): the row's scores in a
+//              global scratch row, the max and the canonical sum by the whole
+//              block (canonical.cuh), then one thread per d for the chunked
+//              FMA sum over keys.
+//   backward:  (1) one block per query row: p, p', dp, Dl, dS; dS and p' rows
+//              go to [B, Hq, T, T] scratch squares; dq by one thread per d.
+//              (2) one block per key column (b, h, j): dk and dv by one
+//              thread per d, chunked FMA sums over queries i >= j.
+//              (3) with GQA, the canonical sum over each kv head's g query heads.
+#include "kernels/canonical.h"
+#include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/canonical.cuh"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/launch.h"
+#include "runtime/philox.h"
+#include "runtime/tmath.h"
+
+namespace tessel::kernels::cuda {
+namespace {
+
+constexpr int kAttnThreads = 128;
+// Row scratch is per block: this many blocks at most (grid-stride over rows).
+constexpr int64_t kAttnMaxBlocks = 4096;
+
+__device__ __forceinline__ float fma_c(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double fma_c(double a, double b, double c) { return fma(a, b, c); }
+
+// The balanced tree over chunk values pushed in chunk order (V a power of two,
+// kernels/canonical.h tree_combine): a binary counter, the left operand first.
+template <class C>
+struct ChunkTree {
+  C val[12];
+  int level[12];
+  int top = 0;
+  __device__ __forceinline__ void push(C x) {
+    int lv = 0;
+    while (top > 0 && level[top - 1] == lv) {
+      x = val[top - 1] + x;
+      --top;
+      ++lv;
+    }
+    val[top] = x;
+    level[top] = lv;
+    ++top;
+  }
+  __device__ __forceinline__ C result() const { return val[0]; }
+};
+
+// Chunked FMA sum over positions [0, n) with V chunks where only t in [lo, hi)
+// contribute (kernels/cpu/attention_ref.h chunked_fma).
+template <class C, class A, class B>
+__device__ C chunked_fma(int64_t n, int V, int64_t lo, int64_t hi, A a, B b) {
+  ChunkTree<C> tree;
+  for (int c = 0; c < V; ++c) {
+    C acc = C(0);
+    const int64_t cb = numerics::chunk_begin(n, V, c), ce = numerics::chunk_end(n, V, c);
+    for (int64_t t = cb < lo ? lo : cb; t < ce && t < hi; ++t) acc = fma_c(a(t), b(t), acc);
+    tree.push(acc);
+  }
+  return tree.result();
+}
+
+template <class T>
+__device__ __forceinline__ const T* at(const AttnOperand& x, int64_t b, int64_t h, int64_t t) {
+  return static_cast<const T*>(x.data) + b * x.s[0] + h * x.s[1] + t * x.s[2];
+}
+
+__device__ __forceinline__ bool keep(const AttentionArgs& a, int64_t b, int64_t h, int64_t i, int64_t j) {
+  return (philox::bits_at(a.key, a.index(b, h, i, j)) >> 8) < a.keep_threshold;
+}
+
+// One FMA per d ascending from +0 over a row held in shared memory and a row in global memory.
+template <class C, class T>
+__device__ __forceinline__ C dot_chain(const C* x, const T* y, int64_t ys, int64_t D) {
+  C acc = C(0);
+  for (int64_t d = 0; d < D; ++d) acc = fma_c(x[d], C(widen(y[d * ys])), acc);
+  return acc;
+}
+
+template <class T>
+__global__ void attn_forward_kernel(AttentionArgs a, T* out, Strides4 os, acc_t<T>* stats, acc_t<T>* rowbuf) {
+  using C = acc_t<T>;
+  C* smem = shared_array<C>();  // [V] reduction scratch, then q_i [D]
+  C* qrow = smem + a.chunks;
+  C* s = rowbuf + int64_t(blockIdx.x) * a.T;
+  const int64_t rows = a.B * a.Hq * a.T, g = a.Hq / a.Hkv, D = a.D;
+  const C scale = C(a.scale), dscale = C(a.dropout_scale);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t i = r % a.T, bh = r / a.T, h = bh % a.Hq, b = bh / a.Hq, hk = h / g, n = i + 1;
+    const T* qi = at<T>(a.q, b, h, i);
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) qrow[d] = C(widen(qi[d * a.q.s[3]]));
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s[j] = dot_chain(qrow, at<T>(a.k, b, hk, j), a.k.s[3], D) * scale;
+    __syncthreads();
+    const C m = block_row_max<C>(n, a.chunks, [&](int64_t t) { return s[t]; }, smem);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s[j] = tmath::exp(s[j] - m);
+    __syncthreads();
+    const C l = block_canonical_reduce<C>(
+        a.T, a.chunks, C(0), [&](int64_t t) { return t < n ? s[t] : C(0); }, SumCombine<C>(), smem);
+    const C rcp = C(1) / l;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const C p = s[j] * rcp;
+      s[j] = !a.dropout ? p : (keep(a, b, h, i, j) ? p * dscale : C(0));
+    }
+    __syncthreads();
+    const T* vb = at<T>(a.v, b, hk, 0);
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      const C o = chunked_fma<C>(
+          a.T, a.chunks, 0, n, [&](int64_t t) { return s[t]; },
+          [&](int64_t t) { return C(widen(vb[t * a.v.s[2] + d * a.v.s[3]])); });
+      out[b * os.s[0] + h * os.s[1] + i * os.s[2] + d * os.s[3]] = narrow<T>(o);
+    }
+    if (threadIdx.x == 0) {
+      stats[2 * r] = m;
+      stats[2 * r + 1] = l;
+    }
+    __syncthreads();  // s and qrow belong to the next row
+  }
+}
+
+// Backward (1): per query row, dS and P' rows and dq.
+template <class T>
+__global__ void attn_backward_rows_kernel(AttentionArgs a, AttnOperand dout, const acc_t<T>* stats, acc_t<T>* DS,
+                                          acc_t<T>* PD, acc_t<T>* rowbuf, T* dq, Strides4 qs) {
+  using C = acc_t<T>;
+  C* smem = shared_array<C>();  // [V], q_i [D], dO_i [D]
+  C* qrow = smem + a.chunks;
+  C* dorow = qrow + a.D;
+  C* P = rowbuf + int64_t(blockIdx.x) * 2 * a.T;
+  C* DP = P + a.T;
+  const int64_t rows = a.B * a.Hq * a.T, g = a.Hq / a.Hkv, D = a.D, Tn = a.T;
+  const C scale = C(a.scale), dscale = C(a.dropout_scale);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t i = r % Tn, bh = r / Tn, h = bh % a.Hq, b = bh / a.Hq, hk = h / g, n = i + 1;
+    const T* qi = at<T>(a.q, b, h, i);
+    const T* doi = at<T>(dout, b, h, i);
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      qrow[d] = C(widen(qi[d * a.q.s[3]]));
+      dorow[d] = C(widen(doi[d * dout.s[3]]));
+    }
+    __syncthreads();
+    const C m = stats[2 * r], l = stats[2 * r + 1];
+    const C rcp = C(1) / l;
+    C* dsr = DS + r * Tn;
+    C* pdr = PD + r * Tn;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const C sj = dot_chain(qrow, at<T>(a.k, b, hk, j), a.k.s[3], D) * scale;
+      const C p = tmath::exp(sj - m) * rcp;
+      const C gj = dot_chain(dorow, at<T>(a.v, b, hk, j), a.v.s[3], D);
+      const bool kp = a.dropout && keep(a, b, h, i, j);
+      const C pd = !a.dropout ? p : (kp ? p * dscale : C(0));
+      const C dp = !a.dropout ? gj : (kp ? gj * dscale : C(0));
+      P[j] = p;
+      DP[j] = dp;
+      dsr[j] = dp * p;
+      pdr[j] = pd;
+    }
+    __syncthreads();
+    const C Dl = block_canonical_reduce<C>(
+        Tn, a.chunks, C(0), [&](int64_t t) { return t < n ? dsr[t] : C(0); }, SumCombine<C>(), smem);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dsr[j] = (P[j] * (DP[j] - Dl)) * scale;
+    __syncthreads();
+    const T* kb = at<T>(a.k, b, hk, 0);
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      const C v = chunked_fma<C>(
+          Tn, a.chunks, 0, n, [&](int64_t t) { return dsr[t]; },
+          [&](int64_t t) { return C(widen(kb[t * a.k.s[2] + d * a.k.s[3]])); });
+      dq[b * qs.s[0] + h * qs.s[1] + i * qs.s[2] + d * qs.s[3]] = narrow<T>(v);
+    }
+    __syncthreads();
+  }
+}
+
+// Backward (2): per key column (b, h, j) of a query head, dk and dv over the
+// queries i >= j. With g == 1 they are the results; else per-head values.
+template <class T>
+__global__ void attn_backward_cols_kernel(AttentionArgs a, AttnOperand dout, const acc_t<T>* DS, const acc_t<T>* PD,
+                                          T* dk, Strides4 ks, T* dv, Strides4 vs, acc_t<T>* dkh, acc_t<T>* dvh) {
+  using C = acc_t<T>;
+  const int64_t cols = a.B * a.Hq * a.T, g = a.Hq / a.Hkv, D = a.D, Tn = a.T;
+  for (int64_t r = blockIdx.x; r < cols; r += gridDim.x) {
+    const int64_t j = r % Tn, bh = r / Tn, h = bh % a.Hq, b = bh / a.Hq;
+    const C* dsc = DS + bh * Tn * Tn + j;  // dS[i][j] at dsc[i * T]
+    const C* pdc = PD + bh * Tn * Tn + j;
+    const T* qb = at<T>(a.q, b, h, 0);
+    const T* dob = at<T>(dout, b, h, 0);
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      const C k_ = chunked_fma<C>(
+          Tn, a.chunks, j, Tn, [&](int64_t t) { return dsc[t * Tn]; },
+          [&](int64_t t) { return C(widen(qb[t * a.q.s[2] + d * a.q.s[3]])); });
+      const C v_ = chunked_fma<C>(
+          Tn, a.chunks, j, Tn, [&](int64_t t) { return pdc[t * Tn]; },
+          [&](int64_t t) { return C(widen(dob[t * dout.s[2] + d * dout.s[3]])); });
+      if (g == 1) {
+        dk[b * ks.s[0] + h * ks.s[1] + j * ks.s[2] + d * ks.s[3]] = narrow<T>(k_);
+        dv[b * vs.s[0] + h * vs.s[1] + j * vs.s[2] + d * vs.s[3]] = narrow<T>(v_);
+      } else {
+        dkh[r * D + d] = k_;
+        dvh[r * D + d] = v_;
+      }
+    }
+  }
+}
+
+// Backward (3), GQA: dk/dv of kv head hk = the canonical sum (V chunks over
+// the g values) of its query heads' values, in head order.
+template <class T>
+__global__ void attn_backward_gqa_kernel(AttentionArgs a, const acc_t<T>* dkh, const acc_t<T>* dvh, T* dk, Strides4 ks,
+                                         T* dv, Strides4 vs) {
+  using C = acc_t<T>;
+  const int64_t g = a.Hq / a.Hkv, T_ = a.T, D = a.D, total = a.B * a.Hkv * T_ * D;
+  const int64_t stride = T_ * D;  // between the g query heads of one kv head
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = e % D, j = (e / D) % T_, hk = (e / (D * T_)) % a.Hkv, b = e / (D * T_ * a.Hkv);
+    const int64_t base = ((b * a.Hq + hk * g) * T_ + j) * D + d;
+    for (int w = 0; w < 2; ++w) {
+      const C* x = (w == 0 ? dkh : dvh) + base;
+      ChunkTree<C> tree;
+      for (int c = 0; c < a.chunks; ++c)
+        tree.push(chunk_reduce_ref<C>(
+            numerics::chunk_begin(g, a.chunks, c), numerics::chunk_end(g, a.chunks, c), C(0),
+            [&](int64_t t) { return x[t * stride]; }, SumCombine<C>()));
+      if (w == 0) dk[b * ks.s[0] + hk * ks.s[1] + j * ks.s[2] + d * ks.s[3]] = narrow<T>(tree.result());
+      else dv[b * vs.s[0] + hk * vs.s[1] + j * vs.s[2] + d * vs.s[3]] = narrow<T>(tree.result());
+    }
+  }
+}
+
+Strides4 strides4(const int64_t s[4]) {
+  Strides4 r;
+  for (int i = 0; i < 4; ++i) r.s[i] = s[i];
+  return r;
+}
+
+}  // namespace
+
+int64_t attention_forward_blocks(const AttentionArgs& a) {
+  const int64_t rows = a.B * a.Hq * a.T;
+  return rows < kAttnMaxBlocks ? (rows < 1 ? 1 : rows) : kAttnMaxBlocks;
+}
+int64_t attention_backward_blocks(const AttentionArgs& a) { return attention_forward_blocks(a); }
+
+void launch_attention_forward(DType dtype, const AttentionArgs& a, void* out, const int64_t out_s[4], void* stats,
+                              void* rowbuf, cudaStream_t s) {
+  if (a.B * a.Hq * a.T == 0) return;
+  const char* op = "scaled_dot_product_attention";
+  dispatch_floating(dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using C = acc_t<T>;
+    const size_t smem = size_t(a.chunks + a.D) * sizeof(C);
+    attn_forward_kernel<T><<<unsigned(attention_forward_blocks(a)), kAttnThreads, smem, s>>>(
+        a, static_cast<T*>(out), strides4(out_s), static_cast<C*>(stats), static_cast<C*>(rowbuf));
+    TESSEL_CUDA_CHECK_LAUNCH(op);
+  });
+}
+
+void launch_attention_backward(DType dtype, const AttentionArgs& a, const AttnOperand& dout, const void* stats,
+                               void* ds, void* pd, void* rowbuf, void* dkh, void* dvh, const AttentionBackwardOut& o,
+                               cudaStream_t s) {
+  if (a.B * a.Hq * a.T == 0) return;
+  const char* op = "scaled_dot_product_attention backward";
+  dispatch_floating(dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using C = acc_t<T>;
+    const unsigned blocks = unsigned(attention_backward_blocks(a));
+    attn_backward_rows_kernel<T><<<blocks, kAttnThreads, size_t(a.chunks + 2 * a.D) * sizeof(C), s>>>(
+        a, dout, static_cast<const C*>(stats), static_cast<C*>(ds), static_cast<C*>(pd), static_cast<C*>(rowbuf),
+        static_cast<T*>(o.dq), strides4(o.dq_s));
+    TESSEL_CUDA_CHECK_LAUNCH(op);
+    const int64_t cols = a.B * a.Hq * a.T;
+    attn_backward_cols_kernel<T><<<unsigned(cols < kMaxBlocks ? cols : kMaxBlocks), kAttnThreads, 0, s>>>(
+        a, dout, static_cast<const C*>(ds), static_cast<const C*>(pd), static_cast<T*>(o.dk), strides4(o.dk_s),
+        static_cast<T*>(o.dv), strides4(o.dv_s), static_cast<C*>(dkh), static_cast<C*>(dvh));
+    TESSEL_CUDA_CHECK_LAUNCH(op);
+    if (a.Hq != a.Hkv) {
+      attn_backward_gqa_kernel<T><<<grid_blocks(a.B * a.Hkv * a.T * a.D), kThreads, 0, s>>>(
+          a, static_cast<const C*>(dkh), static_cast<const C*>(dvh), static_cast<T*>(o.dk), strides4(o.dk_s),
+          static_cast<T*>(o.dv), strides4(o.dv_s));
+      TESSEL_CUDA_CHECK_LAUNCH(op);
+    }
+  });
+}
+
+}  // namespace tessel::kernels::cuda
