@@ -103,4 +103,22 @@ extern KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv)>
     attention_backward;
 
+// Fast-mode fused causal attention (cuDNN's flash attention on the GPU,
+// kernels/cuda/cudnn_attention.cc): the same function, not the order above
+// (not bitwise, no dropout). lse: [B, Hq, T, 1] float32, contiguous, the
+// row log-sum-exp of the scaled scores, which the backward reuses with `out`.
+// Registered only where the library is available; `applies` says whether it
+// takes this problem (dtype, head_dim).
+struct FastAttentionShape {
+  DType dtype;
+  int64_t B, Hq, Hkv, T, D;
+};
+extern KernelTable<void(const FastAttentionShape& s, bool* applies)> attention_fast_applies;
+extern KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& out,
+                        const Tensor& lse)>
+    attention_fast_forward;
+extern KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                        const Tensor& lse, double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv)>
+    attention_fast_backward;
+
 }  // namespace tessel::kernels

@@ -22,6 +22,14 @@ export OMPI_MCA_hwloc_base_binding_policy=none
 session=$(mktemp -d /tmp/tessel-mpi.XXXXXX)
 trap 'rm -rf "$session"' EXIT
 export TMPDIR="$session" OMPI_MCA_orte_tmpdir_base="$session"
+# Shared-memory backing files in the job's own folder too, not /dev/shm:
+# Bazel runs tests in PID namespaces, so two concurrent mpiruns can have the
+# same PID, hence the same job id and the same /dev/shm file names -- each
+# then maps (and finally deletes) the other's segments: segfaults, and
+# "shared memory initialization ... open(2) ... No such file" (the
+# test_pipeline_mpi / test_parallel_train_mpi crashes of full-suite runs).
+export OMPI_MCA_btl_vader_backing_directory="$session" OMPI_MCA_shmem_mmap_backing_file_base_dir="$session"
+export OMPI_MCA_osc_sm_backing_directory="$session"
 
 log="$session/out.log"
 timeout 600 mpirun -np "$np" "$bin" "$@" >"$log" 2>&1

@@ -1,8 +1,9 @@
-// CUDA fused causal attention (kernels/cuda/attention.cu, the bitwise-mode
-// attention of the GPU) against the CPU's fused kernel, forward and backward,
-// bit for bit for float32 (DESIGN.md §4 level 4) and 16-bit inputs: GQA,
-// dropout, head-transposed (non-contiguous) operands, V = 1, 16, 64, a
-// sequence longer than a block. Skips without a GPU.
+// CUDA fused causal attention against the CPU's fused kernel, forward and
+// backward: the bitwise-mode kernel (kernels/cuda/attention.cu) bit for bit
+// for float32 (DESIGN.md §4 level 4) and 16-bit inputs (GQA, dropout,
+// head-transposed operands, V = 1, 16, 64, a sequence longer than a block);
+// fast mode's cuDNN flash attention (kernels/cuda/cudnn_attention.cc) within
+// 16-bit rounding. Skips without a GPU.
 #include <catch2/catch.hpp>
 
 #include "autograd/api.h"
@@ -23,7 +24,7 @@ Tensor attend(const std::vector<Tensor>& in, double dropout) {
 }
 }  // namespace
 
-TEST_CASE("CUDA fused attention is registered; fast mode keeps the composite on the GPU") {
+TEST_CASE("CUDA fused attention is registered; float32 fast mode (composite) and bitwise mode agree") {
   TESSEL_REQUIRE_GPU();
   CHECK(kernels::attention_forward.has(DeviceType::CUDA));
   CHECK(kernels::attention_backward.has(DeviceType::CUDA));
@@ -76,5 +77,28 @@ TEST_CASE("CUDA fused attention: head-transposed operands and 16-bit inputs equa
           return attend({in[0].transpose(1, 2), in[1].transpose(1, 2), in[2].transpose(1, 2)}, 0.1);
         },
         {q, k, v});
+  }
+}
+
+TEST_CASE("CUDA fast mode: cuDNN flash attention matches the CPU within bf16 rounding, with GQA") {
+  TESSEL_REQUIRE_GPU();
+  numerics::GemmModeGuard mode(numerics::GemmMode::Fast);
+  if (!kernels::attention_fast_forward.has(DeviceType::CUDA))
+    TESSEL_SKIP("built without cuDNN's frontend (tools/deps.sh installs it where CUDA is)");
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    INFO(dtype_name(dt));
+    // [B, T, H, D] projections viewed as [B, H, T, D], as the models make them.
+    Tensor q = uniform({2, 129, 8, 64}, 31, -1, 1, dt).requires_grad_();
+    Tensor k = uniform({2, 129, 2, 64}, 32, -1, 1, dt).requires_grad_();
+    Tensor v = uniform({2, 129, 2, 64}, 33, -1, 1, dt).requires_grad_();
+    CompareOptions tol;
+    tol.bitwise = false;
+    tol.rtol = 2e-2;
+    tol.atol = 2e-2;
+    CHECK_CUDA_MATCHES(
+        [](const std::vector<Tensor>& in) {
+          return attend({in[0].transpose(1, 2), in[1].transpose(1, 2), in[2].transpose(1, 2)}, 0.0);
+        },
+        {q, k, v}, tol);
   }
 }

@@ -18,6 +18,43 @@ PACKAGES=(
   fortunes              # the default training corpus (real English text)
 )
 
+# cuDNN's header-only C++ frontend (fast-mode fused attention on the GPU),
+# from PyPI, only where a CUDA toolkit with cuDNN is installed. Optional:
+# without it the build leaves cuDNN attention out (third_party/cuda).
+cudnn_frontend() {
+  local cuda="${CUDA_PATH:-/usr/local/cuda}"
+  local dest="${TESSEL_CUDNN_FRONTEND:-$HOME/.cache/tessel/cudnn_frontend/include}"
+  [[ "${TESSEL_NO_CUDA:-}" == "1" || ! -x "$cuda/bin/nvcc" || ! -e "$cuda/include/cudnn.h" ]] && return 0
+  [[ -f "$dest/cudnn_frontend.h" ]] && return 0
+  command -v python3 >/dev/null || return 0
+  local tmp
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-cudnn-frontend==1.32.0" \
+      >/dev/null 2>&1 && python3 - "$tmp" "$dest" <<'PY'
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+stage = dest + ".partial"
+shutil.rmtree(stage, ignore_errors=True)
+with zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0]) as z:
+    for n in z.namelist():
+        if n.startswith("include/") and not n.endswith("/"):
+            target = os.path.join(stage, n[len("include/"):])
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(z.read(n))
+shutil.rmtree(dest, ignore_errors=True)
+os.makedirs(os.path.dirname(dest), exist_ok=True)
+os.rename(stage, dest)  # complete or absent
+PY
+  then
+    echo "tessel: cuDNN frontend headers installed in $dest" >&2
+  else
+    echo "tessel: could not fetch nvidia-cudnn-frontend from PyPI; building without cuDNN attention" >&2
+  fi
+  rm -rf "$tmp"
+}
+cudnn_frontend
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -89,6 +89,11 @@ run() {
       [[ -d "$d/$sub" ]] && libpath="$libpath:$d/$sub"
     done
   done
+  # cuDNN and NVRTC (cuDNN attention) where the toolkit lacks them: the ones
+  # PyTorch's wheels carry (site-packages/nvidia/*/lib).
+  local nv
+  nv=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*")})))' 2>/dev/null || true)
+  [[ -n "$nv" ]] && libpath="$libpath:$nv"
   export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local missing
   missing=$(ldd "$BUNDLE/bin/gpu_tests" "$BUNDLE/bin/bench_step_cuda" 2>&1 | grep "not found" | sort -u)

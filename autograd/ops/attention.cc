@@ -110,6 +110,42 @@ struct FusedAttentionOp {
   }
 };
 
+// Fast-mode fused attention on a GPU (cuDNN's flash attention,
+// kernels/attention.h attention_fast_*): no dropout, same function as the
+// composite, not the bitwise order. Saves the output and the row log-sum-exp
+// for the backward.
+struct FastAttentionOp {
+  static constexpr const char* kName = "scaled_dot_product_attention";
+  double scale = 1.0;
+  SavedTensor q, k, v, out, lse;
+
+  // The library wants the last dim contiguous.
+  static Tensor dense_rows(const Tensor& t) { return t.strides()[3] == 1 ? t : t.contiguous(); }
+
+  Tensor forward(const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+    const Tensor qd = dense_rows(q_), kd = dense_rows(k_), vd = dense_rows(v_);
+    Tensor o = empty_like_layout(qd);
+    Tensor l = raw::empty({q_.size(0), q_.size(1), q_.size(2), 1}, DType::Float32, q_.device());
+    kernels::attention_fast_forward(q_.device(), qd, kd, vd, scale, o, l);
+    q = qd, k = kd, v = vd, out = o, lse = l;
+    return o;
+  }
+
+  std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
+    const Tensor &q_ = q.get(), &k_ = k.get(), &v_ = v.get();
+    Tensor g = dense_rows(detail::cast_raw(grads[0], q_.dtype()));
+    Tensor dq = empty_like_layout(q_), dk = empty_like_layout(k_), dv = empty_like_layout(v_);
+    kernels::attention_fast_backward(q_.device(), q_, k_, v_, out.get(), g, lse.get(), scale, dq, dk, dv);
+    return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
+  }
+
+  // Whole heads per piece, as the bitwise op (no dropout block to move).
+  ShardingPlan sharding(const ShardingContext& ctx) {
+    FusedAttentionOp f;
+    return f.sharding(ctx);
+  }
+};
+
 // TESSEL_ATTENTION=composite turns the fused op off everywhere (A/B timing, debugging).
 bool fused_enabled() {
   static const bool on = [] {
@@ -130,6 +166,21 @@ bool use_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Attentio
   // cuBLASLt tensor cores (docs/cuda.md).
   return q.device().type != DeviceType::CUDA || numerics::gemm_mode() == numerics::GemmMode::Bitwise;
 }
+
+// cuDNN's flash attention: a GPU in fast GEMM mode, causal, no explicit mask
+// or dropout, a 16-bit dtype and head_dim the library takes.
+bool use_fast_fused(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  if (!o.fused || !o.causal || o.mask.defined() || o.dropout_p > 0.0 || !fused_enabled()) return false;
+  if (q.device().type != DeviceType::CUDA || numerics::gemm_mode() != numerics::GemmMode::Fast) return false;
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || q.device() != k.device() || q.device() != v.device())
+    return false;
+  if (!kernels::attention_fast_forward.has(DeviceType::CUDA)) return false;
+  bool ok = false;
+  kernels::attention_fast_applies(q.device(), kernels::FastAttentionShape{q.dtype(), q.size(0), q.size(1), k.size(1),
+                                                                          q.size(2), q.size(3)},
+                                  &ok);
+  return ok;
+}
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
@@ -148,6 +199,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(double(D));
   const int64_t g = Hq / Hkv;
 
+  if (use_fast_fused(q, k, v, opts)) {
+    FastAttentionOp f;
+    f.scale = scale;
+    return call(std::move(f), q, k, v);
+  }
   if (use_fused(q, k, v, opts)) {
     FusedAttentionOp f;
     f.params.scale = scale;

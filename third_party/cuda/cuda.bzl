@@ -6,10 +6,14 @@ Without CUDA the macro yields a header-only cc_library (callers guard their use
 with TESSEL_WITH_CUDA, which `cuda_defines()` sets only when CUDA is present).
 """
 
-load("@local_cuda//:defs.bzl", "CUDA_ARCHS", "CUDA_AVAILABLE", "NVCC")
+load("@local_cuda//:defs.bzl", "CUDA_ARCHS", "CUDA_AVAILABLE", "CUDNN_FRONTEND", "NVCC")
 
 def cuda_available():
     return CUDA_AVAILABLE
+
+def cudnn_frontend_available():
+    """cuDNN's C++ frontend headers were found (tools/deps.sh installs them)."""
+    return CUDNN_FRONTEND
 
 def cuda_defines():
     return ["TESSEL_WITH_CUDA=1"] if CUDA_AVAILABLE else []

@@ -9,11 +9,15 @@ Environment knobs (re-read when they change):
   CUDA_PATH           toolkit root
   TESSEL_CUDA_ARCHS   comma list of SM versions, default "90" (e.g. "80,90")
   TESSEL_NO_CUDA=1    force a CPU-only build even where CUDA is installed
+  TESSEL_CUDNN_FRONTEND  cuDNN frontend headers (default
+                      ~/.cache/tessel/cudnn_frontend/include, put there by
+                      tools/deps.sh); without them CUDNN_FRONTEND = False and
+                      :cudnn_frontend is empty (no cuDNN attention)
 """
 
 _LIBS = {
     "cublas": ["cublas", "cublasLt"],
-    "cudnn": ["cudnn"],
+    "cudnn": ["cudnn", "nvrtc"],  # nvrtc: the cuDNN frontend's runtime-compiled engines
     "nccl": ["nccl"],
 }
 
@@ -23,6 +27,10 @@ def _impl(ctx):
     disabled = ctx.os.environ.get("TESSEL_NO_CUDA", "") == "1"
     nvcc = ctx.path(root + "/bin/nvcc")
     available = (not disabled) and nvcc.exists
+
+    home = ctx.os.environ.get("HOME", "")
+    fe_dir = ctx.os.environ.get("TESSEL_CUDNN_FRONTEND", "") or (home + "/.cache/tessel/cudnn_frontend/include")
+    fe = available and ctx.path(fe_dir + "/cudnn_frontend.h").exists and ctx.path(root + "/include/cudnn.h").exists
 
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     if available:
@@ -50,7 +58,19 @@ cc_library(
     deps = [":cudart"],
 )
 """ % (name, ", ".join(opts)))
+    if fe:
+        # Kept under a folder named include: the headers reach siblings as ../include/...
+        ctx.symlink(fe_dir, "cudnn_fe/include")
+        build.append("""cc_library(
+    name = "cudnn_frontend",
+    hdrs = glob(["cudnn_fe/include/**/*.h", "cudnn_fe/include/**/*.hpp"]),
+    includes = ["cudnn_fe/include"],
+    deps = [":cuda_headers", ":cudnn"],
+)
+""")
     else:
+        build.append('cc_library(name = "cudnn_frontend")')
+    if not available:
         for name in ["cuda_headers", "cudart"] + list(_LIBS.keys()):
             build.append('cc_library(name = "%s")' % name)
     ctx.file("BUILD", "\n".join(build) + "\n")
@@ -61,10 +81,11 @@ CUDA_AVAILABLE = %s
 CUDA_ROOT = "%s"
 NVCC = "%s"
 CUDA_ARCHS = %s
-""" % (available, root, str(nvcc) if available else "", arch_list))
+CUDNN_FRONTEND = %s
+""" % (available, root, str(nvcc) if available else "", arch_list, fe))
 
 cuda_configure = repository_rule(
     implementation = _impl,
-    environ = ["CUDA_PATH", "TESSEL_CUDA_ARCHS", "TESSEL_NO_CUDA"],
+    environ = ["CUDA_PATH", "TESSEL_CUDA_ARCHS", "TESSEL_NO_CUDA", "TESSEL_CUDNN_FRONTEND", "HOME"],
     local = True,
 )
