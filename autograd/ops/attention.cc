@@ -50,6 +50,35 @@ Tensor empty_like_layout(const Tensor& x) {
   return raw::permute(raw::empty(shape, x.dtype(), x.device()), pos);
 }
 
+// Per mesh dim: a batch shard, or a head shard that cuts query and kv heads
+// alike (every group of query heads stays with its kv head), passes
+// through to the output; anything else (time, head_dim, Partial, a head
+// split that would separate a group from its kv head) is gathered. Each
+// piece then computes whole heads: the same bits as one device. Both fused
+// ops (bitwise and cuDNN) place their q, k, v and output this way.
+Placements whole_head_placements(const ShardingContext& ctx) {
+  const Dims& qs = ctx.in[0].shape;
+  const int64_t Hkv = ctx.in[1].shape[1], g = Hkv > 0 ? qs[1] / Hkv : 1;
+  Placements p = Placements::replicated(ctx.mesh_ndim());
+  int64_t head_split = 1;
+  for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+    const int64_t n = ctx.mesh->shape()[m];
+    for (int i = 0; i < 3; ++i) {
+      const Placement& x = ctx.in[i].placements[m];
+      if (x.is_shard(0)) {
+        p[m] = Shard(0);
+        break;
+      }
+      if (x.is_shard(1) && (g == 1 || Hkv % (head_split * n) == 0)) {
+        p[m] = Shard(1);
+        head_split *= n;
+        break;
+      }
+    }
+  }
+  return p;
+}
+
 // The fused causal attention (kernels/attention.h has the order of operations).
 struct FusedAttentionOp {
   static constexpr const char* kName = "scaled_dot_product_attention";
@@ -72,31 +101,9 @@ struct FusedAttentionOp {
     return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
   }
 
-  // Per mesh dim: a batch shard, or a head shard that cuts query and kv heads
-  // alike (every group of query heads stays with its kv head), passes
-  // through to the output; anything else (time, head_dim, Partial, a head
-  // split that would separate a group from its kv head) is gathered. Each
-  // piece then computes whole heads: the same bits as one device.
   ShardingPlan sharding(const ShardingContext& ctx) {
+    const Placements p = whole_head_placements(ctx);
     const Dims& qs = ctx.in[0].shape;
-    const int64_t Hkv = ctx.in[1].shape[1], g = Hkv > 0 ? qs[1] / Hkv : 1;
-    Placements p = Placements::replicated(ctx.mesh_ndim());
-    int64_t head_split = 1;
-    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
-      const int64_t n = ctx.mesh->shape()[m];
-      for (int i = 0; i < 3; ++i) {
-        const Placement& x = ctx.in[i].placements[m];
-        if (x.is_shard(0)) {
-          p[m] = Shard(0);
-          break;
-        }
-        if (x.is_shard(1) && (g == 1 || Hkv % (head_split * n) == 0)) {
-          p[m] = Shard(1);
-          head_split *= n;
-          break;
-        }
-      }
-    }
     if (params.dropout) {  // the probabilities' block moves with the piece's batch and head offsets
       const LocalGeometry lg = ctx.local(qs, p);
       if (params.block.is_whole()) {
@@ -141,8 +148,8 @@ struct FastAttentionOp {
 
   // Whole heads per piece, as the bitwise op (no dropout block to move).
   ShardingPlan sharding(const ShardingContext& ctx) {
-    FusedAttentionOp f;
-    return f.sharding(ctx);
+    const Placements p = whole_head_placements(ctx);
+    return {{p, p, p}, {p}};
   }
 };
 

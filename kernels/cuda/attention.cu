@@ -19,6 +19,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tree_fold.h"
 #include "runtime/philox.h"
 #include "runtime/tmath.h"
 
@@ -32,39 +33,19 @@ constexpr int64_t kAttnMaxBlocks = 4096;
 __device__ __forceinline__ float fma_c(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double fma_c(double a, double b, double c) { return fma(a, b, c); }
 
-// The balanced tree over chunk values pushed in chunk order (V a power of two,
-// kernels/canonical.h tree_combine): a binary counter, the left operand first.
-template <class C>
-struct ChunkTree {
-  C val[12];
-  int level[12];
-  int top = 0;
-  __device__ __forceinline__ void push(C x) {
-    int lv = 0;
-    while (top > 0 && level[top - 1] == lv) {
-      x = val[top - 1] + x;
-      --top;
-      ++lv;
-    }
-    val[top] = x;
-    level[top] = lv;
-    ++top;
-  }
-  __device__ __forceinline__ C result() const { return val[0]; }
-};
-
 // Chunked FMA sum over positions [0, n) with V chunks where only t in [lo, hi)
-// contribute (kernels/cpu/attention_ref.h chunked_fma).
+// contribute (kernels/cpu/attention_ref.h chunked_fma); the chunk values are
+// folded as they come (tree_fold.h, the balanced tree of tree_combine).
 template <class C, class A, class B>
 __device__ C chunked_fma(int64_t n, int V, int64_t lo, int64_t hi, A a, B b) {
-  ChunkTree<C> tree;
+  TreeFold<C> tree(log2_exact(V));
   for (int c = 0; c < V; ++c) {
     C acc = C(0);
     const int64_t cb = numerics::chunk_begin(n, V, c), ce = numerics::chunk_end(n, V, c);
     for (int64_t t = cb < lo ? lo : cb; t < ce && t < hi; ++t) acc = fma_c(a(t), b(t), acc);
-    tree.push(acc);
+    tree.feed(c, acc);
   }
-  return tree.result();
+  return tree.finish();
 }
 
 template <class T>
@@ -222,13 +203,14 @@ __global__ void attn_backward_gqa_kernel(AttentionArgs a, const acc_t<T>* dkh, c
     const int64_t base = ((b * a.Hq + hk * g) * T_ + j) * D + d;
     for (int w = 0; w < 2; ++w) {
       const C* x = (w == 0 ? dkh : dvh) + base;
-      ChunkTree<C> tree;
+      TreeFold<C> tree(log2_exact(a.chunks));
       for (int c = 0; c < a.chunks; ++c)
-        tree.push(chunk_reduce_ref<C>(
-            numerics::chunk_begin(g, a.chunks, c), numerics::chunk_end(g, a.chunks, c), C(0),
-            [&](int64_t t) { return x[t * stride]; }, SumCombine<C>()));
-      if (w == 0) dk[b * ks.s[0] + hk * ks.s[1] + j * ks.s[2] + d * ks.s[3]] = narrow<T>(tree.result());
-      else dv[b * vs.s[0] + hk * vs.s[1] + j * vs.s[2] + d * vs.s[3]] = narrow<T>(tree.result());
+        tree.feed(c, chunk_reduce_ref<C>(
+                         numerics::chunk_begin(g, a.chunks, c), numerics::chunk_end(g, a.chunks, c), C(0),
+                         [&](int64_t t) { return x[t * stride]; }, SumCombine<C>()));
+      const C sum = tree.finish();
+      if (w == 0) dk[b * ks.s[0] + hk * ks.s[1] + j * ks.s[2] + d * ks.s[3]] = narrow<T>(sum);
+      else dv[b * vs.s[0] + hk * vs.s[1] + j * vs.s[2] + d * vs.s[3]] = narrow<T>(sum);
     }
   }
 }

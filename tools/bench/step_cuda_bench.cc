@@ -63,11 +63,11 @@ struct Timing {
   int64_t peak_bytes = 0;
 };
 
-// Builds the model and times warm-up + timed steps with the GEMM mode `gemm`.
-Timing time_steps(const StepCudaBenchOptions& o, const std::string& gemm, std::ostream& out) {
+// Builds the model of `cfg` and times warm-up + timed steps with the GEMM mode `gemm`.
+Timing time_steps(const StepCudaBenchOptions& o, models::ModelConfig cfg, const std::string& gemm,
+                  std::ostream& out) {
   const Device dev(DeviceType::CUDA, 0);
   numerics::GemmModeGuard mode(numerics::parse_gemm_mode(gemm.c_str(), "--gemm"));
-  models::ModelConfig cfg = models::model_config(o.model, o.config);
   cfg.max_seq_len = std::max(cfg.max_seq_len, o.seq);
   std::shared_ptr<models::LanguageModel> m;
   {
@@ -130,7 +130,7 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
   TESSEL_CHECK(o.gemm == "fast" || o.gemm == "bitwise", "bench step_cuda", "--gemm must be fast or bitwise, got {}",
                o.gemm);
   const models::ModelConfig cfg = models::model_config(o.model, o.config);
-  const Timing t = time_steps(o, o.gemm, out);
+  const Timing t = time_steps(o, cfg, o.gemm, out);
   const double step_ms = t.step_ms;
   const double tokens_per_s = double(o.batch * o.seq) / (step_ms / 1e3);
   const double L = double(cfg.n_layer), H = double(cfg.n_head), Q = double(cfg.dim / cfg.n_head);
@@ -144,7 +144,7 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
   // Bitwise mode's cost: the same steps with the canonical-order GEMM.
   nlohmann::json bitwise = nullptr;
   if (o.bitwise_cost && o.gemm == "fast") {
-    const Timing b = time_steps(o, "bitwise", out);
+    const Timing b = time_steps(o, cfg, "bitwise", out);
     out << fmt::format("tessel gemm=bitwise: {:.2f} ms/step, bitwise / fast = {:.3f}\n", b.step_ms,
                        b.step_ms / step_ms);
     bitwise = {{"step_ms", b.step_ms}, {"cost", b.step_ms / step_ms}, {"loss", b.last_loss}};
