@@ -25,24 +25,12 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainConfig base(const std::string& out, const std::string& model = "nanogpt") {
-  TrainConfig c;
-  c.model = model;
-  c.model_config = "tiny";
-  c.steps = 20;
-  c.batch_size = 8;
-  c.seq_len = 16;
-  c.micro_batches = 2;
-  c.eval_every = 0;
-  c.sample_length = 0;
-  c.lr = 3e-3;
-  c.min_lr = 3e-4;
-  c.warmup_steps = 5;
+  TrainConfig c = testing::tiny_run(model, out);
   c.dropout = 0.1;
   c.seed = 11;
   c.bitwise = true;
   c.keep_last = 0;
   c.ckpt_sync = false;  // the background writer, as the trainer runs by default
-  c.out_dir = out;
   return c;
 }
 

@@ -20,6 +20,7 @@
 #include "test/util/runfiles.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "test/train/trace.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;
@@ -29,24 +30,14 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainConfig resume_config(const std::string& out, const std::string& mesh) {
-  TrainConfig c;
-  c.model = "nanogpt";
-  c.model_config = "tiny";
+  TrainConfig c = testing::tiny_run("nanogpt", out);
   c.dropout = 0.1;  // exercises the RNG across the resume
   c.steps = 40;
-  c.batch_size = 8;
   c.seq_len = 32;
-  c.micro_batches = 2;
-  c.eval_every = 0;
-  c.sample_length = 0;
-  c.lr = 3e-3;
-  c.min_lr = 3e-4;
-  c.warmup_steps = 5;
   c.seed = 7;
   c.ckpt_every = 4;
   c.keep_last = 2;
   c.mesh = mesh;
-  c.out_dir = out;
   return c;
 }
 

@@ -13,6 +13,7 @@
 #include "test/util/runfiles.h"
 #include "test/util/util.h"
 #include "train/config.h"
+#include "test/train/trace.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;
@@ -28,20 +29,8 @@ struct Run {
 };
 
 TrainConfig base(const std::string& model, const std::string& out) {
-  TrainConfig c;
-  c.model = model;
-  c.model_config = "tiny";
-  c.steps = 20;
-  c.batch_size = 8;
-  c.seq_len = 16;
-  c.micro_batches = 2;
-  c.eval_every = 0;
-  c.sample_length = 0;
-  c.lr = 3e-3;
-  c.min_lr = 3e-4;
-  c.warmup_steps = 5;
+  TrainConfig c = testing::tiny_run(model, out);
   c.dropout = model == "nanogpt" ? 0.1 : -1;
-  c.out_dir = out;
   return c;
 }
 

@@ -4,6 +4,23 @@
 
 namespace tessel::testing {
 
+train::TrainConfig tiny_run(const std::string& model, const std::string& out) {
+  train::TrainConfig c;
+  c.model = model;
+  c.model_config = "tiny";
+  c.steps = 20;
+  c.batch_size = 8;
+  c.seq_len = 16;
+  c.micro_batches = 2;
+  c.eval_every = 0;
+  c.sample_length = 0;
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  c.warmup_steps = 5;
+  c.out_dir = out;
+  return c;
+}
+
 StepTrace run_traced(const train::TrainConfig& c) {
   StepTrace t;
   train::TrainHooks h;

@@ -15,6 +15,11 @@ struct StepTrace {
   std::vector<std::string> hashes;
 };
 
+// The small run the training tests start from: `model`'s tiny config, 20
+// steps of 8 sequences x 16 tokens in 2 micro-batches, lr 3e-3 decaying to
+// 3e-4 after 5 warm-up steps, no evaluation or samples, output in `out`.
+train::TrainConfig tiny_run(const std::string& model, const std::string& out);
+
 // Runs `c` quietly and records every step's loss bits and param_hash.
 StepTrace run_traced(const train::TrainConfig& c);
 
