@@ -75,6 +75,17 @@ std::vector<Kind> kinds() {
   };
 }
 
+// float32 and 16-bit draws are the CPU's bits (tmath). float64 normal and
+// truncated-normal draws go through the platform's log/sin/cos/erf (libm on
+// the CPU, libdevice on the GPU), which the contract leaves out
+// (docs/numerics.md "What is not in the contract"): a few ulps apart, so they
+// are compared with a tolerance; float64 uniform draws are exact arithmetic.
+bool same_draws(const Tensor& gpu, const Tensor& cpu, const std::string& kind) {
+  const bool libm = kind == "randn" || kind == "normal_" || kind == "trunc_normal_";
+  if (cpu.dtype() == DType::Float64 && libm) return tessel::testing::allclose(gpu, cpu, 1e-14, 1e-15);
+  return bitwise_equal(gpu, cpu);
+}
+
 }  // namespace
 
 TEST_CASE("without a GPU, CUDA tensors fail with a clear error") {
@@ -100,7 +111,7 @@ TEST_CASE("CUDA draws the same bits as the CPU") {
         Tensor cpu = kind.gen(shape, dt, kCPU, block);
         Tensor gpu = kind.gen(shape, dt, kCuda, block);
         CHECK(gpu.device() == kCuda);
-        REQUIRE(bitwise_equal(to_host(gpu), cpu));
+        REQUIRE(same_draws(to_host(gpu), cpu, kind.name));
       }
     }
   }
@@ -115,7 +126,8 @@ TEST_CASE("CUDA fills strided views of blocks like the CPU") {
     normal_(full, kKey, 0.0, 1.0);
     Tensor buf = raw::empty({shp[1], shp[0]}, dt, kCuda);
     normal_(raw::transpose(buf, 0, 1), kKey, 0.0, 1.0, {global, off});
-    CHECK(bitwise_equal(raw::transpose(to_host(buf), 0, 1), slice_of(full, off, shp)));
+    CHECK(same_draws(raw::transpose(to_host(buf), 0, 1).contiguous(), slice_of(full, off, shp).contiguous(),
+                     "normal_"));
     Tensor ubuf = raw::empty({shp[1], shp[0]}, dt, kCuda);
     kaiming_uniform_(raw::transpose(ubuf, 0, 1), kKey, 0.0, FanMode::FanIn, Nonlinearity::Relu, {global, off});
     Tensor ufull = raw::empty(global, dt);

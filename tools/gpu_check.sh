@@ -16,10 +16,15 @@
 # run: prints the GPU (nvidia-smi), resolves the libraries (bundle first,
 #   then the toolkit's lib64 dirs found on the machine) and says which are
 #   missing, runs gpu_tests (Catch2; its [tessel-summary] line counts test
-#   cases) and the step bench (nanogpt gpt2-124m, fast and bitwise modes;
-#   its JSON lines), copies logs to $OUT when set, and ends with one line:
+#   cases) and the step bench (nanogpt gpt2-124m in fast mode, which also times
+#   bitwise mode; its JSON line), copies logs to $OUT when set, and ends with one line:
 #     gpu_check: tests N passed, M failed, K skipped; bench <status>
-#   Extra args go to gpu_tests (e.g. a Catch2 test-name filter).
+#   Extra args go to gpu_tests (e.g. a Catch2 test-name filter);
+#   GPU_CHECK_SKIP_TESTS=1 runs the bench alone. Each test case runs in its
+#   own process (GPU_CHECK_JOBS at a time, default 4; GPU_CHECK_TEST_TIMEOUT
+#   s each, default 90; none starts after GPU_CHECK_TEST_BUDGET s, default
+#   180: those are NOTRUN and count as failed); the bench is limited to
+#   GPU_CHECK_BENCH_TIMEOUT s (default 180).
 #
 # Through the device tool, from the repository root (the tool copies the
 # working tree plus the named ignored paths):
@@ -72,6 +77,39 @@ bundle() {
   fi
 }
 
+# One test case in its own process (a crash or a hang loses only that case):
+# writes "<status> <seconds> <name>" to $3 and the case's output to $4.
+run_one_test() {
+  local name="$1" deadline="$2" result="$3" log="$4"
+  if (( $(date +%s) >= deadline )); then
+    echo "NOTRUN 0 $name" > "$result"
+    return 0
+  fi
+  # Catch2 v2 test specs: ',' separates alternatives, '[' starts a tag, '\' escapes.
+  local spec
+  spec=$(sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g' -e 's/\]/\\]/g' <<<"$name")
+  local t0 rc status
+  t0=$(date +%s)
+  timeout -k 5 "${GPU_CHECK_TEST_TIMEOUT:-90}" "$BUNDLE/bin/gpu_tests" "$spec" > "$log" 2>&1
+  rc=$?
+  local summary
+  summary=$(grep -a '^\[tessel-summary\]' "$log" | tail -n 1)
+  if (( rc == 124 || rc == 137 )); then
+    status=TIMEOUT
+  elif [[ -z "$summary" ]]; then
+    status="CRASH(rc=$rc)"
+  elif [[ "$summary" == *"failed=0"* && "$summary" == *"skipped=1"* ]]; then
+    status=SKIP
+  elif [[ "$summary" == *"passed=1"* ]]; then
+    status=PASS
+  elif [[ "$summary" == *"passed=0 failed=0"* ]]; then
+    status="NOMATCH"
+  else
+    status=FAIL
+  fi
+  echo "$status $(( $(date +%s) - t0 )) $name" > "$result"
+}
+
 run() {
   if [[ ! -x "$BUNDLE/bin/gpu_tests" ]]; then
     echo "gpu_check: $BUNDLE/bin/gpu_tests is missing: run 'tools/gpu_check.sh bundle' here and carry gpu_bundle" >&2
@@ -80,6 +118,8 @@ run() {
   fi
   local out="${OUT:-$BUNDLE/out}"
   mkdir -p "$out"
+  local t_start
+  t_start=$(date +%s)
   echo "gpu_check: bundle of commit $(cat "$BUNDLE/COMMIT" 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
   # Libraries: the bundle first, then every CUDA lib64 on this machine.
@@ -92,7 +132,7 @@ run() {
   # cuDNN and NVRTC (cuDNN attention) where the toolkit lacks them: the ones
   # PyTorch's wheels carry (site-packages/nvidia/*/lib).
   local nv
-  nv=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*")})))' 2>/dev/null || true)
+  nv=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*") + glob.glob(d + "/*/lib64/lib*.so*") + glob.glob(d + "/lib/lib*.so*")})))' 2>/dev/null || true)
   [[ -n "$nv" ]] && libpath="$libpath:$nv"
   export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local missing
@@ -102,28 +142,65 @@ run() {
     echo "$missing"
     echo "gpu_check: carry them (e.g. copy them into gpu_bundle/lib before the run) or point CUDA_PATH at a toolkit"
   fi
-  echo "== gpu_tests =="
-  "$BUNDLE/bin/gpu_tests" "$@" 2>&1 | tee "$out/gpu_tests.log"
-  local summary
-  summary=$(grep -a '^\[tessel-summary\]' "$out/gpu_tests.log" | tail -n 1)
-  local p=0 f=1 s=0
-  if [[ -n "$summary" ]]; then
-    p=$(sed -E 's/.*passed=([0-9]+).*/\1/' <<<"$summary")
-    f=$(sed -E 's/.*failed=([0-9]+).*/\1/' <<<"$summary")
-    s=$(sed -E 's/.*skipped=([0-9]+).*/\1/' <<<"$summary")
+
+  local p=0 f=0 s=0
+  if [[ "${GPU_CHECK_SKIP_TESTS:-0}" == 1 ]]; then
+    echo "== gpu_tests skipped (GPU_CHECK_SKIP_TESTS=1) =="
+  else
+  echo "== gpu_tests (one process per test case, ${GPU_CHECK_JOBS:-4} at a time) =="
+  local work="$out/.work"
+  rm -rf "$work"
+  mkdir -p "$work"
+  local names=()
+  if [[ $# -gt 0 ]]; then
+    mapfile -t names < <("$BUNDLE/bin/gpu_tests" --list-test-names-only "$@" | sed -e '/^$/d' -e 's/^ *//' | grep -v 'matching test case')
+  else
+    mapfile -t names < <("$BUNDLE/bin/gpu_tests" --list-test-names-only | sed -e '/^$/d' -e 's/^ *//' | grep -v 'matching test case')
   fi
+  local deadline=$(( t_start + ${GPU_CHECK_TEST_BUDGET:-180} ))
+  export -f run_one_test
+  export BUNDLE GPU_CHECK_TEST_TIMEOUT
+  local i=${#names[@]} k
+  for (( k = 0; k < i; k++ )); do
+    printf '%s\0%s\0' "$k" "${names[$k]}"
+  done | xargs -0 -n 2 -P "${GPU_CHECK_JOBS:-4}" bash -c 'run_one_test "$2" '"$deadline"' "'"$work"'/$1.result" "'"$work"'/$1.log"' _
+  local j status secs name
+  : > "$out/gpu_tests.log"
+  : > "$out/gpu_tests_results.txt"
+  for (( j = 0; j < i; j++ )); do
+    read -r status secs name < "$work/$j.result" || { status=LOST; secs=0; name="${names[$j]}"; }
+    echo "$status ${secs}s $name" >> "$out/gpu_tests_results.txt"
+    { echo "===== [$status ${secs}s] $name"; cat "$work/$j.log" 2>/dev/null; } >> "$out/gpu_tests.log"
+    case "$status" in
+      PASS) p=$((p + 1)) ;;
+      SKIP) s=$((s + 1)) ;;
+      *) f=$((f + 1)) ;;
+    esac
+  done
+  cat "$out/gpu_tests_results.txt"
+  echo "== failures (first lines of each) =="
+  for (( j = 0; j < i; j++ )); do
+    read -r status secs name < "$work/$j.result" 2>/dev/null || status=LOST
+    case "$status" in PASS|SKIP) continue ;; esac
+    echo "--- [$status] ${names[$j]}"
+    grep -a -v '^\[tessel-summary\]\|^=\+$\|^-\+$\|^~\+$\|^Randomness seeded\|^test cases:\|^assertions:\|^All tests passed\|^gpu_tests is a Catch' "$work/$j.log" 2>/dev/null |
+      grep -a -v '^\s*$' | head -n "${GPU_CHECK_FAIL_LINES:-14}" | cut -c1-300
+  done
+  rm -rf "$work"
+  fi
+
+  # The step bench in fast mode; it also times the same steps with the
+  # bitwise GEMM ("bitwise": {"cost"}) and PyTorch eager / torch.compile.
   echo "== bench_step_cuda =="
   local bench_status="ok"
-  for gemm in fast bitwise; do
-    local ref=()
-    [[ "$gemm" == bitwise ]] && ref=(--no-reference)
-    if ! "$BUNDLE/bin/bench_step_cuda" --model nanogpt --config gpt2-124m --device cuda --gemm "$gemm" \
-        --steps 10 --warmup 3 --torch-script "$BUNDLE/bin/step_cuda_torch.py" "${ref[@]}" 2>&1 |
-        tee "$out/bench_step_cuda_$gemm.log"; then
-      bench_status="failed ($gemm)"
-    fi
-    grep -a '^{' "$out/bench_step_cuda_$gemm.log" | tail -n 1 > "$out/bench_step_cuda_$gemm.json"
-  done
+  timeout -k 5 "${GPU_CHECK_BENCH_TIMEOUT:-180}" "$BUNDLE/bin/bench_step_cuda" --model nanogpt --config gpt2-124m \
+      --device cuda --gemm fast --steps 10 --warmup 3 --torch-script "$BUNDLE/bin/step_cuda_torch.py" \
+      > "$out/bench_step_cuda.log" 2>&1
+  local rc=$?
+  (( rc != 0 )) && bench_status="failed (rc=$rc)"
+  grep -a -v '^{' "$out/bench_step_cuda.log" | tail -n 12 | cut -c1-300
+  grep -a '^{' "$out/bench_step_cuda.log" | tail -n 1 | tee "$out/bench_step_cuda.json"
+  echo "gpu_check: $(( $(date +%s) - t_start )) s"
   echo "gpu_check: tests $p passed, $f failed, $s skipped; bench $bench_status"
   [[ "$f" == 0 ]]
 }

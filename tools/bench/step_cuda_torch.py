@@ -42,13 +42,21 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, V, bias=False)
         self.head.weight = self.wte.weight
+        # GPT-2's init (as tessel's nanogpt): N(0, 0.02), zero biases, unit
+        # norms. PyTorch's defaults (N(0, 1) embeddings, tied to the head)
+        # make the loss start near 90 instead of ln(vocab) ~ 10.8.
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def run(model, args, compiled):
