@@ -47,13 +47,13 @@ const Tensor& SavedTensor::get() const {
   }
   if (tensor_.defined() && tensor_.storage() && tensor_.storage()->released()) {
     throw SavedTensorError(fmt::format(
-        "a tensor saved for backward ({}) lives in storage that was released (FSDP frees gathered parameters "
-        "after a module's forward; they must be gathered again before its backward runs)",
+        FMT_STRING("a tensor saved for backward ({}) lives in storage that was released (FSDP frees gathered parameters "
+        "after a module's forward; they must be gathered again before its backward runs)"),
         tensor_.desc()));
   }
   if (tensor_.defined() && tensor_.storage() && tensor_.version() != version_) {
     throw SavedTensorError(fmt::format(
-        "a tensor saved for backward ({}) was modified by an in-place operation (version {} when saved, now {})",
+        FMT_STRING("a tensor saved for backward ({}) was modified by an in-place operation (version {} when saved, now {})"),
         tensor_.desc(), version_, tensor_.version()));
   }
   return tensor_;

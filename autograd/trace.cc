@@ -67,6 +67,6 @@ uint64_t tensor_hash(const Tensor& t) {
   return fnv(h, c.raw_data(), c.nbytes());  // not the shape: a reshaped value keeps its hash
 }
 
-std::string hex(uint64_t h) { return fmt::format("{:016x}", h); }
+std::string hex(uint64_t h) { return fmt::format(FMT_STRING("{:016x}"), h); }
 
 }  // namespace tessel::trace

@@ -347,7 +347,7 @@ void save_hf(const std::string& dir, const models::ModelConfig& config, const Na
   }
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    const std::string name = fmt::format(FMT_STRING("model-{:05d}-of-{:05d}.safetensors"), i + 1, shards.size());
     save_safetensors(dir + "/" + name, shards[i], meta);
     for (const auto& nt : shards[i]) weight_map[nt.first] = name;
   }

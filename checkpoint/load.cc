@@ -115,7 +115,7 @@ CheckpointReader::OpenFile& CheckpointReader::file(int index) {
 
 std::string CheckpointReader::where(const TensorMeta& t, size_t chunk) const {
   const ChunkMeta& c = t.chunks[chunk];
-  return fmt::format("checkpoint '{}': file '{}', tensor '{}' (chunk at {} of size {})", dir_,
+  return fmt::format(FMT_STRING("checkpoint '{}': file '{}', tensor '{}' (chunk at {} of size {})"), dir_,
                      meta_.files[size_t(c.file)].name, t.name, c.box.offset.str(), c.box.size.str());
 }
 

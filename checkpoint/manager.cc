@@ -44,7 +44,7 @@ void remove_dir_safely(const std::string& path) {
 }  // namespace
 
 std::string step_dir(const std::string& root, int64_t step) {
-  return (fs::path(root) / fmt::format("step-{:08d}", step)).string();
+  return (fs::path(root) / fmt::format(FMT_STRING("step-{:08d}"), step)).string();
 }
 
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {

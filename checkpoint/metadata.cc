@@ -203,7 +203,7 @@ CheckpointMeta parse_metadata(std::string_view text, const std::string& src) {
   TESSEL_CHECK(files.is_array(), kOp, "'{}': files must be an array", src);
   std::set<std::string> file_names;
   for (size_t i = 0; i < files.size(); ++i) {
-    Reader fr{src, fmt::format("files[{}]", i)};
+    Reader fr{src, fmt::format(FMT_STRING("files[{}]"), i)};
     fr.exact_keys(files[i], {"name", "rank", "bytes", "header_bytes", "header_crc32c", "crc32c"});
     FileMeta f;
     f.name = fr.str(files[i]["name"], "name");
@@ -242,7 +242,7 @@ CheckpointMeta parse_metadata(std::string_view text, const std::string& src) {
                  chunks.size(), kMaxChunksPerTensor);
     std::vector<Box> boxes;
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
-      Reader cr{src, fmt::format("tensor '{}': chunk {}", name, ci)};
+      Reader cr{src, fmt::format(FMT_STRING("tensor '{}': chunk {}"), name, ci)};
       const json& c = chunks[ci];
       cr.exact_keys(c, {"offsets", "sizes", "file", "key", "begin", "crc32c"});
       ChunkMeta ch;

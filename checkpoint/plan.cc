@@ -32,11 +32,11 @@ struct TensorPlan {
 
 }  // namespace
 
-std::string data_file_name(int rank) { return fmt::format("data-{:05d}.safetensors", rank); }
+std::string data_file_name(int rank) { return fmt::format(FMT_STRING("data-{:05d}.safetensors"), rank); }
 
 std::string chunk_key(const std::string& name, const Box& box, const Dims& shape) {
   if (box.size == shape) return name;
-  return fmt::format("{}@{}", name, fmt::join(box.offset.begin(), box.offset.end(), ","));
+  return fmt::format(FMT_STRING("{}@{}"), name, fmt::join(box.offset.begin(), box.offset.end(), ","));
 }
 
 SavePlan make_save_plan(const std::vector<std::vector<PieceInfo>>& pieces, uint64_t block_bytes) {
@@ -86,7 +86,7 @@ SavePlan make_save_plan(const std::vector<std::vector<PieceInfo>>& pieces, uint6
       t.chunks.push_back(std::move(c));
       boxes.push_back(box);
     }
-    check_tiling(boxes, t.shape, fmt::format("the pieces of tensor '{}' ({})", name, t.layout));
+    check_tiling(boxes, t.shape, fmt::format(FMT_STRING("the pieces of tensor '{}' ({})"), name, t.layout));
     plan.meta.tensors.push_back(std::move(t));
   }
 

@@ -92,8 +92,8 @@ std::pair<Tensor, Box> local_piece(const std::string& name, const Tensor& t) {
   return {local, box};
 }
 
-std::string manifest_name(int rank) { return fmt::format("data-{:05d}.json", rank); }
-std::string error_name(int rank) { return fmt::format("data-{:05d}.error", rank); }
+std::string manifest_name(int rank) { return fmt::format(FMT_STRING("data-{:05d}.json"), rank); }
+std::string error_name(int rank) { return fmt::format(FMT_STRING("data-{:05d}.error"), rank); }
 
 }  // namespace
 

@@ -97,7 +97,7 @@ std::vector<ModelConfig> all_configs() {
 
 ModelConfig ModelConfig::resolved() const {
   ModelConfig c = *this;
-  const std::string who = fmt::format("{} config '{}'", arch_name(arch), name);
+  const std::string who = fmt::format(FMT_STRING("{} config '{}'"), arch_name(arch), name);
   TESSEL_CHECK(c.vocab_size > 0 && c.max_seq_len > 0 && c.n_layer > 0 && c.dim > 0 && c.n_head > 0, who,
                "sizes must be positive (vocab_size {}, max_seq_len {}, n_layer {}, dim {}, n_head {})", c.vocab_size,
                c.max_seq_len, c.n_layer, c.dim, c.n_head);
@@ -121,10 +121,10 @@ ModelConfig ModelConfig::resolved() const {
 }
 
 std::string ModelConfig::describe() const {
-  std::string s = fmt::format("{} {}: {} layers, dim {}, {} heads", arch_name(arch), name, n_layer, dim, n_head);
-  if (n_kv_head != n_head) s += fmt::format(" ({} kv)", n_kv_head);
-  s += fmt::format(", hidden {}, vocab {}, context {}", hidden, vocab_size, max_seq_len);
-  if (arch == Arch::Mixtral) s += fmt::format(", {} experts top-{}", num_experts, top_k);
+  std::string s = fmt::format(FMT_STRING("{} {}: {} layers, dim {}, {} heads"), arch_name(arch), name, n_layer, dim, n_head);
+  if (n_kv_head != n_head) s += fmt::format(FMT_STRING(" ({} kv)"), n_kv_head);
+  s += fmt::format(FMT_STRING(", hidden {}, vocab {}, context {}"), hidden, vocab_size, max_seq_len);
+  if (arch == Arch::Mixtral) s += fmt::format(FMT_STRING(", {} experts top-{}"), num_experts, top_k);
   return s;
 }
 

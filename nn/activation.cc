@@ -11,7 +11,7 @@ GELU::GELU(std::string approx) : UnaryModule("GELU"), approximate(std::move(appr
 
 Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate); }
 
-std::string GELU::extra_repr() const { return fmt::format("approximate={}", approximate); }
+std::string GELU::extra_repr() const { return fmt::format(FMT_STRING("approximate={}"), approximate); }
 
 Tensor SiLU::forward(const Tensor& x) { return silu(x); }
 

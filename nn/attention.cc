@@ -97,12 +97,12 @@ Tensor Attention::forward(const Tensor& x, int64_t position_offset) {
 
 std::string Attention::extra_repr() const {
   const AttentionConfig& c = config;
-  std::string s = fmt::format("dim={}, n_head={}, n_kv_head={}, head_dim={}, bias={}", c.dim, c.n_head, c.n_kv_head,
+  std::string s = fmt::format(FMT_STRING("dim={}, n_head={}, n_kv_head={}, head_dim={}, bias={}"), c.dim, c.n_head, c.n_kv_head,
                               c.head_dim, c.bias);
   if (c.rope)
-    s += fmt::format(", rope(theta={}, max_seq_len={}, {})", c.rope_theta, c.max_seq_len,
+    s += fmt::format(FMT_STRING(", rope(theta={}, max_seq_len={}, {})"), c.rope_theta, c.max_seq_len,
                      c.rope_interleaved ? "interleaved" : "rotate_half");
-  if (c.attn_dropout > 0.0) s += fmt::format(", attn_dropout={}", c.attn_dropout);
+  if (c.attn_dropout > 0.0) s += fmt::format(FMT_STRING(", attn_dropout={}"), c.attn_dropout);
   return s;
 }
 

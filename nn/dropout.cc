@@ -15,6 +15,6 @@ Tensor Dropout::forward(const Tensor& x) {
   return dropout(x, p, random_key(site), /*training=*/true, batch_block(x.shape(), "Dropout '" + site + "'"));
 }
 
-std::string Dropout::extra_repr() const { return fmt::format("p={}", p); }
+std::string Dropout::extra_repr() const { return fmt::format(FMT_STRING("p={}"), p); }
 
 }  // namespace tessel::nn

@@ -21,7 +21,7 @@ Tensor Linear::forward(const Tensor& x) {
 }
 
 std::string Linear::extra_repr() const {
-  return fmt::format("in_features={}, out_features={}, bias={}", in_features, out_features, bias.defined());
+  return fmt::format(FMT_STRING("in_features={}, out_features={}, bias={}"), in_features, out_features, bias.defined());
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, InitFn init)
@@ -34,7 +34,7 @@ Embedding::Embedding(int64_t num, int64_t dim, InitFn init)
 Tensor Embedding::forward(const Tensor& ids) { return embedding(weight, ids); }
 
 std::string Embedding::extra_repr() const {
-  return fmt::format("num_embeddings={}, embedding_dim={}", num_embeddings, embedding_dim);
+  return fmt::format(FMT_STRING("num_embeddings={}, embedding_dim={}"), num_embeddings, embedding_dim);
 }
 
 }  // namespace tessel::nn

@@ -14,7 +14,7 @@ MLP::MLP(int64_t d, int64_t h, bool bias, double p) : UnaryModule("MLP"), dim(d)
 
 Tensor MLP::forward(const Tensor& x) { return (*drop)((*proj)(gelu((*fc)(x), "tanh"))); }
 
-std::string MLP::extra_repr() const { return fmt::format("dim={}, hidden={}", dim, hidden); }
+std::string MLP::extra_repr() const { return fmt::format(FMT_STRING("dim={}, hidden={}"), dim, hidden); }
 
 SwiGLU::SwiGLU(int64_t d, int64_t h) : UnaryModule("SwiGLU"), dim(d), hidden(h) {
   TESSEL_CHECK(d > 0 && h > 0, "SwiGLU", "dim and hidden must be positive, got dim={}, hidden={}", d, h);
@@ -25,6 +25,6 @@ SwiGLU::SwiGLU(int64_t d, int64_t h) : UnaryModule("SwiGLU"), dim(d), hidden(h) 
 
 Tensor SwiGLU::forward(const Tensor& x) { return (*w2)(swiglu((*w1)(x), (*w3)(x))); }
 
-std::string SwiGLU::extra_repr() const { return fmt::format("dim={}, hidden={}", dim, hidden); }
+std::string SwiGLU::extra_repr() const { return fmt::format(FMT_STRING("dim={}, hidden={}"), dim, hidden); }
 
 }  // namespace tessel::nn

@@ -322,7 +322,7 @@ std::string Module::describe(int indent) const {
   std::string s = type_name_ + "(" + extra_repr();
   bool first = s.back() == '(';
   for (const auto& p : params_) {
-    s += fmt::format("{}{}={}", first ? "" : ", ", p.name, p.tensor->shape().str());
+    s += fmt::format(FMT_STRING("{}{}={}"), first ? "" : ", ", p.name, p.tensor->shape().str());
     first = false;
   }
   s += ")";

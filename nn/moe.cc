@@ -142,9 +142,9 @@ void MoE::set_capacity_factor(double f) {
 }
 
 std::string MoE::extra_repr() const {
-  std::string s = fmt::format("dim={}, hidden={}, num_experts={}, top_k={}", config.dim, config.hidden,
+  std::string s = fmt::format(FMT_STRING("dim={}, hidden={}, num_experts={}, top_k={}"), config.dim, config.hidden,
                               config.num_experts, config.top_k);
-  if (capacity_factor_ > 0) s += fmt::format(", capacity_factor={}", capacity_factor_);
+  if (capacity_factor_ > 0) s += fmt::format(FMT_STRING(", capacity_factor={}"), capacity_factor_);
   if (dispatch_) s += ", " + dispatch_->describe();
   return s;
 }

@@ -42,7 +42,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
 }
 
 std::string LayerNorm::extra_repr() const {
-  return fmt::format("dim={}, eps={}, affine={}, bias={}", dim, eps, weight.defined(), bias.defined());
+  return fmt::format(FMT_STRING("dim={}, eps={}, affine={}, bias={}"), dim, eps, weight.defined(), bias.defined());
 }
 
 RMSNorm::RMSNorm(int64_t d, double e) : UnaryModule("RMSNorm"), dim(d), eps(e) {
@@ -56,6 +56,6 @@ Tensor RMSNorm::forward(const Tensor& x) {
   return rms_norm(x.to(t), {dim}, weight.to(t), eps);
 }
 
-std::string RMSNorm::extra_repr() const { return fmt::format("dim={}, eps={}", dim, eps); }
+std::string RMSNorm::extra_repr() const { return fmt::format(FMT_STRING("dim={}, eps={}"), dim, eps); }
 
 }  // namespace tessel::nn

@@ -54,7 +54,7 @@ void Optimizer::check_nonnegative(const char* option, double value) const {
 }
 
 static std::string group_label(const ParamGroup& g, size_t i) {
-  return g.name.empty() ? fmt::format("group {}", i) : fmt::format("group {} ('{}')", i, g.name);
+  return g.name.empty() ? fmt::format(FMT_STRING("group {}"), i) : fmt::format(FMT_STRING("group {} ('{}')"), i, g.name);
 }
 
 Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double lr, double default_weight_decay)
@@ -82,7 +82,7 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double lr
                    "parameter '{}' has dtype {}; the fused updates keep float32 master weights", nt.name,
                    dtype_name(p.dtype()));
       TESSEL_CHECK(p.requires_grad(), name_, "parameter '{}' does not require grad", nt.name);
-      auto [it, fresh] = seen_impl.emplace(p.impl(), fmt::format("'{}' in {}", nt.name, where));
+      auto [it, fresh] = seen_impl.emplace(p.impl(), fmt::format(FMT_STRING("'{}' in {}"), nt.name, where));
       TESSEL_CHECK(fresh, name_, "a parameter appears twice: as {} and as '{}' in {}", it->second, nt.name, where);
       auto [pit, pfresh] = seen_path.emplace(nt.name, gi);
       TESSEL_CHECK(pfresh, name_, "two parameters share the path '{}' ({} and {})", nt.name,

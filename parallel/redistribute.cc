@@ -85,7 +85,7 @@ int last_shard_of(const Placements& cur, int d) {
 }  // namespace
 
 std::string RedistStep::str() const {
-  return fmt::format("mesh dim {}: {} -> {} ({})", mesh_dim, from.str(), to.str(), collective);
+  return fmt::format(FMT_STRING("mesh dim {}: {} -> {} ({})"), mesh_dim, from.str(), to.str(), collective);
 }
 
 void check_placements(const char* op, const Mesh& mesh, const Placements& p, int ndim) {

@@ -141,7 +141,7 @@ int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const
   if (std::getenv("TESSEL_DEBUG_CHUNKS")) {
     std::string d;
     for (int x : dims) d += std::to_string(x) + ",";
-    std::fprintf(stderr, "local_chunks: not exact: shape %s dims {%s} placements %s V %d\n", fmt::format("{}", shape).c_str(),
+    std::fprintf(stderr, "local_chunks: not exact: shape %s dims {%s} placements %s V %d\n", fmt::format(FMT_STRING("{}"), shape).c_str(),
                  d.c_str(), p.str().c_str(), v);
   }
   return 0;

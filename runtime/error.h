@@ -24,20 +24,27 @@ class CommError : public Error {
 
 }  // namespace tessel
 
+// TESSEL_FORMAT("format {}", args...): fmt::format with the format string
+// checked at compile time (a placeholder without its argument, or an
+// argument fmt cannot format, is a compile error rather than a runtime
+// "argument not found" in place of the message). The format must be a
+// string literal.
+#define TESSEL_FORMAT(fmt_literal, ...) ::fmt::format(FMT_STRING(fmt_literal), ##__VA_ARGS__)
+
 // TESSEL_CHECK(cond, "op", "format {}", args...): throws tessel::Error("op: message").
 #define TESSEL_CHECK(cond, op, ...)                                                  \
   do {                                                                               \
     if (__builtin_expect(!(cond), 0)) {                                              \
-      ::tessel::throw_error(std::string(op) + ": " + ::fmt::format(__VA_ARGS__));    \
+      ::tessel::throw_error(std::string(op) + ": " + TESSEL_FORMAT(__VA_ARGS__));    \
     }                                                                                \
   } while (0)
 
-#define TESSEL_FAIL(op, ...) ::tessel::throw_error(std::string(op) + ": " + ::fmt::format(__VA_ARGS__))
+#define TESSEL_FAIL(op, ...) ::tessel::throw_error(std::string(op) + ": " + TESSEL_FORMAT(__VA_ARGS__))
 
 // Internal invariants (a failure is a tessel bug, not a user error).
 #define TESSEL_ASSERT(cond)                                                                    \
   do {                                                                                         \
     if (__builtin_expect(!(cond), 0)) {                                                        \
-      ::tessel::throw_error(::fmt::format("internal error: {} ({}:{})", #cond, __FILE__, __LINE__)); \
+      ::tessel::throw_error(::fmt::format(FMT_STRING("internal error: {} ({}:{})"), #cond, __FILE__, __LINE__)); \
     }                                                                                          \
   } while (0)

@@ -21,8 +21,8 @@ const char* reduce_op_name(ReduceOp op) {
 std::string Placement::str() const {
   switch (kind) {
     case Kind::Replicate: return "R";
-    case Kind::Shard: return owner >= 0 ? fmt::format("S({})@{}", int(dim), int(owner)) : fmt::format("S({})", int(dim));
-    case Kind::Partial: return fmt::format("P({})", comm::reduce_op_name(op));
+    case Kind::Shard: return owner >= 0 ? fmt::format(FMT_STRING("S({})@{}"), int(dim), int(owner)) : fmt::format(FMT_STRING("S({})"), int(dim));
+    case Kind::Partial: return fmt::format(FMT_STRING("P({})"), comm::reduce_op_name(op));
   }
   return "?";
 }

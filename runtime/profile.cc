@@ -66,7 +66,7 @@ std::string Profiler::table(double wall_s, int top) const {
   const std::vector<Row> rs = rows();
   const double total = self_total_s();
   const double denom = wall_s > 0 ? wall_s : total;
-  std::string s = fmt::format("{:<36} {:>9} {:>11} {:>7} {:>11}\n", "op (self time)", "calls", "self s", "share",
+  std::string s = fmt::format(FMT_STRING("{:<36} {:>9} {:>11} {:>7} {:>11}\n"), "op (self time)", "calls", "self s", "share",
                               "total s");
   double rest = 0;
   int64_t rest_calls = 0;
@@ -76,13 +76,13 @@ std::string Profiler::table(double wall_s, int top) const {
       rest_calls += rs[i].calls;
       continue;
     }
-    s += fmt::format("{:<36} {:>9} {:>11.4f} {:>6.1f}% {:>11.4f}\n", rs[i].name, rs[i].calls, rs[i].self_s,
+    s += fmt::format(FMT_STRING("{:<36} {:>9} {:>11.4f} {:>6.1f}% {:>11.4f}\n"), rs[i].name, rs[i].calls, rs[i].self_s,
                      denom > 0 ? 100 * rs[i].self_s / denom : 0.0, rs[i].total_s);
   }
   if (rest > 0 || rest_calls > 0)
-    s += fmt::format("{:<36} {:>9} {:>11.4f} {:>6.1f}%\n", fmt::format("({} more)", rs.size() - size_t(top)),
+    s += fmt::format(FMT_STRING("{:<36} {:>9} {:>11.4f} {:>6.1f}%\n"), fmt::format(FMT_STRING("({} more)"), rs.size() - size_t(top)),
                      rest_calls, rest, denom > 0 ? 100 * rest / denom : 0.0);
-  s += fmt::format("{:<36} {:>9} {:>11.4f} {:>6.1f}%{}\n", "profiled total", "", total,
+  s += fmt::format(FMT_STRING("{:<36} {:>9} {:>11.4f} {:>6.1f}%{}\n"), "profiled total", "", total,
                    denom > 0 ? 100 * total / denom : 0.0, wall_s > 0 ? " of the timed wall" : "");
   return s;
 }

@@ -57,10 +57,10 @@ void* Tensor::raw_data() const {
 std::string Tensor::desc() const {
   if (!defined()) return "Tensor(undefined)";
   if (is_distributed()) {
-    return fmt::format("Tensor({}, {}, shape={}, mesh={}, placements={})", dtype_name(dtype()), device().str(),
+    return fmt::format(FMT_STRING("Tensor({}, {}, shape={}, mesh={}, placements={})"), dtype_name(dtype()), device().str(),
                        shape().str(), impl_->dist->mesh->str(), impl_->dist->placements.str());
   }
-  return fmt::format("Tensor({}, {}, shape={})", dtype_name(dtype()), device().str(), shape().str());
+  return fmt::format(FMT_STRING("Tensor({}, {}, shape={})"), dtype_name(dtype()), device().str(), shape().str());
 }
 
 void for_each_element(const Dims& shape, const Dims& strides, int64_t offset,
@@ -153,7 +153,7 @@ std::string Tensor::to_string(int64_t max_elems) const {
   int64_t n = int64_t(v.size());
   for (int64_t i = 0; i < n && i < max_elems; ++i) {
     if (i) os << ", ";
-    if (is_floating(dtype())) os << fmt::format("{:.6g}", v[size_t(i)]);
+    if (is_floating(dtype())) os << fmt::format(FMT_STRING("{:.6g}"), v[size_t(i)]);
     else os << int64_t(v[size_t(i)]);
   }
   if (n > max_elems) os << ", ... (" << n << " elements)";

@@ -133,7 +133,7 @@ TEST_CASE("sharded HF folders: model-0000i-of-0000n.safetensors with an index", 
   for (const auto& [n, t] : hf) total += t.nbytes();
   CHECK(index["metadata"]["total_size"] == total);
   CHECK(index["weight_map"].size() == hf.size());
-  CHECK(index["weight_map"]["lm_head.weight"].get<std::string>().find(fmt::format("-of-{:05d}", shards)) !=
+  CHECK(index["weight_map"]["lm_head.weight"].get<std::string>().find(fmt::format(FMT_STRING("-of-{:05d}"), shards)) !=
         std::string::npos);
   const NamedTensors back = load_hf_tensors(dir);
   REQUIRE(back.size() == hf.size());

@@ -113,7 +113,7 @@ TEST_CASE("comm local: world() per rank thread", "[comm]") {
   std::vector<std::string> seen(3);
   run_local(3, [&](int r) {
     auto w = world();
-    seen[size_t(r)] = fmt::format("{} {} {} {} [{}]", w->rank(), w->size(), w->backend(), w->name(),
+    seen[size_t(r)] = fmt::format(FMT_STRING("{} {} {} {} [{}]"), w->rank(), w->size(), w->backend(), w->name(),
                                   fmt::join(w->world_ranks(), ","));
   });
   REQUIRE(seen[0] == "0 3 local world [0,1,2]");

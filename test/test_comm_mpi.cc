@@ -170,7 +170,7 @@ TEST_CASE("comm mpi: a stalled rank gives a CommError within the timeout", "[com
     set_default_timeout(prev);
     INFO(e);
     REQUIRE(comm_error);
-    REQUIRE(contains(e, fmt::format("barrier on 'world/split(0)' (mpi backend, rank {} of {}): timed out after 0.5 s",
+    REQUIRE(contains(e, fmt::format(FMT_STRING("barrier on 'world/split(0)' (mpi backend, rank {} of {}): timed out after 0.5 s"),
                                     w.rank(), w.size())));
     REQUIRE(s >= 0.45);
     REQUIRE(s < 1.9);  // before the late rank arrived

@@ -150,7 +150,7 @@ TEST_CASE("param_hash follows its documented definition", "[metrics][hash]") {
   };
   const uint64_t h = param_hash_u64(named);
   CHECK(h == reference_hash(named));
-  CHECK(param_hash(named) == fmt::format("{:016x}", h));
+  CHECK(param_hash(named) == fmt::format(FMT_STRING("{:016x}"), h));
   CHECK(param_hash(named).size() == 16);
   CHECK(hash_hex(0xff) == "00000000000000ff");
   // A fixed input has a fixed hash (a change here changes every recorded hash).

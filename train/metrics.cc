@@ -150,7 +150,7 @@ class WordHasher {
 
 }  // namespace
 
-std::string hash_hex(uint64_t h) { return fmt::format("{:016x}", h); }
+std::string hash_hex(uint64_t h) { return fmt::format(FMT_STRING("{:016x}"), h); }
 
 uint64_t param_hash_u64(std::vector<std::pair<std::string, Tensor>> named) {
   std::sort(named.begin(), named.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -188,9 +188,9 @@ std::string format_duration(double seconds) {
   int64_t s = int64_t(std::llround(seconds));
   const int64_t h = s / 3600, m = (s / 60) % 60;
   s %= 60;
-  if (h > 0) return fmt::format("{}h{:02d}m{:02d}s", h, m, s);
-  if (m > 0) return fmt::format("{}m{:02d}s", m, s);
-  return fmt::format("{}s", s);
+  if (h > 0) return fmt::format(FMT_STRING("{}h{:02d}m{:02d}s"), h, m, s);
+  if (m > 0) return fmt::format(FMT_STRING("{}m{:02d}s"), m, s);
+  return fmt::format(FMT_STRING("{}s"), s);
 }
 
 namespace {
@@ -199,9 +199,9 @@ double steady_seconds() {
 }
 std::string format_rate(double tokens_per_s) {
   if (!std::isfinite(tokens_per_s)) return "?";
-  if (tokens_per_s >= 1e6) return fmt::format("{:.2f}M", tokens_per_s / 1e6);
-  if (tokens_per_s >= 1e4) return fmt::format("{:.1f}k", tokens_per_s / 1e3);
-  return fmt::format("{:.0f}", tokens_per_s);
+  if (tokens_per_s >= 1e6) return fmt::format(FMT_STRING("{:.2f}M"), tokens_per_s / 1e6);
+  if (tokens_per_s >= 1e4) return fmt::format(FMT_STRING("{:.1f}k"), tokens_per_s / 1e3);
+  return fmt::format(FMT_STRING("{:.0f}"), tokens_per_s);
 }
 }  // namespace
 
@@ -228,7 +228,7 @@ std::string ProgressBar::format(int64_t step, double loss, double tokens_per_s) 
     const int filled = int(frac * opts_.width);
     line = "[" + std::string(size_t(filled), '#') + std::string(size_t(opts_.width - filled), '.') + "] ";
   }
-  line += fmt::format("step {:>{}}/{} ({:3.0f}%)  loss {:.4f}  {} tok/s  ETA {}", step, digits, total_,
+  line += fmt::format(FMT_STRING("step {:>{}}/{} ({:3.0f}%)  loss {:.4f}  {} tok/s  ETA {}"), step, digits, total_,
                       frac * 100.0, loss, format_rate(tokens_per_s), step >= total_ ? "0s" : format_duration(eta));
   return line;
 }

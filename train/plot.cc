@@ -56,8 +56,8 @@ std::string escape_xml(const std::string& s) {
 std::string tick_label(double v) {
   if (v == 0) return "0";
   const double a = std::abs(v);
-  if (a >= 1e5 || a < 1e-3) return fmt::format("{:.2g}", v);
-  std::string s = fmt::format("{:.4f}", v);
+  if (a >= 1e5 || a < 1e-3) return fmt::format(FMT_STRING("{:.2g}"), v);
+  std::string s = fmt::format(FMT_STRING("{:.4f}"), v);
   while (!s.empty() && s.back() == '0') s.pop_back();
   if (!s.empty() && s.back() == '.') s.pop_back();
   return s;
@@ -94,65 +94,65 @@ std::string loss_curve_svg(const LossSeries& series, const PlotOptions& o) {
 
   std::string s;
   s += fmt::format(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      FMT_STRING("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n",
+      "font-family=\"sans-serif\" font-size=\"12\">\n"),
       o.width, o.height);
-  s += fmt::format("<rect class=\"background\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", o.width,
+  s += fmt::format(FMT_STRING("<rect class=\"background\" x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n"), o.width,
                    o.height);
-  s += fmt::format("<text class=\"title\" x=\"{:.1f}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">{}</text>\n",
+  s += fmt::format(FMT_STRING("<text class=\"title\" x=\"{:.1f}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">{}</text>\n"),
                    left + pw / 2, escape_xml(o.title));
   // Grid, ticks and tick labels.
   for (double v : xt) {
     const double x = px(v);
-    s += fmt::format("<line class=\"grid\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#eeeeee\"/>\n",
+    s += fmt::format(FMT_STRING("<line class=\"grid\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#eeeeee\"/>\n"),
                      x, top, top + ph);
-    s += fmt::format("<line class=\"tick\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"black\"/>\n",
+    s += fmt::format(FMT_STRING("<line class=\"tick\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"black\"/>\n"),
                      x, top + ph, top + ph + 5);
-    s += fmt::format("<text class=\"tick-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", x,
+    s += fmt::format(FMT_STRING("<text class=\"tick-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n"), x,
                      top + ph + 18, tick_label(v));
   }
   for (double v : yt) {
     const double y = py(v);
-    s += fmt::format("<line class=\"grid\" x1=\"{1:.1f}\" y1=\"{0:.1f}\" x2=\"{2:.1f}\" y2=\"{0:.1f}\" stroke=\"#eeeeee\"/>\n",
+    s += fmt::format(FMT_STRING("<line class=\"grid\" x1=\"{1:.1f}\" y1=\"{0:.1f}\" x2=\"{2:.1f}\" y2=\"{0:.1f}\" stroke=\"#eeeeee\"/>\n"),
                      y, left, left + pw);
-    s += fmt::format("<line class=\"tick\" x1=\"{1:.1f}\" y1=\"{0:.1f}\" x2=\"{2:.1f}\" y2=\"{0:.1f}\" stroke=\"black\"/>\n",
+    s += fmt::format(FMT_STRING("<line class=\"tick\" x1=\"{1:.1f}\" y1=\"{0:.1f}\" x2=\"{2:.1f}\" y2=\"{0:.1f}\" stroke=\"black\"/>\n"),
                      y, left - 5, left);
-    s += fmt::format("<text class=\"tick-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 8,
+    s += fmt::format(FMT_STRING("<text class=\"tick-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n"), left - 8,
                      y + 4, tick_label(v));
   }
   // Axes and their labels.
-  s += fmt::format("<line class=\"axis\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"black\"/>\n",
+  s += fmt::format(FMT_STRING("<line class=\"axis\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"black\"/>\n"),
                    left, top + ph, left + pw);
-  s += fmt::format("<line class=\"axis\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"black\"/>\n",
+  s += fmt::format(FMT_STRING("<line class=\"axis\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"black\"/>\n"),
                    left, top, top + ph);
-  s += fmt::format("<text class=\"axis-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>\n",
+  s += fmt::format(FMT_STRING("<text class=\"axis-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>\n"),
                    left + pw / 2, double(o.height) - 10);
   s += fmt::format(
-      "<text class=\"axis-label\" x=\"18\" y=\"{0:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0:.1f})\">"
-      "loss</text>\n",
+      FMT_STRING("<text class=\"axis-label\" x=\"18\" y=\"{0:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0:.1f})\">"
+      "loss</text>\n"),
       top + ph / 2);
   // Train loss.
   if (!series.train.empty()) {
     s += "<polyline class=\"train-loss\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
     for (size_t i = 0; i < series.train.size(); ++i) {
       if (i) s += ' ';
-      s += fmt::format("{:.2f},{:.2f}", px(series.train[i].first), py(series.train[i].second));
+      s += fmt::format(FMT_STRING("{:.2f},{:.2f}"), px(series.train[i].first), py(series.train[i].second));
     }
     s += "\"/>\n";
   }
   // Eval loss.
   for (const auto& [x, y] : series.eval) {
-    s += fmt::format("<circle class=\"eval-loss\" cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3.5\" fill=\"#d62728\"/>\n", px(x),
+    s += fmt::format(FMT_STRING("<circle class=\"eval-loss\" cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3.5\" fill=\"#d62728\"/>\n"), px(x),
                      py(y));
   }
   // Legend.
   const double lx = left + pw - 130, ly = top + 12;
-  s += fmt::format("<g class=\"legend\">\n<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
-                   "stroke=\"#1f77b4\" stroke-width=\"1.5\"/>\n<text x=\"{3:.1f}\" y=\"{4:.1f}\">train loss</text>\n",
+  s += fmt::format(FMT_STRING("<g class=\"legend\">\n<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
+                   "stroke=\"#1f77b4\" stroke-width=\"1.5\"/>\n<text x=\"{3:.1f}\" y=\"{4:.1f}\">train loss</text>\n"),
                    lx, ly, lx + 20, lx + 26, ly + 4);
-  s += fmt::format("<circle cx=\"{0:.1f}\" cy=\"{1:.1f}\" r=\"3.5\" fill=\"#d62728\"/>\n<text x=\"{2:.1f}\" "
-                   "y=\"{3:.1f}\">held-out loss</text>\n</g>\n",
+  s += fmt::format(FMT_STRING("<circle cx=\"{0:.1f}\" cy=\"{1:.1f}\" r=\"3.5\" fill=\"#d62728\"/>\n<text x=\"{2:.1f}\" "
+                   "y=\"{3:.1f}\">held-out loss</text>\n</g>\n"),
                    lx + 10, ly + 18, lx + 26, ly + 22);
   s += "</svg>\n";
   return s;

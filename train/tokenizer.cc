@@ -30,7 +30,7 @@ const std::vector<int>& unicode_to_byte() {
 std::string show_token(std::string_view s) {
   std::string out = "'";
   for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    if (c < 0x20 || c == 0x7f) out += fmt::format(FMT_STRING("\\x{:02x}"), c);
     else out.push_back(char(c));
   }
   return out + "'";

@@ -119,7 +119,7 @@ struct EmbeddingOp {
     if (vocab_total >= 0) {
       check_index_dtype("embedding", id_in, "ids");
       check_indices("embedding", id_in, vocab_total, "id",
-                    fmt::format("the rows of the {}-row vocabulary", vocab_total));
+                    fmt::format(FMT_STRING("the rows of the {}-row vocabulary"), vocab_total));
       MaskedIndex m = mask_index(id_in, vocab_start, weight.shape()[0]);
       valid = m.valid;
       ids = m.local;
@@ -142,7 +142,7 @@ struct EmbeddingOp {
     detail::check_same_device("embedding", weight, id);
     TESSEL_CHECK(id.dim() < kMaxDims, "embedding", "ids {} have too many dimensions for the output", id.desc());
     const int64_t V = weight.shape()[0], D = weight.shape()[1];
-    check_indices("embedding", id, V, "id", fmt::format("the rows of weight {}", weight.desc()));
+    check_indices("embedding", id, V, "id", fmt::format(FMT_STRING("the rows of weight {}"), weight.desc()));
     Dims out_shape = id.shape();
     out_shape.push_back(D);
     Dims ws = Dims::filled(id.dim(), 0);
@@ -231,7 +231,7 @@ struct GatherOp {
   Tensor forward(const Tensor& x, const Tensor& idx_in) {
     if (total >= 0) {
       check_index_dtype("gather", idx_in, "index");
-      check_indices("gather", idx_in, total, "index", fmt::format("dimension {} of size {}", d, total));
+      check_indices("gather", idx_in, total, "index", fmt::format(FMT_STRING("dimension {} of size {}"), d, total));
       MaskedIndex m = mask_index(idx_in, start, x.shape()[d]);
       valid = m.valid;
       index = m.local;
@@ -247,7 +247,7 @@ struct GatherOp {
     detail::check_same_device("gather", x, idx);
     check_gather_shapes("gather", x, d, idx);
     check_indices("gather", idx, x.shape()[d], "index",
-                  fmt::format("dimension {} of input {}", d, x.desc()));
+                  fmt::format(FMT_STRING("dimension {} of input {}"), d, x.desc()));
     index = idx;
     x_shape = x.shape();
     return gather_raw(x, d, idx);
@@ -324,7 +324,7 @@ struct ScatterAddOp {
                    x.desc(), e, d);
     }
     check_indices("scatter_add", idx, x.shape()[d], "index",
-                  fmt::format("dimension {} of input {}", d, x.desc()));
+                  fmt::format(FMT_STRING("dimension {} of input {}"), d, x.desc()));
     Tensor out = raw::empty(x.shape(), x.dtype(), x.device());
     kernels::copy(x.device(), x, out);
     kernels::scatter_add(x.device(), out, d, idx, src, chunks(), /*accumulate=*/true);
@@ -395,7 +395,7 @@ struct IndexSelectOp {
     check_index_vector("index_select", idx);
     detail::check_same_device("index_select", x, idx);
     check_indices("index_select", idx, x.shape()[d], "index",
-                  fmt::format("dimension {} of input {}", d, x.desc()));
+                  fmt::format(FMT_STRING("dimension {} of input {}"), d, x.desc()));
     index = idx;
     x_shape = x.shape();
     return index_select_raw(x, d, idx);
@@ -458,7 +458,7 @@ struct IndexAddOp {
                  "source {} must have the input's shape with dimension {} equal to the number of indices ({}): {}",
                  src.desc(), d, idx.numel(), want);
     check_indices("index_add", idx, x.shape()[d], "index",
-                  fmt::format("dimension {} of input {}", d, x.desc()));
+                  fmt::format(FMT_STRING("dimension {} of input {}"), d, x.desc()));
     Tensor out = raw::empty(x.shape(), x.dtype(), x.device());
     kernels::copy(x.device(), x, out);
     Tensor s = unit_alpha() ? src : mul(src, alpha);
@@ -587,7 +587,7 @@ Tensor one_hot(const Tensor& ids, int64_t num_classes) {
     check_indices("one_hot", ids, std::numeric_limits<int64_t>::max(), "id", "inferring num_classes");
     num_classes = amax(ids).to(DType::Int64).item<int64_t>() + 1;
   }
-  check_indices("one_hot", ids, num_classes, "id", fmt::format("num_classes = {}", num_classes));
+  check_indices("one_hot", ids, num_classes, "id", fmt::format(FMT_STRING("num_classes = {}"), num_classes));
   Tensor classes = arange(num_classes).to(ids.device());
   return eq(ids.unsqueeze(-1), classes).to(DType::Int64);
 }

@@ -128,7 +128,7 @@ bool lt_matmul(const CudaCall& call, const LtPlan& plan, const void* a, const vo
   const int al_a = alignment_of(lt_a), al_b = alignment_of(lt_b), al_d = alignment_of(out);
   // device | m,n,k,batch | a | b | d | types | alignments | bias, aux (26 fields; a
   // mismatch is a runtime fmt error, not a compile error, under C++17).
-  std::string key = fmt::format("{}|{},{},{},{}|{}:{},{},{},{}|{}:{},{},{},{}|{},{}|{},{},{}|{},{},{}|{},{}", call.device(),
+  std::string key = fmt::format(FMT_STRING("{}|{},{},{},{}|{}:{},{},{},{}|{}:{},{},{},{}|{},{}|{},{},{}|{},{},{}|{},{}"), call.device(),
                                 plan.m, plan.n, plan.k, plan.batch, plan.a.trans, plan.a.rows, plan.a.cols,
                                 plan.a.ld, plan.a.batch_stride, plan.b.trans, plan.b.rows, plan.b.cols, plan.b.ld,
                                 plan.b.batch_stride, plan.d.ld, plan.d.batch_stride, plan.data_type, plan.epilogue,

@@ -59,8 +59,8 @@ std::string key_of(const char* what, double scale, std::initializer_list<const T
   std::string k = what;
   uint64_t sb = 0;
   std::memcpy(&sb, &scale, sizeof sb);
-  k += fmt::format("|{:x}", sb);
-  for (const Tensor* t : ts) k += fmt::format("|{}:{}:{}", int(t->dtype()), t->shape(), t->strides());
+  k += fmt::format(FMT_STRING("|{:x}"), sb);
+  for (const Tensor* t : ts) k += fmt::format(FMT_STRING("|{}:{}:{}"), int(t->dtype()), t->shape(), t->strides());
   return k;
 }
 

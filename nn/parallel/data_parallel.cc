@@ -203,9 +203,9 @@ DataParallelMemory DataParallel::memory(const nn::Optimizer& opt) const {
 }
 
 std::string DataParallel::describe() const {
-  const std::string over = fmt::format("{} over {}={}", stage_name(opts_.zero), opts_.dim, mesh_->size(dp_));
-  if (fsdp_) return fmt::format("{}: {} units (root + blocks)", over, fsdp_->num_units());
-  return fmt::format("{}: {} buckets of <= {} MiB", over, reducer_->num_buckets(), opts_.bucket_mb);
+  const std::string over = fmt::format(FMT_STRING("{} over {}={}"), stage_name(opts_.zero), opts_.dim, mesh_->size(dp_));
+  if (fsdp_) return fmt::format(FMT_STRING("{}: {} units (root + blocks)"), over, fsdp_->num_units());
+  return fmt::format(FMT_STRING("{}: {} buckets of <= {} MiB"), over, reducer_->num_buckets(), opts_.bucket_mb);
 }
 
 std::vector<std::vector<std::string>> DataParallel::buckets() const {

@@ -99,7 +99,7 @@ ExpertParallelDispatch::ExpertParallelDispatch(MeshPtr mesh, int ep_dim) : mesh_
 }
 
 std::string ExpertParallelDispatch::describe() const {
-  return fmt::format("expert_parallel={} over mesh {}", mesh_->name(ep_dim_), mesh_->str());
+  return fmt::format(FMT_STRING("expert_parallel={} over mesh {}"), mesh_->name(ep_dim_), mesh_->str());
 }
 
 namespace {

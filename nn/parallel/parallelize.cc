@@ -46,7 +46,7 @@ ExpertLayers find_expert_layers(nn::Module& model, const Mesh& mesh, const Paral
       const int64_t E = moe->config.num_experts;
       for (int64_t e = 0; e < E; ++e) {
         const int64_t owner = expert_owner(e, E, mesh.size(ep),
-                                           fmt::format("'{}' on mesh {}", path.empty() ? moe->type_name() : path,
+                                           fmt::format(FMT_STRING("'{}' on mesh {}"), path.empty() ? moe->type_name() : path,
                                                        mesh.str()));
         nn::SwiGLU& x = moe->expert(e);
         for (const Tensor* w : {&x.w1->weight, &x.w2->weight, &x.w3->weight})

@@ -82,7 +82,7 @@ ParallelPlan ParallelPlan::from_json(const std::string& text, const std::string&
     TESSEL_CHECK(j["params"].is_array(), "plan", "{}: 'params' must be an array", source);
     for (size_t i = 0; i < j["params"].size(); ++i) {
       const auto& r = j["params"][i];
-      const std::string where = fmt::format("{}: params[{}]", source, i);
+      const std::string where = fmt::format(FMT_STRING("{}: params[{}]"), source, i);
       TESSEL_CHECK(r.is_object() && r.contains("match") && r["match"].is_string(), "plan",
                    "{} needs a string 'match'", where);
       ParamRule rule{r["match"].get<std::string>(), layout_from(r, where, true)};
@@ -96,7 +96,7 @@ ParallelPlan ParallelPlan::from_json(const std::string& text, const std::string&
     TESSEL_CHECK(j["modules"].is_array(), "plan", "{}: 'modules' must be an array", source);
     for (size_t i = 0; i < j["modules"].size(); ++i) {
       const auto& r = j["modules"][i];
-      const std::string where = fmt::format("{}: modules[{}]", source, i);
+      const std::string where = fmt::format(FMT_STRING("{}: modules[{}]"), source, i);
       TESSEL_CHECK(r.is_object() && r.contains("match") && r["match"].is_string(), "plan",
                    "{} needs a string 'match'", where);
       ModuleRule rule;
@@ -112,7 +112,7 @@ ParallelPlan ParallelPlan::from_json(const std::string& text, const std::string&
     TESSEL_CHECK(j["experts"].is_array(), "plan", "{}: 'experts' must be an array", source);
     for (size_t i = 0; i < j["experts"].size(); ++i) {
       const auto& r = j["experts"][i];
-      const std::string where = fmt::format("{}: experts[{}]", source, i);
+      const std::string where = fmt::format(FMT_STRING("{}: experts[{}]"), source, i);
       TESSEL_CHECK(r.is_object() && r.contains("match") && r["match"].is_string() && r.contains("dim") &&
                        r["dim"].is_string(),
                    "plan", "{} needs a string 'match' (MoE module paths) and a string 'dim' (mesh dim)", where);

@@ -156,7 +156,7 @@ Meta make_meta(OpKind kind, const Tensor* in, const Tensor* out, int reduce_op, 
 std::string describe_meta(const Meta& m) {
   if (m.dtype < 0) return "no tensor";
   std::vector<int64_t> dims(m.dims, m.dims + std::min<int>(m.ndim, Meta::kMaxDims));
-  return fmt::format("Tensor({}, shape=[{}{}])", dtype_name(DType(m.dtype)), fmt::join(dims, ", "),
+  return fmt::format(FMT_STRING("Tensor({}, shape=[{}{}])"), dtype_name(DType(m.dtype)), fmt::join(dims, ", "),
                      m.ndim > Meta::kMaxDims ? ", ..." : "");
 }
 
@@ -165,21 +165,21 @@ void check_metas(const std::string& where, const Meta* metas, int n, const std::
   for (int r = 1; r < n; ++r) {
     const Meta& m = metas[r];
     if (m.kind != m0.kind) {
-      throw Error(fmt::format("{}: rank {} called {} while rank 0 called {} (every rank must call the same "
-                              "collectives in the same order)",
+      throw Error(fmt::format(FMT_STRING("{}: rank {} called {} while rank 0 called {} (every rank must call the same "
+                              "collectives in the same order)"),
                               where, r, op_kind_name(OpKind(m.kind)), op_kind_name(OpKind(m0.kind))));
     }
     auto mismatch = [&](const char* what) {
-      throw Error(fmt::format("{}: {} differ between ranks: rank {} passed {}, rank 0 passed {}", where, what, r,
+      throw Error(fmt::format(FMT_STRING("{}: {} differ between ranks: rank {} passed {}, rank 0 passed {}"), where, what, r,
                               describe(r), describe(0)));
     };
     if (m.dtype != m0.dtype) mismatch("dtypes");
     if (m.reduce_op != m0.reduce_op) {
-      throw Error(fmt::format("{}: reduce ops differ between ranks: rank {} passed {}, rank 0 passed {}", where, r,
+      throw Error(fmt::format(FMT_STRING("{}: reduce ops differ between ranks: rank {} passed {}, rank 0 passed {}"), where, r,
                               reduce_op_name(ReduceOp(m.reduce_op)), reduce_op_name(ReduceOp(m0.reduce_op))));
     }
     if (m.root != m0.root) {
-      throw Error(fmt::format("{}: roots differ between ranks: rank {} passed root {}, rank 0 passed root {}", where,
+      throw Error(fmt::format(FMT_STRING("{}: roots differ between ranks: rank {} passed root {}, rank 0 passed root {}"), where,
                               r, m.root, m0.root));
     }
     switch (OpKind(m.kind)) {
@@ -200,30 +200,30 @@ void check_metas(const std::string& where, const Meta* metas, int n, const std::
 }
 
 std::string where(const Communicator& c, const char* op, ReduceOp rop) {
-  return fmt::format("{}({}) on '{}' ({} backend, rank {} of {})", op, reduce_op_name(rop), c.name(), c.backend(),
+  return fmt::format(FMT_STRING("{}({}) on '{}' ({} backend, rank {} of {})"), op, reduce_op_name(rop), c.name(), c.backend(),
                      c.rank(), c.size());
 }
 std::string where(const Communicator& c, const char* op) {
-  return fmt::format("{} on '{}' ({} backend, rank {} of {})", op, c.name(), c.backend(), c.rank(), c.size());
+  return fmt::format(FMT_STRING("{} on '{}' ({} backend, rank {} of {})"), op, c.name(), c.backend(), c.rank(), c.size());
 }
 
 void check_tensor(const std::string& where, const Tensor& t, const char* role, DeviceType device) {
-  if (!t.defined()) throw Error(fmt::format("{}: {} tensor is undefined", where, role));
+  if (!t.defined()) throw Error(fmt::format(FMT_STRING("{}: {} tensor is undefined"), where, role));
   if (t.device().type != device) {
-    throw Error(fmt::format("{}: {} must be a {} tensor, got {}", where, role, device_type_name(device), t.desc()));
+    throw Error(fmt::format(FMT_STRING("{}: {} must be a {} tensor, got {}"), where, role, device_type_name(device), t.desc()));
   }
   if (!t.is_contiguous()) {
-    throw Error(fmt::format("{}: {} must be contiguous, got {} with strides {}", where, role, t.desc(),
+    throw Error(fmt::format(FMT_STRING("{}: {} must be contiguous, got {} with strides {}"), where, role, t.desc(),
                             fmt::join(t.strides(), ", ")));
   }
 }
 
 void check_counts(const std::string& where, const std::vector<int64_t>& counts, int size, const char* role) {
   if (int(counts.size()) != size) {
-    throw Error(fmt::format("{}: {} has {} entries, expected one per rank ({})", where, role, counts.size(), size));
+    throw Error(fmt::format(FMT_STRING("{}: {} has {} entries, expected one per rank ({})"), where, role, counts.size(), size));
   }
   for (size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] < 0) throw Error(fmt::format("{}: {}[{}] = {} is negative", where, role, i, counts[i]));
+    if (counts[i] < 0) throw Error(fmt::format(FMT_STRING("{}: {}[{}] = {} is negative"), where, role, i, counts[i]));
   }
 }
 
@@ -234,7 +234,7 @@ int64_t sum_counts(const std::vector<int64_t>& counts) {
 }
 
 std::string timeout_message(std::chrono::milliseconds t) {
-  return fmt::format("timed out after {:.3g} s (TESSEL_COMM_TIMEOUT)", double(t.count()) / 1000.0);
+  return fmt::format(FMT_STRING("timed out after {:.3g} s (TESSEL_COMM_TIMEOUT)"), double(t.count()) / 1000.0);
 }
 
 WorkPtr done_work() {

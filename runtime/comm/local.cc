@@ -44,7 +44,7 @@ struct Job {
     if (failed) return;
     failed = true;
     failed_rank = world_rank;
-    failure = fmt::format("rank {} failed: {}", world_rank, what);
+    failure = fmt::format(FMT_STRING("rank {} failed: {}"), world_rank, what);
     cv.notify_all();
   }
 };
@@ -196,7 +196,7 @@ void LocalComm::arrive_and_wait(const std::string& where) {
     for (int i = 0; i < size(); ++i) {
       if (g_->arrivals[size_t(i)] >= mine) continue;
       if (job.exited[size_t(g_->world_ranks[size_t(i)])]) {
-        std::string msg = fmt::format("{}: rank {} (world rank {}) returned without calling it", where, i,
+        std::string msg = fmt::format(FMT_STRING("{}: rank {} (world rank {}) returned without calling it"), where, i,
                                       g_->world_ranks[size_t(i)]);
         job.fail_locked(world_rank(), msg);
         throw CommError(msg);
@@ -209,7 +209,7 @@ void LocalComm::arrive_and_wait(const std::string& where) {
       }
       if (missing.empty()) return;
       std::string msg =
-          fmt::format("{}: {} waiting for rank(s) {}", where, detail::timeout_message(timeout), fmt::join(missing, ", "));
+          fmt::format(FMT_STRING("{}: {} waiting for rank(s) {}"), where, detail::timeout_message(timeout), fmt::join(missing, ", "));
       job.fail_locked(world_rank(), msg);
       throw CommError(msg);
     }
@@ -234,7 +234,7 @@ void LocalComm::enter(const std::string& where, Posted& p, const std::function<v
     for (int i = 0; i < size(); ++i) m[i] = g_->posted[size_t(i)]->meta;
     detail::check_metas(where, m, size(), [&](int r) {
       const Posted* q = g_->posted[size_t(r)];
-      if (q->counts) return fmt::format("counts [{}] with {}", fmt::join(*q->counts, ", "), q->in ? q->in->desc() : "");
+      if (q->counts) return fmt::format(FMT_STRING("counts [{}] with {}"), fmt::join(*q->counts, ", "), q->in ? q->in->desc() : "");
       return q->in ? q->in->desc() : std::string("no tensor");
     });
     if (extra) extra();
@@ -464,7 +464,7 @@ std::shared_ptr<Communicator> LocalComm::split(int color, int key) {
     }
     std::lock_guard<std::mutex> lk(g_->job->mu);
     auto& slot = g_->split_children[color];
-    if (!slot) slot = std::make_shared<Group>(g_->job, fmt::format("{}/split({})", g_->name, color), ranks);
+    if (!slot) slot = std::make_shared<Group>(g_->job, fmt::format(FMT_STRING("{}/split({})"), g_->name, color), ranks);
     child = slot;
   }
   arrive_and_wait(w);  // everyone has its child group
@@ -487,7 +487,7 @@ WorkPtr LocalComm::send(const Tensor& t, int dst, int tag, bool async) {
   const auto key = std::make_tuple(rank_, dst, tag);
   auto deliver = [&](PendingRecv& r, const void* src) {
     if (r.dtype != t.dtype() || r.numel != t.numel()) {
-      r.error = fmt::format("rank {} sent {} (tag {}), but this receive expects {}", rank_, t.desc(), tag, r.t->desc());
+      r.error = fmt::format(FMT_STRING("rank {} sent {} (tag {}), but this receive expects {}"), rank_, t.desc(), tag, r.t->desc());
     } else {
       copy_bytes(r.dst, src, t.numel(), t.dtype());
     }
@@ -562,7 +562,7 @@ WorkPtr LocalComm::recv(const Tensor& t, int src, int tag, bool async) {
   if (!r) {  // the message was already there
     std::string error;
     if (m.dtype != t.dtype() || m.numel != t.numel()) {
-      error = fmt::format("{}: rank {} sent {} (tag {}), but this receive expects {}", w, src, m.desc, tag, t.desc());
+      error = fmt::format(FMT_STRING("{}: rank {} sent {} (tag {}), but this receive expects {}"), w, src, m.desc, tag, t.desc());
     } else {
       copy_bytes(t.raw_data(), m.bytes.data(), t.numel(), t.dtype());
     }
@@ -598,14 +598,14 @@ void LocalComm::wait_recv(const std::shared_ptr<PendingRecv>& r, int src, int ta
       throw CommError(where + ": " + job.failure);
     }
     if (job.exited[size_t(src_world)]) {
-      std::string msg = fmt::format("{}: rank {} returned without sending the message (tag {})", where, src, tag);
+      std::string msg = fmt::format(FMT_STRING("{}: rank {} returned without sending the message (tag {})"), where, src, tag);
       cancel_recv_locked(r, src, tag);
       job.fail_locked(world_rank(), msg);
       throw CommError(msg);
     }
     if (job.cv.wait_until(lk, deadline) == std::cv_status::timeout && !r->done && Clock::now() >= deadline) {
       std::string msg =
-          fmt::format("{}: {} waiting for a message from rank {} (tag {})", where, detail::timeout_message(timeout), src, tag);
+          fmt::format(FMT_STRING("{}: {} waiting for a message from rank {} (tag {})"), where, detail::timeout_message(timeout), src, tag);
       cancel_recv_locked(r, src, tag);
       job.fail_locked(world_rank(), msg);
       throw CommError(msg);
@@ -643,7 +643,7 @@ bool RecvWork::is_completed() {
 // ---- run_local -----------------------------------------------------------------
 
 void run_local(int n, const std::function<void(int rank)>& fn) {
-  if (n < 1) throw Error(fmt::format("run_local: need at least one rank, got {}", n));
+  if (n < 1) throw Error(fmt::format(FMT_STRING("run_local: need at least one rank, got {}"), n));
   auto job = std::make_shared<Job>(n);
   std::vector<int> ranks(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) ranks[size_t(i)] = i;

@@ -53,7 +53,7 @@ MPI_Datatype mpi_type(DType t) {
 // MPI counts and displacements are int.
 int as_int(int64_t v, const std::string& where) {
   if (v > INT_MAX) {
-    throw Error(fmt::format("{}: {} elements exceed one MPI call's limit ({}); split the tensor", where, v, INT_MAX));
+    throw Error(fmt::format(FMT_STRING("{}: {} elements exceed one MPI call's limit ({}); split the tensor"), where, v, INT_MAX));
   }
   return int(v);
 }
@@ -198,8 +198,8 @@ void MpiComm::add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine,
     detail::check_metas(w.where, w.metas.data(), size_, [&](int r) {
       const Meta& m = w.metas[size_t(r)];
       if (OpKind(m.kind) == OpKind::AllGatherV || OpKind(m.kind) == OpKind::ReduceScatterV) {
-        return r == rank_ ? fmt::format("counts [{}]", fmt::join(w.my_counts, ", "))
-                          : fmt::format("other counts (hash {:x})", m.counts_hash);
+        return r == rank_ ? fmt::format(FMT_STRING("counts [{}]"), fmt::join(w.my_counts, ", "))
+                          : fmt::format(FMT_STRING("other counts (hash {:x})"), m.counts_hash);
       }
       return r == rank_ && !my_desc.empty() ? my_desc : detail::describe_meta(m);
     });
@@ -440,7 +440,7 @@ WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (dst < 0 || dst >= size_) TESSEL_FAIL(w->where, "destination {} is not a rank of this communicator", dst);
   if (tag < 0) TESSEL_FAIL(w->where, "tag {} is negative", tag);
-  w->where += fmt::format(" to rank {} (tag {})", dst, tag);
+  w->where += fmt::format(FMT_STRING(" to rank {} (tag {})"), dst, tag);
   as_int(t.numel(), w->where);
   w->then([this, t, dst, tag](MpiWork& w) {
     check_mpi(MPI_Isend(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), dst, tag, comm_, w.request()), w.where,
@@ -454,14 +454,14 @@ WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (src < 0 || src >= size_) TESSEL_FAIL(w->where, "source {} is not a rank of this communicator", src);
   if (tag < 0) TESSEL_FAIL(w->where, "tag {} is negative", tag);
-  w->where += fmt::format(" from rank {} (tag {})", src, tag);
+  w->where += fmt::format(FMT_STRING(" from rank {} (tag {})"), src, tag);
   as_int(t.numel(), w->where);
   const std::string expects = t.desc();
   w->on_request_error = [w_ = w.get(), src, expects](int code) {
     int cls = code;
     MPI_Error_class(code, &cls);
     if (cls == MPI_ERR_TRUNCATE) {
-      throw Error(fmt::format("{}: rank {} sent more elements than this receive expects ({})", w_->where, src, expects));
+      throw Error(fmt::format(FMT_STRING("{}: rank {} sent more elements than this receive expects ({})"), w_->where, src, expects));
     }
   };
   w->then([this, t, src, tag](MpiWork& w) {
@@ -472,7 +472,7 @@ WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
     int count = 0;
     MPI_Get_count(&w.statuses()[0], mpi_type(t.dtype()), &count);
     if (count != t.numel()) {
-      throw Error(fmt::format("{}: rank {} sent {} elements, but this receive expects {}", w.where, src, count, expects));
+      throw Error(fmt::format(FMT_STRING("{}: rank {} sent {} elements, but this receive expects {}"), w.where, src, count, expects));
     }
   });
   return finish(w, async);
@@ -507,7 +507,7 @@ std::shared_ptr<Communicator> MpiComm::split(int color, int key) {
   int mine = world_ranks_[size_t(rank_)];
   std::vector<int> ranks(static_cast<size_t>(n));
   check_mpi(MPI_Allgather(&mine, 1, MPI_INT, ranks.data(), 1, MPI_INT, sub), w->where, "MPI_Allgather");
-  return std::make_shared<MpiComm>(sub, fmt::format("{}/split({})", name_, color), std::move(ranks));
+  return std::make_shared<MpiComm>(sub, fmt::format(FMT_STRING("{}/split({})"), name_, color), std::move(ranks));
 }
 
 // ---- init / finalize -----------------------------------------------------------

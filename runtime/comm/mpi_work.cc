@@ -14,7 +14,7 @@ std::string mpi_error_string(int code) {
 }
 
 void check_mpi(int rc, const std::string& where, const char* call) {
-  if (rc != MPI_SUCCESS) throw CommError(fmt::format("{}: {} failed: {}", where, call, mpi_error_string(rc)));
+  if (rc != MPI_SUCCESS) throw CommError(fmt::format(FMT_STRING("{}: {} failed: {}"), where, call, mpi_error_string(rc)));
 }
 
 std::vector<char> ScratchPool::take(size_t bytes) {
@@ -98,8 +98,8 @@ void MpiWork::start() {
 void MpiWork::timeout() {
   register_stale(shared_from_this());
   std::string msg = fmt::format(
-      "{}: {} waiting for the other ranks (a peer stalled, failed or never called it); this communicator should not "
-      "be used again, and finalize_mpi() calls MPI_Abort if the operation never completes",
+      FMT_STRING("{}: {} waiting for the other ranks (a peer stalled, failed or never called it); this communicator should not "
+      "be used again, and finalize_mpi() calls MPI_Abort if the operation never completes"),
       where, detail::timeout_message(default_timeout()));
   error_ = std::make_exception_ptr(CommError(msg));
   done_ = true;

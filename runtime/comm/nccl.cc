@@ -42,12 +42,12 @@ using mpi_detail::MpiWork;
 void check_cuda(cudaError_t e, const std::string& where, const char* call) {
   if (e != cudaSuccess) {
     cudaGetLastError();
-    throw CommError(fmt::format("{}: {} failed: {}", where, call, cudaGetErrorString(e)));
+    throw CommError(fmt::format(FMT_STRING("{}: {} failed: {}"), where, call, cudaGetErrorString(e)));
   }
 }
 
 void check_nccl(ncclResult_t r, const std::string& where, const char* call) {
-  if (r != ncclSuccess) throw CommError(fmt::format("{}: {} failed: {}", where, call, ncclGetErrorString(r)));
+  if (r != ncclSuccess) throw CommError(fmt::format(FMT_STRING("{}: {} failed: {}"), where, call, ncclGetErrorString(r)));
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -76,8 +76,8 @@ class NcclWork final : public Work {
     while (!is_completed()) {
       if (Clock::now() >= deadline_) {
         ncclCommAbort(comm_);  // unblocks the stream; the communicator is unusable from here
-        throw CommError(fmt::format("{}: {} waiting for the GPU work (a peer stalled, failed or never called it); "
-                                    "the NCCL communicator was aborted",
+        throw CommError(fmt::format(FMT_STRING("{}: {} waiting for the GPU work (a peer stalled, failed or never called it); "
+                                    "the NCCL communicator was aborted"),
                                     where_, detail::timeout_message(default_timeout())));
       }
       if (++spins > 64) sched_yield();
@@ -91,13 +91,13 @@ class NcclWork final : public Work {
       done_ = true;
     } else if (e != cudaErrorNotReady) {
       cudaGetLastError();
-      error_ = fmt::format("{}: the stream failed: {}", where_, cudaGetErrorString(e));
+      error_ = fmt::format(FMT_STRING("{}: the stream failed: {}"), where_, cudaGetErrorString(e));
       done_ = true;
     } else {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
-        error_ = fmt::format("{}: NCCL failed: {}", where_, ncclGetErrorString(async));
+        error_ = fmt::format(FMT_STRING("{}: NCCL failed: {}"), where_, ncclGetErrorString(async));
         done_ = true;
       }
     }
@@ -262,7 +262,7 @@ WorkPtr NcclComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
   exchange(w, t.dtype(), t.raw_data(), sc, sd, recv, rc, rd);
   if (const char* err = nccl_detail::launch_rank_tree(t.dtype(), int(op), recv, at(t, lo), rank_, size_, len, at(t, lo),
                                                       stream_)) {
-    throw CommError(fmt::format("{}: reduction kernel: {}", w, err));
+    throw CommError(fmt::format(FMT_STRING("{}: reduction kernel: {}"), w, err));
   }
   if (numel % size_ == 0) {
     check_nccl(ncclAllGather(at(t, lo), t.raw_data(), size_t(len), nccl_type(t.dtype()), nccl_, stream_),
@@ -315,7 +315,7 @@ WorkPtr NcclComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const st
   exchange(w, in.dtype(), in.raw_data(), sc, sd, recv, rc, rd);
   if (const char* err = nccl_detail::launch_rank_tree(in.dtype(), int(op), recv, at(in, mine), rank_, size_, len,
                                                       out.raw_data(), stream_)) {
-    throw CommError(fmt::format("{}: reduction kernel: {}", w, err));
+    throw CommError(fmt::format(FMT_STRING("{}: reduction kernel: {}"), w, err));
   }
   return finish(w, async);
 }
@@ -427,7 +427,7 @@ WorkPtr NcclComm::broadcast(const Tensor& t, int root, bool async) {
 // Point to point: a small MPI header (element count) travels first, so a size
 // mismatch is an error on the receiver instead of a hang or a corruption.
 WorkPtr NcclComm::send(const Tensor& t, int dst, int tag, bool async) {
-  const std::string w = detail::where(*this, "send") + fmt::format(" to rank {} (tag {})", dst, tag);
+  const std::string w = detail::where(*this, "send") + fmt::format(FMT_STRING(" to rank {} (tag {})"), dst, tag);
   check_gpu_tensor(w, t, "tensor");
   if (dst < 0 || dst >= size_) TESSEL_FAIL(w, "destination {} is not a rank of this communicator", dst);
   int64_t header[2] = {t.numel(), int64_t(t.dtype())};
@@ -438,7 +438,7 @@ WorkPtr NcclComm::send(const Tensor& t, int dst, int tag, bool async) {
 }
 
 WorkPtr NcclComm::recv(const Tensor& t, int src, int tag, bool async) {
-  const std::string w = detail::where(*this, "recv") + fmt::format(" from rank {} (tag {})", src, tag);
+  const std::string w = detail::where(*this, "recv") + fmt::format(FMT_STRING(" from rank {} (tag {})"), src, tag);
   check_gpu_tensor(w, t, "tensor");
   if (src < 0 || src >= size_) TESSEL_FAIL(w, "source {} is not a rank of this communicator", src);
   auto hw = std::make_shared<MpiWork>(nullptr, pool_, w);
@@ -476,7 +476,7 @@ std::shared_ptr<Communicator> NcclComm::split(int color, int key) {
   int mine = world_ranks_[size_t(rank_)];
   std::vector<int> ranks(static_cast<size_t>(n));
   check_mpi(MPI_Allgather(&mine, 1, MPI_INT, ranks.data(), 1, MPI_INT, sub), w, "MPI_Allgather");
-  return std::make_shared<NcclComm>(sub, nsub, device_, fmt::format("{}/split({})", name_, color), std::move(ranks));
+  return std::make_shared<NcclComm>(sub, nsub, device_, fmt::format(FMT_STRING("{}/split({})"), name_, color), std::move(ranks));
 }
 
 void do_init_nccl() {

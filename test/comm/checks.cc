@@ -109,7 +109,7 @@ Tensor reference_typed(const std::vector<Tensor>& contrib, ReduceOp op) {
 }
 
 std::string fmt_case(const char* op, DType dt, int64_t numel, const Communicator& c) {
-  return fmt::format("{} {} numel={} on '{}' rank {}/{}", op, dtype_name(dt), numel, c.name(), c.rank(), c.size());
+  return fmt::format(FMT_STRING("{} {} numel={} on '{}' rank {}/{}"), op, dtype_name(dt), numel, c.name(), c.rank(), c.size());
 }
 
 void expect_equal(Failures& f, const std::string& what, const Tensor& got, const Tensor& expected) {
@@ -170,7 +170,7 @@ Tensor reference_reduce(const std::vector<Tensor>& contrib, ReduceOp op) {
 
 std::string compare_bits(const Tensor& got, const Tensor& expected) {
   if (got.dtype() != expected.dtype() || got.numel() != expected.numel()) {
-    return fmt::format("got {}, expected {}", got.desc(), expected.desc());
+    return fmt::format(FMT_STRING("got {}, expected {}"), got.desc(), expected.desc());
   }
   const size_t isz = got.itemsize();
   const char* a = static_cast<const char*>(got.raw_data());
@@ -178,7 +178,7 @@ std::string compare_bits(const Tensor& got, const Tensor& expected) {
   for (int64_t i = 0; i < got.numel(); ++i) {
     if (std::memcmp(a + size_t(i) * isz, b + size_t(i) * isz, isz) != 0) {
       auto x = got.to_vector<double>(), y = expected.to_vector<double>();
-      return fmt::format("element {} of {} differs: got {} expected {}", i, got.numel(), x[size_t(i)], y[size_t(i)]);
+      return fmt::format(FMT_STRING("element {} of {} differs: got {} expected {}"), i, got.numel(), x[size_t(i)], y[size_t(i)]);
     }
   }
   return "";
@@ -255,7 +255,7 @@ void reduce_scatter_cases(Communicator& c, Failures& f, uint64_t seed) {
       for (int r = 0; r < n; ++r) {
         contrib.push_back(concat({make_input(dt, total, mix(cs, uint64_t(r)), true)}, {off}, {counts[size_t(me)]}, dt));
       }
-      expect_equal(f, fmt_case("reduce_scatter_v", dt, total, c) + fmt::format(" counts=[{}]", fmt::join(counts, ",")),
+      expect_equal(f, fmt_case("reduce_scatter_v", dt, total, c) + fmt::format(FMT_STRING(" counts=[{}]"), fmt::join(counts, ",")),
                    out, reference_reduce(contrib, op));
     }
   }
@@ -284,7 +284,7 @@ void all_gather_cases(Communicator& c, Failures& f, uint64_t seed) {
     c.all_gather_v(in, out, counts);
     std::vector<Tensor> parts;
     for (int r = 0; r < n; ++r) parts.push_back(make_input(dt, counts[size_t(r)], mix(cs, uint64_t(r))));
-    expect_equal(f, fmt_case("all_gather_v", dt, total, c) + fmt::format(" counts=[{}]", fmt::join(counts, ",")), out,
+    expect_equal(f, fmt_case("all_gather_v", dt, total, c) + fmt::format(FMT_STRING(" counts=[{}]"), fmt::join(counts, ",")), out,
                  concat(parts, std::vector<int64_t>(size_t(n), 0), counts, dt));
   }
 }
@@ -338,7 +338,7 @@ void broadcast_cases(Communicator& c, Failures& f, uint64_t seed) {
         const uint64_t cs = mix(mix(seed, uint64_t(dt)), uint64_t(m) * 131 + uint64_t(root));
         Tensor t = me == root ? make_input(dt, m, cs) : garbage(dt, m);
         c.broadcast(t, root);
-        expect_equal(f, fmt_case("broadcast", dt, m, c) + fmt::format(" root={}", root), t, make_input(dt, m, cs));
+        expect_equal(f, fmt_case("broadcast", dt, m, c) + fmt::format(FMT_STRING(" root={}"), root), t, make_input(dt, m, cs));
       }
     }
   }
@@ -400,7 +400,7 @@ void async_cases(Communicator& c, Failures& f, uint64_t seed) {
   for (auto it = ws.rbegin(); it != ws.rend(); ++it) {
     (*it)->wait();
     if (!(*it)->is_completed()) {
-      f.push_back(fmt::format("async on '{}' rank {}: not completed after wait()", c.name(), me));
+      f.push_back(fmt::format(FMT_STRING("async on '{}' rank {}: not completed after wait()"), c.name(), me));
     }
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -418,7 +418,7 @@ void async_cases(Communicator& c, Failures& f, uint64_t seed) {
 void grid_cases(Communicator& world, int rows, int cols, Failures& f, uint64_t seed) {
   const int me = world.rank();
   if (world.size() != rows * cols) {
-    f.push_back(fmt::format("grid_cases: world has {} ranks, not {}x{}", world.size(), rows, cols));
+    f.push_back(fmt::format(FMT_STRING("grid_cases: world has {} ranks, not {}x{}"), world.size(), rows, cols));
     return;
   }
   const int row = me / cols, col = me % cols;
@@ -427,7 +427,7 @@ void grid_cases(Communicator& world, int rows, int cols, Failures& f, uint64_t s
   auto col_comm = world.split(col, rows - 1 - row);
   auto none = world.split(me == 0 ? -1 : 0, me);
   auto expect = [&](bool ok, const std::string& what) {
-    if (!ok) f.push_back(fmt::format("grid {}x{} world rank {}: {}", rows, cols, me, what));
+    if (!ok) f.push_back(fmt::format(FMT_STRING("grid {}x{} world rank {}: {}"), rows, cols, me, what));
   };
   expect(row_comm && row_comm->size() == cols && row_comm->rank() == col, "row communicator size/rank");
   expect(col_comm && col_comm->size() == rows && col_comm->rank() == rows - 1 - row, "column communicator size/rank");
@@ -436,9 +436,9 @@ void grid_cases(Communicator& world, int rows, int cols, Failures& f, uint64_t s
   std::vector<int> row_ranks, col_ranks;
   for (int j = 0; j < cols; ++j) row_ranks.push_back(row * cols + j);
   for (int i = rows - 1; i >= 0; --i) col_ranks.push_back(i * cols + col);
-  expect(row_comm->world_ranks() == row_ranks, fmt::format("row world_ranks [{}]", fmt::join(row_comm->world_ranks(), ",")));
-  expect(col_comm->world_ranks() == col_ranks, fmt::format("column world_ranks [{}]", fmt::join(col_comm->world_ranks(), ",")));
-  expect(row_comm->name() == fmt::format("{}/split({})", world.name(), row), "row name " + row_comm->name());
+  expect(row_comm->world_ranks() == row_ranks, fmt::format(FMT_STRING("row world_ranks [{}]"), fmt::join(row_comm->world_ranks(), ",")));
+  expect(col_comm->world_ranks() == col_ranks, fmt::format(FMT_STRING("column world_ranks [{}]"), fmt::join(col_comm->world_ranks(), ",")));
+  expect(row_comm->name() == fmt::format(FMT_STRING("{}/split({})"), world.name(), row), "row name " + row_comm->name());
   // Reductions inside each group (rows then columns, like a 2-D mesh).
   for (auto* sub : {row_comm.get(), col_comm.get()}) {
     const uint64_t cs = mix(seed, sub == row_comm.get() ? 1000 + uint64_t(row) : 2000 + uint64_t(col));

@@ -103,7 +103,7 @@ int run(const Options& o) {
   std::printf("tessel conformance export: %s -> %s (%zu parameters, loss %.6f -> %.6f after %lld AdamW steps)\n",
               mc.describe().c_str(), o.out.c_str(), params.size(), double(losses.front()), double(losses.back()),
               (long long)o.steps);
-  if (!no_grad.empty()) std::printf("  no gradient in step 1 (idle experts): %s\n", fmt::format("{}", fmt::join(no_grad, ", ")).c_str());
+  if (!no_grad.empty()) std::printf("  no gradient in step 1 (idle experts): %s\n", fmt::format(FMT_STRING("{}"), fmt::join(no_grad, ", ")).c_str());
   return 0;
 }
 

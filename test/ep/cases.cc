@@ -58,19 +58,19 @@ EpOutcome run_moe(MoEHolder& m, const Tensor& x, const Tensor& g) {
 std::string compare(const EpOutcome& ref, const EpOutcome& got, bool bitwise_forward) {
   std::string bad;
   if (bitwise_forward ? !bitwise_equal(got.y, ref.y) : !allclose(got.y, ref.y, 1e-5, 1e-6))
-    bad += fmt::format("output differs by {}; ", max_abs_diff(got.y, ref.y));
+    bad += fmt::format(FMT_STRING("output differs by {}; "), max_abs_diff(got.y, ref.y));
   if (!allclose(got.x_grad, ref.x_grad, 1e-5, 1e-6))
-    bad += fmt::format("input gradient differs by {}; ", max_abs_diff(got.x_grad, ref.x_grad));
+    bad += fmt::format(FMT_STRING("input gradient differs by {}; "), max_abs_diff(got.x_grad, ref.x_grad));
   if (got.counts != ref.counts) bad += "expert counts; ";
   if (got.dropped != ref.dropped) bad += "dropped counts; ";
   if (std::fabs(got.aux - ref.aux) > 1e-6 * std::max(1.0, std::fabs(ref.aux)))
-    bad += fmt::format("aux {} vs {}; ", got.aux, ref.aux);
+    bad += fmt::format(FMT_STRING("aux {} vs {}; "), got.aux, ref.aux);
   if (got.grads.size() != ref.grads.size()) return bad + "parameter count";
   for (size_t i = 0; i < ref.grads.size(); ++i) {
     const Tensor &a = ref.grads[i].second, &b = got.grads[i].second;
     if (a.defined() != b.defined()) bad += ref.grads[i].first + " gradient defined differs; ";
     else if (a.defined() && !allclose(b, a, 1e-5, 1e-6))
-      bad += fmt::format("{} gradient differs by {}; ", ref.grads[i].first, max_abs_diff(a, b));
+      bad += fmt::format(FMT_STRING("{} gradient differs by {}; "), ref.grads[i].first, max_abs_diff(a, b));
   }
   return bad;
 }
@@ -96,7 +96,7 @@ std::string ep_case(const nn::MoEConfig& cfg, const Dims& xshape, const EpLayout
   const int ep = mesh->dim_index("ep");
   for (int64_t e = 0; e < cfg.num_experts; ++e) {
     const bool mine = parallel::expert_owner(e, cfg.num_experts, mesh->size(ep)) == mesh->coordinate(ep);
-    if ((raw::local_of(m->ffn->expert(e).w2->weight).numel() > 0) != mine) return fmt::format("expert {} piece", e);
+    if ((raw::local_of(m->ffn->expert(e).w2->weight).numel() > 0) != mine) return fmt::format(FMT_STRING("expert {} piece"), e);
   }
   Placements xp = Placements::replicated(mesh->ndim());
   for (int d = 0; d < mesh->ndim(); ++d)

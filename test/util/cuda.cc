@@ -35,7 +35,7 @@ std::string bits_mismatch(const Tensor& a_any, const Tensor& b_any) {
   for (int64_t i = 0; i < a.numel(); ++i) {
     if (std::memcmp(pa + i * int64_t(item), pb + i * int64_t(item), item) == 0) continue;
     if (!va.empty() && std::isnan(va[size_t(i)]) && std::isnan(vb[size_t(i)])) continue;
-    return fmt::format("element {} of {}: {} vs {} (first mismatch)", i, a.desc(),
+    return fmt::format(FMT_STRING("element {} of {}: {} vs {} (first mismatch)"), i, a.desc(),
                        va.empty() ? double(a.to_vector<int64_t>()[size_t(i)]) : va[size_t(i)],
                        vb.empty() ? double(b.to_vector<int64_t>()[size_t(i)]) : vb[size_t(i)]);
   }
@@ -46,15 +46,15 @@ bool same_bits(const Tensor& a, const Tensor& b) { return bits_mismatch(a, b).em
 
 namespace {
 std::string compare_one(const char* what, const Tensor& gpu, const Tensor& cpu, const CompareOptions& o) {
-  if (gpu.defined() != cpu.defined()) return fmt::format("{}: defined on one device only", what);
+  if (gpu.defined() != cpu.defined()) return fmt::format(FMT_STRING("{}: defined on one device only"), what);
   if (!cpu.defined()) return "";
   if (o.bitwise) {
     const std::string m = bits_mismatch(gpu, cpu);
-    return m.empty() ? "" : fmt::format("{}: {}", what, m);
+    return m.empty() ? "" : fmt::format(FMT_STRING("{}: {}"), what, m);
   }
   Tensor g = to_cpu(gpu);
   if (!allclose(g, cpu, o.rtol, o.atol))
-    return fmt::format("{}: not within rtol {} atol {} (max |diff| {})", what, o.rtol, o.atol, max_abs_diff(g, cpu));
+    return fmt::format(FMT_STRING("{}: not within rtol {} atol {} (max |diff| {})"), what, o.rtol, o.atol, max_abs_diff(g, cpu));
   return "";
 }
 }  // namespace
@@ -87,7 +87,7 @@ std::string compare_with_cpu(const std::function<Tensor(const std::vector<Tensor
   out_g.backward(to_cuda(grad));
   for (size_t i = 0; i < cpu_in.size(); ++i) {
     if (!cpu_in[i].defined() || !cpu_in[i].requires_grad()) continue;
-    m = compare_one(fmt::format("gradient of input {}", i).c_str(), gpu_in[i].grad(), cpu_in[i].grad(), o);
+    m = compare_one(fmt::format(FMT_STRING("gradient of input {}"), i).c_str(), gpu_in[i].grad(), cpu_in[i].grad(), o);
     if (!m.empty()) return m;
   }
   return "";

@@ -102,7 +102,7 @@ std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
     for (size_t j = 0; j < numeric.size(); ++j) {
       double tol = opts.atol + opts.rtol * std::fabs(numeric[j]);
       if (!(std::fabs(an[j] - numeric[j]) <= tol)) {
-        return fmt::format("gradcheck: input {} ({}) element {}: analytical {} vs numerical {} (|diff| {} > tol {})",
+        return fmt::format(FMT_STRING("gradcheck: input {} ({}) element {}: analytical {} vs numerical {} (|diff| {} > tol {})"),
                            i, x.desc(), j, an[j], numeric[j], std::fabs(an[j] - numeric[j]), tol);
       }
     }

@@ -65,7 +65,7 @@ checkpoint::NamedTensors make_globals(int64_t size_mb) {
   const int64_t rows = std::max<int64_t>(1, size_mb * (1 << 20) / (n_tensors * cols * 4));
   checkpoint::NamedTensors g;
   for (int64_t i = 0; i < n_tensors; ++i)
-    g.emplace_back(fmt::format("layers.{}.weight", i), rand({rows, cols}, PhiloxKey{1, uint64_t(i)}));
+    g.emplace_back(fmt::format(FMT_STRING("layers.{}.weight"), i), rand({rows, cols}, PhiloxKey{1, uint64_t(i)}));
   return g;
 }
 
@@ -73,14 +73,14 @@ checkpoint::NamedTensors make_globals(int64_t size_mb) {
 
 int run_ckpt_bench(const CkptBenchOptions& o, std::ostream& out) {
   const std::string base = o.dir.empty() ? (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") : o.dir;
-  const std::string root = base + fmt::format("/tessel-bench-ckpt-{}", getpid());
+  const std::string root = base + fmt::format(FMT_STRING("/tessel-bench-ckpt-{}"), getpid());
   checkpoint::io::remove_tree(root);
   checkpoint::io::make_dir(root, "bench");
   const checkpoint::NamedTensors globals = make_globals(o.size_mb);
   uint64_t bytes = 0;
   for (const auto& [n, t] : globals) bytes += t.nbytes();
-  out << fmt::format("bench ckpt: {} float32 tensors, {:.1f} MiB, saved from {} ranks (threads, Shard(0)), {} reps, "
-                     "in {}\n",
+  out << fmt::format(FMT_STRING("bench ckpt: {} float32 tensors, {:.1f} MiB, saved from {} ranks (threads, Shard(0)), {} reps, "
+                     "in {}\n"),
                      globals.size(), double(bytes) / (1 << 20), o.ranks, o.reps, root);
 
   std::vector<double> save_s, load_s, reshard_s, ref_w, ref_r, stage_s;
@@ -92,8 +92,8 @@ int run_ckpt_bench(const CkptBenchOptions& o, std::ostream& out) {
   std::vector<std::unique_ptr<checkpoint::Saver>> savers;
   for (int r = 0; r < o.ranks; ++r) savers.push_back(std::make_unique<checkpoint::Saver>());
   for (int rep = 0; rep < o.reps; ++rep) {
-    const std::string dir = root + fmt::format("/step-{:08d}", rep);
-    const std::string ref = root + fmt::format("/reference-{}.bin", rep);
+    const std::string dir = root + fmt::format(FMT_STRING("/step-{:08d}"), rep);
+    const std::string ref = root + fmt::format(FMT_STRING("/reference-{}.bin"), rep);
     // Alternate who goes first: fsync timings depend on what else is dirty.
     if (rep % 2 == 1) {
       ref_w.push_back(reference_write(ref, buf.get(), bytes));
@@ -146,16 +146,16 @@ int run_ckpt_bench(const CkptBenchOptions& o, std::ostream& out) {
 
   const double gb = double(bytes) / 1e9;
   const double s = median(save_s), l = median(load_s), r = median(reshard_s), w = median(ref_w), rd = median(ref_r);
-  out << fmt::format("  {:<34} {:>9} {:>9}\n", "", "seconds", "GB/s");
-  out << fmt::format("  {:<34} {:>9.3f} {:>9.2f}\n", "save (tessel, sync, fsync'ed)", s, gb / s);
-  out << fmt::format("  {:<34} {:>9.3f} {:>9.2f}\n", "write+fsync one file (reference)", w, gb / w);
-  out << fmt::format("  {:<34} {:>9.3f} {:>9.2f}\n", "load, same layout (tessel)", l, gb / l);
-  out << fmt::format("  {:<34} {:>9.3f} {:>9.2f}\n", "read one file (reference)", rd, gb / rd);
-  out << fmt::format("  {:<34} {:>9.3f} {:>9.2f}\n", "load resharded to 1 device", r, gb / r);
+  out << fmt::format(FMT_STRING("  {:<34} {:>9} {:>9}\n"), "", "seconds", "GB/s");
+  out << fmt::format(FMT_STRING("  {:<34} {:>9.3f} {:>9.2f}\n"), "save (tessel, sync, fsync'ed)", s, gb / s);
+  out << fmt::format(FMT_STRING("  {:<34} {:>9.3f} {:>9.2f}\n"), "write+fsync one file (reference)", w, gb / w);
+  out << fmt::format(FMT_STRING("  {:<34} {:>9.3f} {:>9.2f}\n"), "load, same layout (tessel)", l, gb / l);
+  out << fmt::format(FMT_STRING("  {:<34} {:>9.3f} {:>9.2f}\n"), "read one file (reference)", rd, gb / rd);
+  out << fmt::format(FMT_STRING("  {:<34} {:>9.3f} {:>9.2f}\n"), "load resharded to 1 device", r, gb / r);
   if (o.async)
-    out << fmt::format("  {:<34} {:>9.3f}\n", "async save: training thread blocked", median(stage_s));
-  out << fmt::format("  save speedup {:.2f}, load speedup {:.2f} (reference / tessel); resharded / same-layout load "
-                     "{:.2f}\n",
+    out << fmt::format(FMT_STRING("  {:<34} {:>9.3f}\n"), "async save: training thread blocked", median(stage_s));
+  out << fmt::format(FMT_STRING("  save speedup {:.2f}, load speedup {:.2f} (reference / tessel); resharded / same-layout load "
+                     "{:.2f}\n"),
                      w / s, rd / l, r / l);
   nlohmann::ordered_json j;
   j["bench"] = "ckpt";

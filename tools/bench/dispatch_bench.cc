@@ -57,7 +57,7 @@ int run_dispatch_bench(const DispatchBenchOptions& opts, std::ostream& out) {
       {"softmax [16, 64]", [](auto& x) { return softmax(x[0], -1); }, {{16, 64}}, {Shard(0)}},
       {"gelu [64, 64]", [](auto& x) { return gelu(x[0]); }, {{64, 64}}, {Replicate()}},
   };
-  out << fmt::format("{:<30} {:>12} {:>12} {:>12}\n", "op", "plain (us)", "sharded (us)", "added (us)");
+  out << fmt::format(FMT_STRING("{:<30} {:>12} {:>12} {:>12}\n"), "op", "plain (us)", "sharded (us)", "added (us)");
   nlohmann::json rows = nlohmann::json::array();
   double plain_total = 0, dist_total = 0;
   detail::DispatchStats stages_total;
@@ -84,8 +84,8 @@ int run_dispatch_bench(const DispatchBenchOptions& opts, std::ostream& out) {
     stages_total.redistribute_s += s.redistribute_s / n;
     stages_total.kernel_s += s.kernel_s / n;
     stages_total.wrap_s += s.wrap_s / n;
-    out << fmt::format("{:<30} {:>12.2f} {:>12.2f} {:>12.2f}   (propagate {:.2f}, redistribute {:.2f}, kernel {:.2f}, "
-                       "wrap {:.2f} us; {} dispatches per call)\n",
+    out << fmt::format(FMT_STRING("{:<30} {:>12.2f} {:>12.2f} {:>12.2f}   (propagate {:.2f}, redistribute {:.2f}, kernel {:.2f}, "
+                       "wrap {:.2f} us; {} dispatches per call)\n"),
                        op.name, tp * 1e6, td * 1e6, (td - tp) * 1e6, s.propagate_s / n * 1e6,
                        s.redistribute_s / n * 1e6, s.kernel_s / n * 1e6, s.wrap_s / n * 1e6,
                        double(s.calls) / opts.iters);
@@ -99,7 +99,7 @@ int run_dispatch_bench(const DispatchBenchOptions& opts, std::ostream& out) {
   }
   const double k = double(ops.size());
   const double overhead_us = (dist_total - plain_total) / k * 1e6;
-  out << fmt::format("mean added per op: {:.2f} us (goal: under 2 us)\n", overhead_us);
+  out << fmt::format(FMT_STRING("mean added per op: {:.2f} us (goal: under 2 us)\n"), overhead_us);
   nlohmann::json j = {
       {"bench", "dispatch"},
       {"ours_s", dist_total},

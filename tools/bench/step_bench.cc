@@ -169,7 +169,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     write_reference_inputs(dir, *model, ids, targets, meta);
   }
 
-  out << fmt::format("bench step: {}; batch {} x {} tokens, {} threads, fp32, AdamW; {} warm-up + {} timed steps\n",
+  out << fmt::format(FMT_STRING("bench step: {}; batch {} x {} tokens, {} threads, fp32, AdamW; {} warm-up + {} timed steps\n"),
                      mc.describe(), B, T, threads, o.warmup, o.steps);
   out.flush();
   std::unique_ptr<Reference> ref;
@@ -181,7 +181,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     nlohmann::json hello = ref->ask("");
     TESSEL_CHECK(hello.is_object() && hello.value("ready", false), op,
                  "the PyTorch side ({} {}) did not start; its errors are above", python, script);
-    ref_name = fmt::format("pytorch {} (CPU, {} threads)", hello["torch"].get<std::string>(), hello["threads"].get<int>());
+    ref_name = fmt::format(FMT_STRING("pytorch {} (CPU, {} threads)"), hello["torch"].get<std::string>(), hello["threads"].get<int>());
   }
 
   // Steps alternate between the two sides (who goes first alternates too),
@@ -230,10 +230,10 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     if (ref) their_step(s);
     if (s % 2 == 1 && ref) our_step(s);
     if (s < o.warmup) {
-      out << fmt::format("  step {}/{}: warm-up\n", s + 1, o.warmup + o.steps);
+      out << fmt::format(FMT_STRING("  step {}/{}: warm-up\n"), s + 1, o.warmup + o.steps);
     } else {
-      out << fmt::format("  step {}/{}: tessel {:.3f} s", s + 1, o.warmup + o.steps, ours.total.back());
-      if (ref) out << fmt::format(", pytorch {:.3f} s", theirs.total.back());
+      out << fmt::format(FMT_STRING("  step {}/{}: tessel {:.3f} s"), s + 1, o.warmup + o.steps, ours.total.back());
+      if (ref) out << fmt::format(FMT_STRING(", pytorch {:.3f} s"), theirs.total.back());
       out << "\n";
     }
     out.flush();
@@ -246,24 +246,24 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
                rt = median(theirs.total);
 
   const double tokens = double(B * T);
-  out << fmt::format("  {:10s} {:>12s} {:>12s} {:>9s}\n", "part", "tessel (s)", "pytorch (s)", "speedup");
+  out << fmt::format(FMT_STRING("  {:10s} {:>12s} {:>12s} {:>9s}\n"), "part", "tessel (s)", "pytorch (s)", "speedup");
   auto row = [&](const char* name, double a, double r) {
-    if (have_ref) out << fmt::format("  {:10s} {:12.4f} {:12.4f} {:9.2f}\n", name, a, r, a > 0 ? r / a : 0.0);
-    else out << fmt::format("  {:10s} {:12.4f} {:>12s} {:>9s}\n", name, a, "-", "-");
+    if (have_ref) out << fmt::format(FMT_STRING("  {:10s} {:12.4f} {:12.4f} {:9.2f}\n"), name, a, r, a > 0 ? r / a : 0.0);
+    else out << fmt::format(FMT_STRING("  {:10s} {:12.4f} {:>12s} {:>9s}\n"), name, a, "-", "-");
   };
   row("forward", of, rf);
   row("backward", ob, rb);
   row("optimizer", oo, ro);
   row("step", ot, rt);
   const double oc = median(ours.cpu), rc_cpu = median(theirs.cpu);
-  if (have_ref) out << fmt::format("  {:10s} {:12.4f} {:12.4f} {:9.2f}\n", "step CPU", oc, rc_cpu, rc_cpu / oc);
-  else out << fmt::format("  {:10s} {:12.4f} {:>12s} {:>9s}\n", "step CPU", oc, "-", "-");
-  out << fmt::format("  tessel {:.0f} tokens/s", tokens / ot);
-  if (have_ref) out << fmt::format(", pytorch {:.0f} tokens/s", tokens / rt);
+  if (have_ref) out << fmt::format(FMT_STRING("  {:10s} {:12.4f} {:12.4f} {:9.2f}\n"), "step CPU", oc, rc_cpu, rc_cpu / oc);
+  else out << fmt::format(FMT_STRING("  {:10s} {:12.4f} {:>12s} {:>9s}\n"), "step CPU", oc, "-", "-");
+  out << fmt::format(FMT_STRING("  tessel {:.0f} tokens/s"), tokens / ot);
+  if (have_ref) out << fmt::format(FMT_STRING(", pytorch {:.0f} tokens/s"), tokens / rt);
   out << "\n";
   if (have_ref) {
     const double rel = std::fabs(first_loss - ref_loss) / std::max(std::fabs(ref_loss), 1e-30);
-    out << fmt::format("  first-step loss: tessel {:.6f}, pytorch {:.6f} (rel. diff {:.1e})\n", first_loss, ref_loss,
+    out << fmt::format(FMT_STRING("  first-step loss: tessel {:.6f}, pytorch {:.6f} (rel. diff {:.1e})\n"), first_loss, ref_loss,
                        rel);
     if (rel > 1e-4) {
       out << "bench step: the two sides computed different losses; the comparison is not meaningful\n";

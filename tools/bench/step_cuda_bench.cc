@@ -36,7 +36,7 @@ nlohmann::json torch_reference(const StepCudaBenchOptions& o, std::ostream& out)
     out << "reference: PyTorch with CUDA is not importable by '" << o.python << "': skipped\n";
     return nullptr;
   }
-  std::string cmd = fmt::format("{} {} --config {} --batch {} --seq {} --steps {} --warmup {} --dtype {}", o.python,
+  std::string cmd = fmt::format(FMT_STRING("{} {} --config {} --batch {} --seq {} --steps {} --warmup {} --dtype {}"), o.python,
                                 script, o.config, o.batch, o.seq, o.steps, o.warmup, o.dtype);
   out << "reference: " << cmd << "\n";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
@@ -104,7 +104,7 @@ Timing time_steps(const StepCudaBenchOptions& o, models::ModelConfig cfg, const 
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (s >= o.warmup) times.push_back(ms);
     if (s == o.warmup + o.steps - 1) t.last_loss = loss.item<float>();
-    out << fmt::format("[gemm {}] step {:3d}  {:8.2f} ms{}\n", gemm, s, ms, s < o.warmup ? "  (warmup)" : "");
+    out << fmt::format(FMT_STRING("[gemm {}] step {:3d}  {:8.2f} ms{}\n"), gemm, s, ms, s < o.warmup ? "  (warmup)" : "");
   }
   t.step_ms = median(times);
   t.peak_bytes = allocator_for(dev)->stats().peak_bytes;
@@ -137,15 +137,15 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
   const double flops_per_token = 6.0 * double(t.params) + 12.0 * L * H * Q * double(o.seq);
   const double peak = o.peak_tflops > 0 ? o.peak_tflops : (o.dtype == "bf16" ? 989.4 : 66.9);  // H100 SXM dense
   const double mfu = flops_per_token * tokens_per_s / (peak * 1e12);
-  out << fmt::format("tessel: {} {} B={} T={} {} gemm={}: {:.2f} ms/step, {:.0f} tokens/s, MFU {:.1f}%, peak memory "
-                     "{:.2f} GiB, loss {:.4f}\n",
+  out << fmt::format(FMT_STRING("tessel: {} {} B={} T={} {} gemm={}: {:.2f} ms/step, {:.0f} tokens/s, MFU {:.1f}%, peak memory "
+                     "{:.2f} GiB, loss {:.4f}\n"),
                      o.model, o.config, o.batch, o.seq, o.dtype, o.gemm, step_ms, tokens_per_s, 100 * mfu,
                      double(t.peak_bytes) / double(1 << 30), t.last_loss);
   // Bitwise mode's cost: the same steps with the canonical-order GEMM.
   nlohmann::json bitwise = nullptr;
   if (o.bitwise_cost && o.gemm == "fast") {
     const Timing b = time_steps(o, cfg, "bitwise", out);
-    out << fmt::format("tessel gemm=bitwise: {:.2f} ms/step, bitwise / fast = {:.3f}\n", b.step_ms,
+    out << fmt::format(FMT_STRING("tessel gemm=bitwise: {:.2f} ms/step, bitwise / fast = {:.3f}\n"), b.step_ms,
                        b.step_ms / step_ms);
     bitwise = {{"step_ms", b.step_ms}, {"cost", b.step_ms / step_ms}, {"loss", b.last_loss}};
   }

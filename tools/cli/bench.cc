@@ -40,8 +40,8 @@ std::string find_bench(const std::string& name) {
   for (const std::string& p : {dir + "/bench/bench_" + name, dir + "/tessel.runfiles/tessel/tools/bench/bench_" + name}) {
     if (access(p.c_str(), X_OK) == 0) return p;
   }
-  throw Error(fmt::format("bench {}: the binary bench_{} was not found next to {} (run it through ./tessel, which "
-                          "builds //tools:tessel with its benchmarks)",
+  throw Error(fmt::format(FMT_STRING("bench {}: the binary bench_{} was not found next to {} (run it through ./tessel, which "
+                          "builds //tools:tessel with its benchmarks)"),
                           name, name, dir));
 }
 
@@ -56,7 +56,7 @@ int exec_bench(const std::string& name, const std::vector<std::string>& args) {
   cargs.push_back(nullptr);
   std::fflush(stdout);
   execv(path.c_str(), cargs.data());
-  throw Error(fmt::format("bench {}: cannot execute {}", name, path));
+  throw Error(fmt::format(FMT_STRING("bench {}: cannot execute {}"), name, path));
 }
 
 void register_bench(CLI::App& app) {

@@ -71,10 +71,10 @@ int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& 
   std::printf("  fast mode:    %.3f ms per 1k tokens (last loss %.6f)\n", fast * 1e6, loss[0]);
   std::printf("  bitwise mode: %.3f ms per 1k tokens (last loss %.6f)\n", bit * 1e6, loss[1]);
   std::printf("  bitwise / fast = %.3f (goal <= 1.15)\n", bit / fast);
-  std::printf("%s\n", fmt::format("{{\"bench\": \"step_bitwise\", \"model\": \"{}\", \"config\": \"{}\", "
+  std::printf("%s\n", fmt::format(FMT_STRING("{{\"bench\": \"step_bitwise\", \"model\": \"{}\", \"config\": \"{}\", "
                                    "\"mesh\": \"{}\", \"micro_batches\": {}, \"ours_s\": {:.6g}, "
                                    "\"reference\": \"tessel fast mode (same mesh, same run)\", "
-                                   "\"reference_s\": {:.6g}, \"speedup\": {:.4f}, \"unit\": \"seconds per token\"}}",
+                                   "\"reference_s\": {:.6g}, \"speedup\": {:.4f}, \"unit\": \"seconds per token\"}}"),
                                    o.model, o.config, mesh, micro_batches, bit, fast, fast / bit)
                            .c_str());
   return 0;
@@ -123,18 +123,18 @@ int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std:
   std::printf("  %-22s %12s %14s %10s\n", "layout", "tokens/s", "vs one device", "comm wait");
   for (const Row& r : rows)
     std::printf("  %-22s %12.1f %13.2fx %10s\n", r.mesh.c_str(), r.tokens_per_s, r.tokens_per_s / rows[0].tokens_per_s,
-                r.wait_share < 0 ? "-" : fmt::format("{:.1f}%", 100 * r.wait_share).c_str());
+                r.wait_share < 0 ? "-" : fmt::format(FMT_STRING("{:.1f}%"), 100 * r.wait_share).c_str());
   std::string layouts;
   for (size_t i = 1; i < rows.size(); ++i) {
-    layouts += fmt::format("{}{{\"mesh\": \"{}\", \"tokens_per_s\": {:.6g}, \"comm_wait_share\": {}}}",
+    layouts += fmt::format(FMT_STRING("{}{{\"mesh\": \"{}\", \"tokens_per_s\": {:.6g}, \"comm_wait_share\": {}}}"),
                            i > 1 ? ", " : "", rows[i].mesh, rows[i].tokens_per_s,
-                           rows[i].wait_share < 0 ? std::string("null") : fmt::format("{:.4f}", rows[i].wait_share));
+                           rows[i].wait_share < 0 ? std::string("null") : fmt::format(FMT_STRING("{:.4f}"), rows[i].wait_share));
   }
   const Row& first = rows.size() > 1 ? rows[1] : rows[0];
-  std::printf("%s\n", fmt::format("{{\"bench\": \"step_mesh\", \"model\": \"{}\", \"config\": \"{}\", "
+  std::printf("%s\n", fmt::format(FMT_STRING("{{\"bench\": \"step_mesh\", \"model\": \"{}\", \"config\": \"{}\", "
                                    "\"mesh\": \"{}\", \"ours_s\": {:.6g}, \"reference\": \"tessel on one device "
                                    "(same run)\", \"reference_s\": {:.6g}, \"speedup\": {:.4f}, "
-                                   "\"unit\": \"seconds per token\", \"layouts\": [{}]}}",
+                                   "\"unit\": \"seconds per token\", \"layouts\": [{}]}}"),
                                    o.model, o.config, first.mesh, 1.0 / first.tokens_per_s,
                                    1.0 / rows[0].tokens_per_s, first.tokens_per_s / rows[0].tokens_per_s, layouts)
                            .c_str());
@@ -184,7 +184,7 @@ void register_bench_step(CLI::App& app) {
                                 if (device == "cuda" || device == "cuda:0")
                                   return run_cuda_step_bench(o, *step_cmd(), bitwise, dtype, no_reference);
                                 if (device != "cpu")
-                                  throw Error(fmt::format("bench step: --device must be cpu or cuda, got '{}'", device));
+                                  throw Error(fmt::format(FMT_STRING("bench step: --device must be cpu or cuda, got '{}'"), device));
                                 if (!dtype.empty())
                                   throw Error("bench step: --dtype applies to --device cuda only (the CPU step is float32)");
                                 if (bitwise)

@@ -29,10 +29,10 @@ std::string resolve(const std::string& dir) {
 }
 
 std::string human(uint64_t b) {
-  if (b >= (uint64_t(1) << 30)) return fmt::format("{:.2f} GiB", double(b) / double(uint64_t(1) << 30));
-  if (b >= (uint64_t(1) << 20)) return fmt::format("{:.2f} MiB", double(b) / double(1 << 20));
-  if (b >= 1024) return fmt::format("{:.1f} KiB", double(b) / 1024.0);
-  return fmt::format("{} B", b);
+  if (b >= (uint64_t(1) << 30)) return fmt::format(FMT_STRING("{:.2f} GiB"), double(b) / double(uint64_t(1) << 30));
+  if (b >= (uint64_t(1) << 20)) return fmt::format(FMT_STRING("{:.2f} MiB"), double(b) / double(1 << 20));
+  if (b >= 1024) return fmt::format(FMT_STRING("{:.1f} KiB"), double(b) / 1024.0);
+  return fmt::format(FMT_STRING("{} B"), b);
 }
 
 int inspect(const std::string& dir_in, bool verify) {

@@ -98,7 +98,7 @@ int64_t mesh_devices(const std::vector<std::pair<std::string, int64_t>>& dims) {
   return n;
 }
 
-std::string mib(int64_t bytes) { return fmt::format("{:.2f} MiB", double(bytes) / (1024.0 * 1024.0)); }
+std::string mib(int64_t bytes) { return fmt::format(FMT_STRING("{:.2f} MiB"), double(bytes) / (1024.0 * 1024.0)); }
 
 TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in);
 

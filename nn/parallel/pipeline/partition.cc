@@ -21,7 +21,7 @@ void check_count(int64_t n_blocks, int stages) {
 
 std::string Partition::str() const {
   std::string s;
-  for (int i = 0; i < num_stages(); ++i) s += fmt::format("{}[{}, {})", i ? " " : "", begin(i), end(i));
+  for (int i = 0; i < num_stages(); ++i) s += fmt::format(FMT_STRING("{}[{}, {})"), i ? " " : "", begin(i), end(i));
   return s;
 }
 

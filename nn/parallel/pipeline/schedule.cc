@@ -60,8 +60,8 @@ std::string Schedule::str() const {
   static const char* letter[] = {"ra", "F", "sa", "rg", "B", "sg"};
   std::string out;
   for (int r = 0; r < pp; ++r) {
-    out += fmt::format("rank {}:", r);
-    for (const Instr& i : ranks[size_t(r)]) out += fmt::format(" {}{}.{}", letter[int(i.op)], i.chunk, i.mb);
+    out += fmt::format(FMT_STRING("rank {}:"), r);
+    for (const Instr& i : ranks[size_t(r)]) out += fmt::format(FMT_STRING(" {}{}.{}"), letter[int(i.op)], i.chunk, i.mb);
     out += "\n";
   }
   return out;
@@ -264,7 +264,7 @@ ScheduleStats check_schedule(const Schedule& s) {
   for (int r = 0; r < s.pp; ++r) {
     if (pc[size_t(r)] == s.ranks[size_t(r)].size()) continue;
     const Instr& in = s.ranks[size_t(r)][pc[size_t(r)]];
-    blocked.push_back(fmt::format("rank {} at instruction {} ({} chunk {} micro-batch {})", r, pc[size_t(r)],
+    blocked.push_back(fmt::format(FMT_STRING("rank {} at instruction {} ({} chunk {} micro-batch {})"), r, pc[size_t(r)],
                                   op_name(in.op), in.chunk, in.mb));
   }
   TESSEL_CHECK(blocked.empty(), kOp, "'{}' deadlocks: {}", s.name, fmt::join(blocked, "; "));

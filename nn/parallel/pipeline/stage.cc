@@ -97,8 +97,8 @@ PipelineStage::PipelineStage(const models::ModelConfig& config, const MeshPtr& m
   }
   const int S = num_stages();
   partition_ = make_partition(opts.split, block_params, embed_params, head_params, S,
-                              fmt::format("{} config '{}' has {} blocks, fewer than the pp x V = {} x {} = {} "
-                                          "stages of mesh {}",
+                              fmt::format(FMT_STRING("{} config '{}' has {} blocks, fewer than the pp x V = {} x {} = {} "
+                                          "stages of mesh {}"),
                                           m.type_name(), config.name, blocks.size(), pp_size_,
                                           opts.virtual_stages, S, mesh->str()));
 
@@ -239,12 +239,12 @@ std::string PipelineStage::describe() const {
   std::vector<std::string> parts;
   for (int c = 0; c < virtual_stages(); ++c) {
     const int vs = stage_of(c);
-    std::string s = fmt::format("stage {} blocks [{}, {})", vs, partition_.begin(vs), partition_.end(vs));
+    std::string s = fmt::format(FMT_STRING("stage {} blocks [{}, {})"), vs, partition_.begin(vs), partition_.end(vs));
     if (vs == 0) s = "embed + " + s;
     if (vs == num_stages() - 1) s += " + head";
     parts.push_back(s);
   }
-  return fmt::format("pp rank {} of {}: {}; {} parameter tensors", pp_rank_, pp_size_, fmt::join(parts, ", "),
+  return fmt::format(FMT_STRING("pp rank {} of {}: {}; {} parameter tensors"), pp_rank_, pp_size_, fmt::join(parts, ", "),
                      held_.size());
 }
 
