@@ -75,5 +75,34 @@ std::atomic<GemmMode>& gemm_mode_var() {
 GemmMode gemm_mode() { return gemm_mode_var().load(std::memory_order_relaxed); }
 GemmMode set_gemm_mode(GemmMode mode) { return gemm_mode_var().exchange(mode); }
 
+Settings current_settings() { return Settings{bitwise(), reduction_chunks(), gemm_mode()}; }
+
+void apply_settings(const Settings& s) {
+  set_bitwise(s.bitwise);
+  set_reduction_chunks(s.reduction_chunks);
+  set_gemm_mode(s.gemm);
+}
+
+// bit 0: bitwise; bit 1: GEMM fast; bits 2..5: log2 V; bit 31 set so that a
+// zero (an old peer, or a field never filled) never passes for "all off".
+uint32_t encode_settings(const Settings& s) {
+  uint32_t log2v = 0;
+  while ((1 << log2v) < s.reduction_chunks) ++log2v;
+  return (1u << 31) | (s.bitwise ? 1u : 0u) | (s.gemm == GemmMode::Fast ? 2u : 0u) | (log2v << 2);
+}
+
+Settings decode_settings(uint32_t bits) {
+  Settings s;
+  s.bitwise = (bits & 1u) != 0;
+  s.gemm = (bits & 2u) ? GemmMode::Fast : GemmMode::Bitwise;
+  s.reduction_chunks = 1 << ((bits >> 2) & 15u);
+  return s;
+}
+
+std::string describe_settings(const Settings& s) {
+  return std::string("bitwise mode ") + (s.bitwise ? "on" : "off") + ", V = " + std::to_string(s.reduction_chunks) +
+         ", GEMM " + gemm_mode_name(s.gemm);
+}
+
 }  // namespace numerics
 }  // namespace tessel

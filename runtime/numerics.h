@@ -10,6 +10,7 @@
 // divides V and cuts it at chunk boundaries owns whole subtrees, so a sharded
 // or micro-batched computation can finish the same tree and get the same bits.
 #include <cstdint>
+#include <string>
 
 #include "runtime/macros.h"
 
@@ -92,6 +93,30 @@ class GemmModeGuard {
  private:
   GemmMode prev_;
 };
+
+// Every knob above as one value: what a rank computes with. Ranks must agree
+// on it: comm::run_local gives each rank thread its caller's settings, and
+// every collective compares the callers' settings across ranks (comm/backend.h
+// Meta), so ranks that disagree fail at their first collective with an error
+// naming both settings instead of silently computing other bits.
+struct Settings {
+  bool bitwise = false;
+  int reduction_chunks = 16;
+  GemmMode gemm = GemmMode::Bitwise;
+  bool operator==(const Settings& o) const {
+    return bitwise == o.bitwise && reduction_chunks == o.reduction_chunks && gemm == o.gemm;
+  }
+  bool operator!=(const Settings& o) const { return !(*this == o); }
+};
+// This thread's settings.
+Settings current_settings();
+// Sets them: bitwise for this thread; V and the GEMM mode are process-wide.
+void apply_settings(const Settings& s);
+// Packed into 32 bits for the collectives' cross-rank check, and back.
+uint32_t encode_settings(const Settings& s);
+Settings decode_settings(uint32_t bits);
+// "bitwise mode on, V = 16, GEMM bitwise"
+std::string describe_settings(const Settings& s);
 
 }  // namespace numerics
 }  // namespace tessel

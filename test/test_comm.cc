@@ -14,6 +14,7 @@
 #include "runtime/comm/comm.h"
 #include "runtime/comm/reduce.h"
 #include "runtime/comm/tree.h"
+#include "runtime/numerics.h"
 #include "test/comm/checks.h"
 
 using namespace tessel;
@@ -230,6 +231,44 @@ TEST_CASE("comm local: mismatched sizes name the ranks and shapes", "[comm][erro
   REQUIRE(contains(t.what, "all_reduce(sum) on 'world' (local backend"));
   REQUIRE(contains(t.what, "rank 1 passed Tensor(float32, cpu, shape=[5])"));
   REQUIRE(contains(t.what, "rank 0 passed Tensor(float32, cpu, shape=[4])"));
+}
+
+TEST_CASE("comm local: ranks get their caller's numerics settings", "[comm][numerics]") {
+  for (bool on : {false, true}) {
+    numerics::BitwiseGuard g(on);
+    std::atomic<int> agree{0};
+    run_local(3, [&](int) {
+      if (numerics::bitwise() == on) ++agree;
+      Tensor x = raw::empty({4}, DType::Float32);
+      world()->all_reduce(x, ReduceOp::Sum)->wait();  // the settings check passes
+    });
+    CHECK(agree == 3);
+  }
+}
+
+TEST_CASE("comm local: ranks with different numerics settings fail at their first collective", "[comm][errors]") {
+  Thrown t = run_and_catch(3, [](int r) {
+    numerics::BitwiseGuard g(r == 2);  // rank 2 alone in bitwise mode
+    Tensor x = raw::empty({4}, DType::Float32);
+    world()->all_reduce(x, ReduceOp::Sum);
+  });
+  INFO(t.what);
+  REQUIRE(t.error);
+  REQUIRE(contains(t.what, "all_reduce(sum) on 'world' (local backend"));
+  REQUIRE(contains(t.what, "different numerics settings: rank 2 has bitwise mode on, V = "));
+  REQUIRE(contains(t.what, "rank 0 has bitwise mode off"));
+}
+
+TEST_CASE("numerics settings: encode/decode round trip, description", "[numerics]") {
+  for (bool b : {false, true})
+    for (int v : {1, 2, 16, 1024})
+      for (auto gm : {numerics::GemmMode::Bitwise, numerics::GemmMode::Fast}) {
+        numerics::Settings s{b, v, gm};
+        CHECK(numerics::decode_settings(numerics::encode_settings(s)) == s);
+      }
+  CHECK(numerics::describe_settings({true, 16, numerics::GemmMode::Fast}) == "bitwise mode on, V = 16, GEMM fast");
+  numerics::BitwiseGuard g(true);
+  CHECK(numerics::current_settings().bitwise);
 }
 
 TEST_CASE("comm local: argument errors", "[comm][errors]") {

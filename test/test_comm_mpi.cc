@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "runtime/comm/comm.h"
+#include "runtime/numerics.h"
 #include "test/comm/checks.h"
 #include "test/skip.h"
 
@@ -124,6 +125,22 @@ TEST_CASE("comm mpi: mismatched sizes name the ranks and shapes on every rank", 
   REQUIRE(contains(e, "rank 1 called all_gather_v while rank 0 called barrier"));
   // The mismatch was found before any data moved: the communicator still works.
   w.barrier();
+}
+
+TEST_CASE("comm mpi: processes with different numerics settings fail at their first collective",
+          "[comm][mpi][errors]") {
+  Communicator& w = mpi_world();
+  if (w.size() < 2) TESSEL_SKIP("needs 2 ranks");
+  std::string e;
+  {
+    numerics::BitwiseGuard g(w.rank() == 1);
+    Tensor x = raw::empty({4}, DType::Float32);
+    e = error_of([&] { w.all_reduce(x, ReduceOp::Sum); });
+  }
+  INFO(e);
+  REQUIRE(contains(e, "all_reduce(sum) on 'world' (mpi backend"));
+  REQUIRE(contains(e, "different numerics settings: rank 1 has bitwise mode on"));
+  w.barrier();  // found before any data moved: the communicator still works
 }
 
 TEST_CASE("comm mpi: receive size mismatches", "[comm][mpi][errors]") {

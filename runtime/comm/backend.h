@@ -28,7 +28,7 @@ struct Meta {
   int32_t reduce_op = -1; // ReduceOp, -1 for non-reductions
   int32_t root = -1;      // broadcast
   int32_t ndim = 0;       // shape of the input (first kMaxDims dims), for error messages
-  int32_t pad = 0;
+  uint32_t numerics = 0;  // the caller's numerics::Settings (encode_settings): ranks must agree
   int64_t numel_in = 0;
   int64_t numel_out = 0;
   uint64_t counts_hash = 0;  // the counts vector of the _v variants

@@ -10,6 +10,7 @@
 
 #include "runtime/comm/backend.h"
 #include "runtime/error.h"
+#include "runtime/numerics.h"
 
 namespace tessel::comm {
 
@@ -140,6 +141,7 @@ Meta make_meta(OpKind kind, const Tensor* in, const Tensor* out, int reduce_op, 
                const std::vector<int64_t>* counts) {
   Meta m;
   m.kind = int32_t(kind);
+  m.numerics = numerics::encode_settings(numerics::current_settings());
   m.dtype = in ? int32_t(in->dtype()) : -1;
   m.reduce_op = reduce_op;
   m.root = root;
@@ -168,6 +170,14 @@ void check_metas(const std::string& where, const Meta* metas, int n, const std::
       throw Error(fmt::format(FMT_STRING("{}: rank {} called {} while rank 0 called {} (every rank must call the same "
                               "collectives in the same order)"),
                               where, r, op_kind_name(OpKind(m.kind)), op_kind_name(OpKind(m0.kind))));
+    }
+    if (m.numerics != m0.numerics) {
+      throw Error(fmt::format(
+          FMT_STRING("{}: the ranks compute with different numerics settings: rank {} has {}, rank 0 has {} (set them "
+                     "before the ranks start: comm::run_local gives every rank its caller's settings; under mpirun set "
+                     "TESSEL_BITWISE / TESSEL_REDUCE_CHUNKS / TESSEL_GEMM alike for every process)"),
+          where, r, numerics::describe_settings(numerics::decode_settings(m.numerics)),
+          numerics::describe_settings(numerics::decode_settings(m0.numerics))));
     }
     auto mismatch = [&](const char* what) {
       throw Error(fmt::format(FMT_STRING("{}: {} differ between ranks: rank {} passed {}, rank 0 passed {}"), where, what, r,

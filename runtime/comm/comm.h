@@ -130,7 +130,10 @@ using CommPtr = std::shared_ptr<Communicator>;
 CommPtr world();
 bool has_world();
 
-// Runs fn(rank) on n threads, each a rank of a fresh local-backend world.
+// Runs fn(rank) on n threads, each a rank of a fresh local-backend world,
+// with the caller's numerics settings (bitwise mode is per thread: a
+// numerics::BitwiseGuard around run_local reaches every rank). Every
+// collective checks that its ranks agree on those settings (numerics.h).
 // Returns when all ranks are done; if any rank threw, the others' pending and
 // later collectives fail promptly with CommError ("rank r failed: ..."), and
 // the first failure is rethrown here (tessel::Error keeps its message).

@@ -21,6 +21,7 @@
 #include "runtime/comm/reduce.h"
 #include "runtime/comm/tree.h"
 #include "runtime/error.h"
+#include "runtime/numerics.h"
 
 namespace tessel::comm {
 namespace {
@@ -651,8 +652,13 @@ void run_local(int n, const std::function<void(int rank)>& fn) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   threads.reserve(size_t(n));
+  // Bitwise mode is per thread: the ranks compute as their caller asked (a
+  // BitwiseGuard around run_local reaches every rank). V and the GEMM mode
+  // are process-wide already.
+  const bool bitwise = numerics::bitwise();
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
+      numerics::set_bitwise(bitwise);
       detail::set_thread_world(std::make_shared<LocalComm>(group, r));
       try {
         fn(r);
