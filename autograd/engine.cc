@@ -325,7 +325,34 @@ std::vector<Tensor> root_gradients(const std::vector<Tensor>& roots, const std::
 
 namespace autograd {
 
+namespace {
+// Per thread: ranks running as threads each have their own backward passes.
+std::vector<std::pair<int, std::function<void()>>>& backward_observers() {
+  thread_local std::vector<std::pair<int, std::function<void()>>> v;
+  return v;
+}
+}  // namespace
+
+int add_backward_observer(std::function<void()> fn) {
+  const int h = next_hook_handle();
+  backward_observers().emplace_back(h, std::move(fn));
+  return h;
+}
+
+void remove_backward_observer(int handle) {
+  auto& v = backward_observers();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i].first == handle) {
+      v.erase(v.begin() + std::ptrdiff_t(i));
+      return;
+    }
+}
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  if (!backward_observers().empty()) {
+    const auto observers = backward_observers();  // an observer may add or remove observers
+    for (const auto& [handle, fn] : observers) fn();
+  }
   std::vector<Tensor> g = root_gradients(roots, grads, "backward");
   std::vector<Edge> edges;
   for (const Tensor& r : roots) edges.push_back(gradient_edge(r));

@@ -1,8 +1,11 @@
 // The tape engine: accumulation, hooks, retain_graph, no_grad, version checks.
 #include <catch2/catch.hpp>
 
+#include <thread>
+
 #include "autograd/api.h"
 #include "autograd/autograd_meta.h"
+#include "autograd/engine.h"
 #include "test/util/util.h"
 
 using namespace tessel;
@@ -114,6 +117,30 @@ TEST_CASE("autograd::grad returns gradients without touching .grad") {
   auto g = autograd::grad({y}, {x});
   CHECK(g[0].to_vector<float>() == std::vector<float>{2.f, 4.f});
   CHECK_FALSE(x.grad().defined());
+}
+
+TEST_CASE("backward observers run before each backward on their thread only; removal; a throw refuses") {
+  Tensor x = tensor({1.f, 2.f}).requires_grad_();
+  int calls = 0;
+  const int h = autograd::add_backward_observer([&] {
+    ++calls;
+    CHECK_FALSE(x.grad().defined());  // before any node ran
+  });
+  sum(x * 2.0).backward();
+  CHECK(calls == 1);
+  x.zero_grad();
+  autograd::grad({sum(x * x)}, {x});  // not a backward(): no .grad is touched
+  CHECK(calls == 1);
+  std::thread([&] { sum(tensor({1.f}).requires_grad_() * 2.0).backward(); }).join();  // another thread
+  CHECK(calls == 1);
+  autograd::remove_backward_observer(h);
+  sum(x * 2.0).backward();
+  CHECK(calls == 1);
+  x.zero_grad();
+  const int refuse = autograd::add_backward_observer([] { throw Error("refused"); });
+  CHECK_THROWS_WITH(sum(x * 2.0).backward(), "refused");
+  CHECK_FALSE(x.grad().defined());
+  autograd::remove_backward_observer(refuse);
 }
 
 TEST_CASE("backward of a non-scalar needs an explicit gradient") {
