@@ -32,6 +32,11 @@ struct AutogradMeta {
   // gradients accumulate unreduced over micro-batches and its buckets do the
   // reduction (set_grad_placements, nn/parallel/grad_reducer.h).
   std::optional<Placements> grad_placements;
+  // A parameter that a layout replaced by another tensor (tessel::parallelize
+  // lays a model out and the model holds the new tensors): says by what.
+  // Optimizers refuse such a tensor, so one built over the old parameters
+  // fails instead of silently updating tensors the model no longer uses.
+  const char* replaced_by = nullptr;
 };
 
 // Accessors that create the meta on demand.

@@ -9,15 +9,28 @@ namespace {
 thread_local ForwardContext t_ctx;
 }  // namespace
 
-ForwardScope::ForwardScope(const ForwardContext& ctx) : prev_(t_ctx) {
-  TESSEL_CHECK(ctx.batch_offset >= 0 && ctx.global_batch >= -1, "ForwardScope",
+namespace {
+void check_context(const ForwardContext& ctx, const char* who) {
+  TESSEL_CHECK(ctx.batch_offset >= 0 && ctx.global_batch >= -1, who,
                "batch_offset must be >= 0 and global_batch >= -1 (-1: the local batch is the whole batch), got {} "
                "and {}",
                ctx.batch_offset, ctx.global_batch);
-  TESSEL_CHECK(ctx.global_batch >= 0 || ctx.batch_offset == 0, "ForwardScope",
+  TESSEL_CHECK(ctx.global_batch >= 0 || ctx.batch_offset == 0, who,
                "batch_offset {} needs global_batch (got -1, meaning the local batch is the whole batch)",
                ctx.batch_offset);
+}
+}  // namespace
+
+ForwardScope::ForwardScope(const ForwardContext& ctx) : prev_(t_ctx) {
+  check_context(ctx, "ForwardScope");
   t_ctx = ctx;
+}
+
+ForwardContext set_forward_context(const ForwardContext& ctx) {
+  check_context(ctx, "set_forward_context");
+  const ForwardContext prev = t_ctx;
+  t_ctx = ctx;
+  return prev;
 }
 
 ForwardScope::~ForwardScope() { t_ctx = prev_; }

@@ -50,6 +50,10 @@ class ForwardScope {
 
 // The context in effect on this thread.
 const ForwardContext& forward_context();
+// Sets it without a scope (validated like ForwardScope); returns the previous
+// one. For owners of a longer span than a scope, e.g. a tessel::Run keeps
+// {seed, step} in effect between its steps (run/run.h).
+ForwardContext set_forward_context(const ForwardContext& ctx);
 
 // The Philox key of the random site `site` (a module path, e.g.
 // "layers.3.attn.attn_drop") at the current seed and step:

@@ -1,13 +1,13 @@
 #include "nn/optim.h"
 
-#include "autograd/ops/dist.h"
-
 #include <cmath>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/api.h"
+#include "autograd/autograd_meta.h"
+#include "autograd/ops/dist.h"
 #include "kernels/optim.h"
 
 namespace tessel::nn {
@@ -82,6 +82,7 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double lr
                    "parameter '{}' has dtype {}; the fused updates keep float32 master weights", nt.name,
                    dtype_name(p.dtype()));
       TESSEL_CHECK(p.requires_grad(), name_, "parameter '{}' does not require grad", nt.name);
+      check_not_replaced(nt.name, p);
       auto [it, fresh] = seen_impl.emplace(p.impl(), fmt::format(FMT_STRING("'{}' in {}"), nt.name, where));
       TESSEL_CHECK(fresh, name_, "a parameter appears twice: as {} and as '{}' in {}", it->second, nt.name, where);
       auto [pit, pfresh] = seen_path.emplace(nt.name, gi);
@@ -102,9 +103,21 @@ void Optimizer::set_lr(double lr) {
   lr_ = lr;
 }
 
+void Optimizer::check_not_replaced(const std::string& path, const Tensor& p) const {
+  const AutogradMeta* m = autograd_meta(p);
+  if (TESSEL_UNLIKELY(m != nullptr && m->replaced_by != nullptr)) {
+    TESSEL_FAIL(name_,
+                "parameter '{}' ({}) is no longer the model's: {} replaced it with its laid-out tensor, so updating "
+                "it would change nothing the model uses. Build the optimizer after laying the model out (pass an "
+                "OptimizerSpec to tessel::parallelize, or use run.optimizer())",
+                path, p.desc(), m->replaced_by);
+  }
+}
+
 void Optimizer::step() {
   NoGradGuard no_grad;
   for (Slot& s : slots_) {
+    check_not_replaced(s.path, s.param);
     const Tensor g = s.param.grad();
     if (!g.defined()) continue;  // unused this step
     if (TESSEL_UNLIKELY(g.device() != s.param.device() ||

@@ -113,6 +113,8 @@ class Optimizer {
   virtual void update(Slot& slot, const Tensor& grad, double lr, double weight_decay) = 0;
 
   [[noreturn]] void fail_option(const char* option, double value, const char* requirement) const;
+  // Throws when a layout replaced `p` (AutogradMeta::replaced_by).
+  void check_not_replaced(const std::string& path, const Tensor& p) const;
   void check_nonnegative(const char* option, double value) const;
 
   std::string name_;

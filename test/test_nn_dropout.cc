@@ -35,6 +35,23 @@ TEST_CASE("ForwardScope sets and restores the thread-local context; validates it
   CHECK(forward_context().seed == 0);  // a refused scope changes nothing
 }
 
+TEST_CASE("set_forward_context sets without a scope, returns the previous one, validates") {
+  const ForwardContext prev = set_forward_context({9, 4});
+  CHECK(prev.seed == 0);
+  CHECK(forward_context().seed == 9);
+  CHECK(forward_context().step == 4);
+  {
+    ForwardScope inner({1, 1});
+    CHECK(forward_context().seed == 1);
+  }
+  CHECK(forward_context().seed == 9);  // a scope restores what was set
+  CHECK_THROWS_WITH(set_forward_context({0, 0, 3, -1}), Catch::Contains("set_forward_context") &&
+                                                            Catch::Contains("batch_offset 3 needs global_batch"));
+  CHECK(forward_context().seed == 9);  // refused: unchanged
+  set_forward_context(prev);
+  CHECK(forward_context().seed == 0);
+}
+
 TEST_CASE("random_key and batch_block") {
   ForwardScope scope({9, 4, 3, 10});
   PhiloxKey k = random_key("layers.2.attn.attn_drop");

@@ -158,18 +158,22 @@ std::string ParallelPlan::to_json() const {
   return j.dump(2);
 }
 
+ParallelPlan& ParallelPlan::column_parallel(const std::string& linear, bool bias, const std::string& dim) {
+  params.push_back({linear + "\\.weight", DimLayout{{{dim, Shard(0)}}}});
+  if (bias) params.push_back({linear + "\\.bias", DimLayout{{{dim, Shard(0)}}}});
+  return *this;
+}
+
+ParallelPlan& ParallelPlan::row_parallel(const std::string& linear, const std::string& dim) {
+  params.push_back({linear + "\\.weight", DimLayout{{{dim, Shard(1)}}}});
+  return *this;
+}
+
 namespace {
 
 DimLayout tp(Placement p) { return DimLayout{{{"tp", p}}}; }
-
-// Megatron: column-parallel layers shard their weight's output rows (Shard(0)
-// of [out, in]) and bias; row-parallel layers shard the input columns
-// (Shard(1)) and keep a replicated bias (added after the all-reduce).
-void column(ParallelPlan& p, const std::string& re, bool bias) {
-  p.params.push_back({re + "\\.weight", tp(Shard(0))});
-  if (bias) p.params.push_back({re + "\\.bias", tp(Shard(0))});
-}
-void row(ParallelPlan& p, const std::string& re) { p.params.push_back({re + "\\.weight", tp(Shard(1))}); }
+void column(ParallelPlan& p, const std::string& re, bool bias) { p.column_parallel(re, bias); }
+void row(ParallelPlan& p, const std::string& re) { p.row_parallel(re); }
 
 // Sequence parallel: the residual stream between blocks is sharded along the
 // sequence (dim 1) over tp. A sublayer gathers its input (all-gather) and

@@ -70,6 +70,18 @@ struct ParallelPlan {
   static ParallelPlan from_json(const std::string& text, const std::string& source = "plan");
   static ParallelPlan from_file(const std::string& path);
   std::string to_json() const;
+
+  // Megatron's tensor parallelism for the nn::Linear modules whose path
+  // matches `linear` (a regex), over mesh dim `dim`:
+  //   column: the weight [out, in] sharded by output rows (Shard(0)), and the
+  //           bias with it: each rank computes a slice of the outputs;
+  //   row:    the weight sharded by input columns (Shard(1)), the bias
+  //           replicated: each rank's partial product is summed over `dim`.
+  // A column layer followed by a row layer (an MLP's up and down
+  // projections, attention's q/k/v and output) communicates once:
+  //   plan.column_parallel("blocks\\.\\d+\\.fc1").row_parallel("blocks\\.\\d+\\.fc2");
+  ParallelPlan& column_parallel(const std::string& linear, bool bias = true, const std::string& dim = "tp");
+  ParallelPlan& row_parallel(const std::string& linear, const std::string& dim = "tp");
 };
 
 Placement parse_placement(const std::string& s, const std::string& where);

@@ -1,0 +1,391 @@
+#include "run/run.h"
+
+#include <algorithm>
+#include <regex>
+#include <set>
+#include <unordered_set>
+
+#include "autograd/api.h"
+#include "autograd/autograd_meta.h"
+#include "autograd/engine.h"
+#include "autograd/ops/dist.h"
+#include "checkpoint/save.h"
+#include "nn/autocast.h"
+#include "nn/clip.h"
+#include "nn/moe.h"
+#include "nn/parallel/parallelize.h"
+#include "nn/parallel/pipeline/pipeline.h"
+#include "runtime/comm/comm.h"
+#include "runtime/profile.h"
+#include "run/run_state.h"
+#include "train/data.h"
+#include "train/metrics.h"
+
+namespace tessel {
+namespace {
+
+constexpr const char* kOp = "tessel::parallelize";
+constexpr const char* kRun = "tessel::Run";
+
+// Default groups: decay (matrices, embeddings) / no_decay (vectors).
+std::function<std::vector<nn::ParamGroup>(const nn::Module&)> default_groups(double weight_decay) {
+  return [weight_decay](const nn::Module& m) { return nn::default_param_groups(m, weight_decay); };
+}
+
+// Every mesh dim of size > 1 must mean something to this run: "dp" (data
+// parallel), "pp" (pipeline), or a dim the plan lays something out on.
+// Otherwise the ranks along it would all compute the same thing -- most
+// likely a typo in a dim name, never what was meant.
+void check_mesh_dims(const Mesh& mesh, const parallel::ParallelPlan& plan, const std::string& model_type) {
+  std::set<std::string> planned;
+  auto add = [&](const parallel::DimLayout& l) {
+    for (const auto& [name, p] : l.dims) planned.insert(name);
+  };
+  for (const auto& r : plan.params) add(r.layout);
+  for (const auto& r : plan.modules) {
+    add(r.input);
+    add(r.output);
+  }
+  for (const auto& r : plan.experts) planned.insert(r.dim);
+  add(plan.data);
+  planned.erase("dp");
+  planned.erase("pp");
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const std::string& name = mesh.name(d);
+    if (mesh.size(d) == 1 || name == "dp" || name == "pp" || planned.count(name)) continue;
+    TESSEL_FAIL(kOp,
+                "mesh {}: dim '{}' (size {}) means nothing to {}'s run (plan '{}' lays things out on {}; tessel "
+                "itself uses 'dp' for data parallelism and 'pp' for pipeline stages): every rank along it would "
+                "compute the same thing",
+                mesh.str(), name, mesh.size(d), model_type, plan.name.empty() ? "(unnamed)" : plan.name,
+                planned.empty() ? std::string("no dim") : fmt::format(FMT_STRING("{}"), fmt::join(planned, ", ")));
+  }
+}
+
+// The modules of `model` whose path fully matches `pattern`, in registration
+// order (FSDP units).
+std::vector<nn::Module*> matching_modules(nn::Module& model, const std::string& pattern) {
+  std::regex re;
+  try {
+    re = std::regex(pattern);
+  } catch (const std::regex_error& e) {
+    TESSEL_FAIL(kOp, "RunOptions::fsdp_units '{}' is not a valid regex: {}", pattern, e.what());
+  }
+  std::vector<nn::Module*> out;
+  for (auto& [path, m] : model.named_modules())
+    if (!path.empty() && std::regex_match(path, re)) out.push_back(m);
+  TESSEL_CHECK(!out.empty(), kOp, "RunOptions::fsdp_units '{}' matches no module of {} (modules: {})", pattern,
+               model.type_name(), [&] {
+                 std::vector<std::string> names;
+                 for (auto& [path, m] : model.named_modules())
+                   if (!path.empty() && names.size() < 12) names.push_back(path);
+                 return fmt::format(FMT_STRING("{}{}"), fmt::join(names, ", "), names.size() == 12 ? ", ..." : "");
+               }());
+  return out;
+}
+
+// Marks the tensors `before` holds that the model no longer holds (so an
+// optimizer built over them fails, nn::Optimizer::check_not_replaced).
+void mark_replaced(const std::vector<Tensor>& before, const nn::Module& model) {
+  std::unordered_set<const TensorImpl*> now;
+  for (const auto& [path, slot] : model.parameter_slots()) now.insert(slot->tensor->impl());
+  for (const Tensor& t : before)
+    if (t.defined() && !now.count(t.impl())) ensure_autograd_meta(t).replaced_by = "tessel::parallelize";
+}
+
+bool has_dim(const Mesh& mesh, const std::string& name) {
+  for (int d = 0; d < mesh.ndim(); ++d)
+    if (mesh.name(d) == name) return true;
+  return false;
+}
+
+bool any_meta(const nn::Module& m) {
+  for (const Tensor& t : m.parameters())
+    if (t.device().is_meta()) return true;
+  return false;
+}
+
+}  // namespace
+
+// ---- optimizer specs ---------------------------------------------------------------------------
+OptimizerSpec adamw(const nn::AdamWOptions& o) {
+  OptimizerSpec s;
+  s.name = "adamw";
+  s.groups = default_groups(o.weight_decay);
+  s.make = [o](std::vector<nn::ParamGroup> g) { return std::make_unique<nn::AdamW>(std::move(g), o); };
+  return s;
+}
+
+OptimizerSpec sgd(const nn::SGDOptions& o) {
+  OptimizerSpec s;
+  s.name = "sgd";
+  s.groups = default_groups(o.weight_decay);
+  s.make = [o](std::vector<nn::ParamGroup> g) { return std::make_unique<nn::SGD>(std::move(g), o); };
+  return s;
+}
+
+// ---- RunState ----------------------------------------------------------------------------------
+RunState::~RunState() {
+  if (observer) autograd::remove_backward_observer(observer);
+  if (saver) {
+    try {
+      saver->wait();
+    } catch (const std::exception& e) {
+      // A destructor must not throw; Saver logs the error as well.
+    }
+  }
+  nn::set_forward_context(caller_context);
+}
+
+void RunState::on_backward() {
+  TESSEL_CHECK(micro < options.micro_batches, kRun,
+               "backward pass {} of step {} of {}, but micro_batches = {}: call run.step_optimizer() after each "
+               "step's backward passes (or raise RunOptions::micro_batches for gradient accumulation)",
+               micro + 1, step + 1, model_type, options.micro_batches);
+  ++micro;
+  if (dp) {
+    profile::Timer timer("dp.begin_micro_batch");
+    dp->begin_micro_batch(micro == options.micro_batches);
+  }
+}
+
+void RunState::set_step_context() const {
+  nn::set_forward_context({options.seed, uint64_t(step), 0, -1});
+}
+
+void RunState::check_parameters_unchanged() const {
+  const auto slots = model->parameter_slots();
+  if (slots.size() == param_paths.size()) {
+    bool same = true;
+    for (size_t i = 0; i < slots.size() && same; ++i) same = slots[i].first == param_paths[i];
+    if (same) return;
+  }
+  std::set<std::string> before(param_paths.begin(), param_paths.end());
+  for (const auto& [path, slot] : slots)
+    TESSEL_CHECK(before.count(path), kRun,
+                 "parameter '{}' ({}) was added to {} after tessel::parallelize: it is not laid out on the mesh and "
+                 "no optimizer updates it. Register every parameter before parallelize",
+                 path, slot->tensor->desc(), model_type);
+  TESSEL_FAIL(kRun, "{} has {} parameters, {} when tessel::parallelize laid it out: modules were removed", model_type,
+              slots.size(), param_paths.size());
+}
+
+namespace detail {
+
+RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, parallel::ParallelPlan plan,
+                                         OptimizerSpec spec, RunOptions o, RunLossFn loss, const char* model_type) {
+  TESSEL_CHECK(spec.make != nullptr, kOp, "the OptimizerSpec has no make function (use tessel::adamw(...) or sgd(...))");
+  TESSEL_CHECK(o.zero >= 0 && o.zero <= 3, kOp, "RunOptions::zero must be 0 (DDP), 1, 2 or 3 (FSDP), got {}", o.zero);
+  TESSEL_CHECK(o.micro_batches >= 1, kOp, "RunOptions::micro_batches must be >= 1, got {}", o.micro_batches);
+  TESSEL_CHECK(o.clip >= 0, kOp, "RunOptions::clip must be >= 0 (0: no clipping), got {}", o.clip);
+  if (o.lr_schedule) o.lr_schedule->validate();
+  if (mesh) {
+    const int world = comm::has_world() ? comm::world()->size() : 1;
+    TESSEL_CHECK(mesh->num_devices() == world, kOp, "mesh {} has {} devices but the job has {} ranks", mesh->str(),
+                 mesh->num_devices(), world);
+    check_mesh_dims(*mesh, plan, model_type);
+  }
+  RunStatePtr s(new RunState);
+  s->model = std::move(model);
+  s->model_type = model_type;
+  s->mesh = std::move(mesh);
+  s->plan = std::move(plan);
+  s->options = std::move(o);
+  s->spec = std::move(spec);
+  s->loss = std::move(loss);
+  nn::Module& m = *s->model;
+  const RunOptions& opts = s->options;
+
+  std::vector<Tensor> before = m.parameters();
+  const bool pipelined = s->mesh && parallel::pipeline::has_pipeline_dim(*s->mesh);
+  if (pipelined) {
+    TESSEL_FAIL(kOp, "pipelines through tessel::parallelize need an nn::StagedModel (not yet wired)");
+  }
+  if (s->mesh) parallel::parallelize(m, s->mesh, s->plan);
+  if (any_meta(m)) {
+    // Built on Meta: only this rank's pieces are created, and initialised to
+    // the single-device model's values from (seed, path).
+    m.materialize(kCPU);
+    m.reset_parameters(opts.seed);
+  }
+  if (s->mesh && parallel::DataParallel::applies(*s->mesh)) {
+    std::vector<nn::Module*> units;
+    if (!opts.fsdp_units.empty()) units = matching_modules(m, opts.fsdp_units);
+    s->dp = std::make_unique<parallel::DataParallel>(
+        m, units, parallel::DataParallelOptions{opts.zero, opts.bucket_mb});
+  }
+  mark_replaced(before, m);
+  before.clear();
+  for (const auto& [path, slot] : m.parameter_slots()) s->param_paths.push_back(path);
+
+  auto groups = s->spec.groups ? s->spec.groups(m) : nn::default_param_groups(m, 0.0);
+  s->opt = s->spec.make(s->dp ? s->dp->optimizer_groups(std::move(groups)) : std::move(groups));
+  TESSEL_CHECK(s->opt != nullptr, kOp, "the OptimizerSpec '{}' made no optimizer", s->spec.name);
+  s->params = s->dp ? s->dp->parameters() : m.parameters();
+  m.train();
+
+  s->caller_context = nn::forward_context();
+  s->set_step_context();
+  RunState* raw_state = s.get();
+  if (!s->pipe) s->observer = autograd::add_backward_observer([raw_state] { raw_state->on_backward(); });
+  return s;
+}
+
+RunLossFn staged_loss() { return nullptr; }
+bool is_staged(const nn::Module&) { return false; }
+
+}  // namespace detail
+
+void RunStateDeleter::operator()(RunState* s) const { delete s; }
+
+// ---- RunBase -----------------------------------------------------------------------------------
+RunBase::RunBase(RunStatePtr state) : state_(std::move(state)) {}
+RunBase::RunBase(RunBase&&) noexcept = default;
+RunBase& RunBase::operator=(RunBase&&) noexcept = default;
+RunBase::~RunBase() = default;
+
+int64_t RunBase::step() const { return state_->step; }
+const MeshPtr& RunBase::mesh() const { return state_->mesh; }
+const parallel::ParallelPlan& RunBase::plan() const { return state_->plan; }
+const RunOptions& RunBase::options() const { return state_->options; }
+nn::Module& RunBase::module() const { return *state_->model; }
+nn::Optimizer& RunBase::optimizer() const { return *state_->opt; }
+parallel::DataParallel* RunBase::data_parallel() const { return state_->dp.get(); }
+parallel::pipeline::Pipeline* RunBase::pipeline() const { return state_->pipe.get(); }
+
+Tensor RunBase::input(const Tensor& full) const {
+  const RunState& s = *state_;
+  TESSEL_CHECK(full.defined(), kRun, "input: the tensor is undefined");
+  TESSEL_CHECK(!full.is_distributed(), kRun, "input: {} is distributed already; pass the plain global batch",
+               full.desc());
+  if (!s.mesh) return full;
+  if (s.pipe) return s.pipe->layout(full);
+  return parallel::distribute_batch(full, s.mesh, s.plan);
+}
+
+Tensor RunBase::input(const Tensor& full, const parallel::DimLayout& layout) const {
+  const RunState& s = *state_;
+  TESSEL_CHECK(full.defined(), kRun, "input: the tensor is undefined");
+  TESSEL_CHECK(!full.is_distributed(), kRun, "input: {} is distributed already; pass the plain global batch",
+               full.desc());
+  if (!s.mesh) return full;
+  for (const auto& [name, p] : layout.dims)
+    TESSEL_CHECK(has_dim(*s.mesh, name), kRun, "input: layout {} names dim '{}' that mesh {} lacks", layout.str(),
+                 name, s.mesh->str());
+  return distribute_tensor(full, s.mesh, layout.on(*s.mesh, Placements::replicated(s.mesh->ndim())));
+}
+
+nn::ForwardContext RunBase::forward_context(int64_t first_sample, int64_t global_batch) const {
+  return {state_->options.seed, uint64_t(state_->step), first_sample, global_batch};
+}
+
+StepReport RunBase::step_optimizer() {
+  RunState& s = *state_;
+  TESSEL_CHECK(s.micro == s.options.micro_batches, kRun,
+               "step_optimizer after {} backward pass(es) in step {} of {}, but micro_batches = {}{}", s.micro,
+               s.step + 1, s.model_type, s.options.micro_batches,
+               s.micro == 0 ? " (no backward since the last step on the thread that called parallelize)" : "");
+  s.check_parameters_unchanged();
+  if (s.dp) {
+    profile::Timer timer("dp.finish");
+    s.dp->finish();
+  }
+  StepReport r;
+  {
+    profile::Timer timer("clip_grad_norm");
+    r.grad_norm = s.pipe             ? s.pipe->clip_grad_norm_(s.options.clip)
+                  : s.options.clip > 0 ? nn::clip_grad_norm_(s.params, s.options.clip)
+                                       : nn::grad_norm(s.params);
+  }
+  if (s.options.lr_schedule) s.opt->set_lr(s.options.lr_schedule->lr(s.step));
+  r.lr = s.opt->lr();
+  {
+    profile::Timer timer("optimizer.step");
+    s.opt->step();
+    if (s.dp) s.dp->after_step();
+    s.opt->zero_grad();
+  }
+  ++s.step;
+  s.micro = 0;
+  s.set_step_context();
+  r.step = s.step;
+  return r;
+}
+
+StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) {
+  RunState& s = *state_;
+  TESSEL_CHECK(inputs.defined() && targets.defined() && inputs.dim() >= 1 && targets.dim() >= 1, kRun,
+               "forward_backward needs inputs and targets with a batch dim, got {} and {}", inputs.desc(),
+               targets.desc());
+  const int64_t batch = inputs.size(0), m = s.options.micro_batches;
+  TESSEL_CHECK(targets.size(0) == batch, kRun, "forward_backward: inputs {} and targets {} differ in batch size",
+               inputs.desc(), targets.desc());
+  TESSEL_CHECK(batch >= m, kRun, "forward_backward: a batch of {} rows cannot fill micro_batches = {}", batch, m);
+  TESSEL_CHECK(s.loss != nullptr, kRun,
+               "forward_backward needs a loss: {} is not an nn::StagedModel and has no loss(inputs, targets); pass "
+               "one to tessel::parallelize (RunLossFn)",
+               s.model_type);
+  TESSEL_CHECK(s.micro == 0, kRun, "forward_backward: {} backward pass(es) already ran in step {}", s.micro,
+               s.step + 1);
+  StepLoss out;
+  const bool moe = !nn::moe_layers(*s.model).empty();
+  int64_t dropped = 0;
+  for (int64_t k = 0; k < m; ++k) {
+    const train::SampleRange r = train::split_range(batch, m, k);
+    nn::ForwardScope scope(forward_context(r.begin, batch));
+    std::optional<nn::AutocastScope> autocast;
+    if (s.options.compute != DType::Float32) autocast.emplace(s.options.compute);
+    Tensor x = input(m == 1 ? inputs : inputs.narrow(0, r.begin, r.size()));
+    Tensor y = input(m == 1 ? targets : targets.narrow(0, r.begin, r.size()));
+    Tensor loss = s.loss(*s.model, x, y);
+    {
+      profile::Timer timer("loss.item");
+      out.loss_sum += loss.item<double>();
+    }
+    if (moe) dropped += nn::dropped_tokens(*s.model);
+    (m == 1 ? loss : loss / double(m)).backward();
+  }
+  out.loss = out.loss_sum / double(m);
+  if (moe) out.moe_dropped_tokens = dropped;
+  return out;
+}
+
+Tensor RunBase::forward(const Tensor& inputs) {
+  TESSEL_FAIL(kRun, "forward needs an nn::StagedModel (not yet wired); {} given {}", state_->model_type,
+              inputs.desc());
+}
+
+std::vector<std::pair<std::string, Tensor>> RunBase::full_parameters() const {
+  const RunState& s = *state_;
+  if (s.pipe) return s.pipe->gather_parameters();
+  NoGradGuard ng;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, t] : s.model->named_parameters()) out.emplace_back(name, full_tensor(t.detach()));
+  return out;
+}
+
+std::string RunBase::param_hash() const {
+  const RunState& s = *state_;
+  if (s.pipe) return train::param_hash(s.pipe->gather_parameters());
+  return train::param_hash(s.model->named_parameters());
+}
+
+std::string RunBase::describe() const {
+  const RunState& s = *state_;
+  if (!s.mesh) return "one device";
+  std::string d = fmt::format(FMT_STRING("mesh {} ({} backend), plan {}"), s.mesh->str(),
+                              comm::has_world() ? comm::world()->backend() : "no", s.plan.name);
+  if (s.dp) d += ", " + s.dp->describe();
+  return d;
+}
+
+parallel::DataParallelMemory RunBase::memory() const {
+  const RunState& s = *state_;
+  if (s.dp) return s.dp->memory(*s.opt);
+  parallel::DataParallelMemory mem;
+  mem.params = mem.grads = s.pipe ? s.pipe->local_parameter_bytes() : parallel::local_parameter_bytes(*s.model);
+  mem.optimizer = s.opt->state_bytes();
+  return mem;
+}
+
+}  // namespace tessel

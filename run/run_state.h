@@ -1,0 +1,53 @@
+#pragma once
+// The state behind a tessel::Run (run.h): what parallelize built, and the
+// step's bookkeeping. Internal to run/ (run.cc, checkpoint.cc); users see
+// RunBase's methods.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/parallel/pipeline/pipeline.h"
+#include "run/run.h"
+
+namespace tessel::checkpoint {
+class Saver;
+}
+
+namespace tessel {
+
+class RunState {
+ public:
+  RunState() = default;
+  ~RunState();
+  RunState(const RunState&) = delete;
+  RunState& operator=(const RunState&) = delete;
+
+  std::shared_ptr<nn::Module> model;
+  std::string model_type;  // the model's type_name(), for messages and checkpoints
+  MeshPtr mesh;            // null: one device
+  parallel::ParallelPlan plan;
+  RunOptions options;
+  OptimizerSpec spec;
+  RunLossFn loss;
+
+  std::unique_ptr<parallel::pipeline::Pipeline> pipe;  // a "pp" dim
+  std::unique_ptr<parallel::DataParallel> dp;          // a "dp" dim (without pp)
+  std::unique_ptr<nn::Optimizer> opt;
+  std::vector<Tensor> params;  // what the gradient norm covers (dp: what this rank updates)
+  std::vector<std::string> param_paths;  // the model's parameter paths after layout
+
+  int64_t step = 0;   // optimizer steps done
+  int64_t micro = 0;  // backward passes begun in this step
+  int observer = 0;   // backward observer handle (0: none)
+  nn::ForwardContext caller_context;  // the thread's forward context before the Run set its own
+  std::unique_ptr<checkpoint::Saver> saver;  // async checkpoints (checkpoint.cc), created on first use
+
+  // A backward pass begins on this thread.
+  void on_backward();
+  // Sets the thread's forward context to {seed, step} (between steps).
+  void set_step_context() const;
+  // The parameters the model holds now, by path (to catch ones added after parallelize).
+  void check_parameters_unchanged() const;
+};
+
+}  // namespace tessel

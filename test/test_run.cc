@@ -1,0 +1,399 @@
+// The public training API (run/run.h, run/checkpoint.h, run/launch.h) on a
+// model written as a user writes one (test/run/mlp_classifier.h): the same
+// loop on one device and on dp x tp meshes with DDP / ZeRO-1 / ZeRO-2 gives
+// the one-device bits in bitwise mode; micro-batches; checkpoints saved on
+// one layout and resumed on others; and every misuse the API can see is an
+// error naming what is wrong.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "test/run/mlp_classifier.h"
+#include "test/util/util.h"
+
+using namespace tessel;
+using namespace tessel::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kSeed = 7;
+constexpr int64_t kBatch = 8;
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+struct Trace {
+  std::vector<double> loss;       // per step (the loss of rank 0's forward)
+  std::vector<double> grad_norm;  // per step
+  std::vector<std::pair<std::string, Tensor>> params;  // final, full
+};
+
+struct Layout {
+  std::vector<Mesh::DimSpec> mesh;  // empty: one device
+  RunOptions options;
+  int64_t ranks() const {
+    int64_t n = 1;
+    for (const auto& d : mesh) n *= d.size;
+    return n;
+  }
+};
+
+struct TrainSpec {
+  MlpConfig model;
+  int64_t steps = 12;
+  std::string load_dir;   // load this checkpoint first
+  std::string save_dir;   // save here after `save_at` steps
+  int64_t save_at = -1;
+  bool use_forward_backward = false;
+};
+
+// The user's loop: the same code for every layout.
+Trace train(const Layout& layout, const TrainSpec& spec) {
+  Trace out;
+  std::mutex mu;
+  numerics::BitwiseGuard bitwise(true);
+  launch(int(layout.ranks()), [&](int rank) {
+    auto model = nn::make_model<MlpClassifier>(spec.model);
+    model->reset_parameters(kSeed);
+    MeshPtr mesh = layout.mesh.empty() ? nullptr : Mesh::world(layout.mesh);
+    RunOptions o = layout.options;
+    o.seed = kSeed;
+    auto run = parallelize(model, mesh, mlp_plan(), adamw({1e-2}), o);
+    if (!spec.load_dir.empty()) load(spec.load_dir, run);
+    Trace t;
+    for (int64_t step = run.step(); step < spec.steps; ++step) {
+      auto [xs, ys] = mlp_batch(spec.model, kBatch, kSeed, step);
+      double loss = 0;
+      if (spec.use_forward_backward) {
+        loss = run.forward_backward(xs, ys).loss;
+      } else {
+        Tensor l = run.model().loss(run.input(xs), run.input(ys));
+        loss = l.item<double>();
+        l.backward();
+      }
+      t.loss.push_back(loss);
+      t.grad_norm.push_back(run.step_optimizer().grad_norm);
+      if (run.step() == spec.save_at) save(spec.save_dir, run);
+    }
+    t.params = run.full_parameters();
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lk(mu);
+      out = std::move(t);
+    }
+  });
+  return out;
+}
+
+void require_same_bits(const Trace& a, const Trace& b, size_t a_from = 0) {
+  REQUIRE(a.loss.size() >= a_from + b.loss.size());
+  for (size_t i = 0; i < b.loss.size(); ++i) {
+    INFO("step " << a_from + i + 1);
+    REQUIRE(bits(float(a.loss[a_from + i])) == bits(float(b.loss[i])));
+    REQUIRE(a.loss[a_from + i] == b.loss[i]);
+    REQUIRE(a.grad_norm[a_from + i] == b.grad_norm[i]);
+  }
+  REQUIRE(a.params.size() == b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    INFO(a.params[i].first);
+    REQUIRE(a.params[i].first == b.params[i].first);
+    REQUIRE(bitwise_equal(a.params[i].second, b.params[i].second));
+  }
+}
+
+std::string fresh_dir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  fs::path p = fs::path(tmp ? tmp : "/tmp") / ("test_run_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("run: the same loop on dp x tp with DDP, ZeRO-1, ZeRO-2 gives the one-device bits", "[run]") {
+  TrainSpec spec;
+  const Trace one = train({}, spec);
+  REQUIRE(one.loss.size() == size_t(spec.steps));
+  CHECK(one.loss.back() < one.loss.front());  // it learns
+  for (int zero : {0, 1, 2}) {
+    for (const auto& mesh : std::vector<std::vector<Mesh::DimSpec>>{{{"dp", 2}}, {{"tp", 2}}, {{"dp", 2}, {"tp", 2}}}) {
+      Layout l{mesh, {}};
+      l.options.zero = zero;
+      l.options.clip = 0.5;
+      INFO("zero " << zero << " mesh ranks " << l.ranks());
+      Layout ref{{}, {}};
+      ref.options.clip = 0.5;
+      require_same_bits(train(ref, spec), train(l, spec));
+    }
+  }
+}
+
+TEST_CASE("run: blocks called through their hooks or directly, the same bits", "[run]") {
+  TrainSpec direct, hooks;
+  hooks.model.call_blocks_through_hooks = true;
+  Layout l{{{"dp", 2}, {"tp", 2}}, {}};
+  l.options.zero = 2;
+  require_same_bits(train({}, direct), train(l, hooks));
+}
+
+TEST_CASE("run: micro-batches (forward_backward, gradient accumulation) equal one device", "[run]") {
+  TrainSpec spec;
+  spec.use_forward_backward = true;
+  spec.steps = 8;
+  Layout one{{}, {}};
+  one.options.micro_batches = 2;
+  const Trace ref = train(one, spec);
+  Layout dp{{{"dp", 2}, {"tp", 2}}, {}};
+  dp.options.micro_batches = 2;
+  dp.options.zero = 2;
+  require_same_bits(ref, train(dp, spec));
+  // One micro-batch of the whole batch is another computation (other
+  // dropout slices, another reduction split): not the same bits, but close.
+  const Trace whole = train({}, spec);
+  CHECK(whole.loss[0] == Approx(ref.loss[0]).epsilon(0.05));
+}
+
+TEST_CASE("run: checkpoint at step 6 on dp=2 x tp=2 (ZeRO-2), resumed on tp=2 and on one device", "[run][ckpt]") {
+  TrainSpec spec;
+  const Trace one = train({}, spec);
+  TrainSpec first = spec;
+  first.save_dir = fresh_dir("ckpt");
+  first.save_at = 6;
+  Layout saver{{{"dp", 2}, {"tp", 2}}, {}};
+  saver.options.zero = 2;
+  require_same_bits(one, train(saver, first));
+  for (const Layout& resume : {Layout{{{"tp", 2}}, {}}, Layout{{}, {}}, Layout{{{"dp", 2}}, {1}}}) {
+    TrainSpec second = spec;
+    second.load_dir = first.save_dir;
+    const Trace rest = train(resume, second);
+    REQUIRE(rest.loss.size() == 6);
+    require_same_bits(one, rest, 6);
+  }
+}
+
+TEST_CASE("run: a checkpoint of another model is refused whole; the run is left as it was", "[run][ckpt][errors]") {
+  TrainSpec spec;
+  spec.steps = 2;
+  spec.save_dir = fresh_dir("other");
+  spec.save_at = 2;
+  train({}, spec);
+  for (int variant = 0; variant < 3; ++variant) {
+    MlpConfig c;
+    if (variant == 0) c.dim = 8;       // shapes differ
+    if (variant == 1) c.n_blocks = 3;  // a tensor the checkpoint lacks
+    if (variant == 2) c.n_blocks = 1;  // tensors the model lacks
+    auto model = nn::make_model<MlpClassifier>(c);
+    model->reset_parameters(kSeed);
+    RunOptions o;
+    o.seed = kSeed;
+    auto run = parallelize(model, adamw({1e-2}), o);
+    const Tensor before = model->embed->weight.clone();
+    const std::string e = error_of([&] { load(spec.save_dir, run); });
+    INFO(e);
+    CHECK(contains(e, spec.save_dir));
+    if (variant == 0) CHECK(contains(e, "'model.embed.weight' is float32 [16, 12] but the target is float32 [8, 12]"));
+    if (variant == 1) CHECK(contains(e, "has no tensor 'model.blocks.2.norm.weight' that this MlpClassifier has"));
+    if (variant == 2) CHECK(contains(e, "holds tensor 'model.blocks.1.fc1.bias' that this MlpClassifier does not have"));
+    CHECK(bitwise_equal(model->embed->weight, before));
+    CHECK(run.step() == 0);
+  }
+  // Another seed: dropout and data would differ.
+  auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+  auto run = parallelize(model, adamw({1e-2}), RunOptions{});
+  CHECK(contains(error_of([&] { load(spec.save_dir, run); }), "was trained with seed 7 but this run has seed 0"));
+}
+
+TEST_CASE("run: the optimizer state is created on load even before the first step", "[run][ckpt]") {
+  TrainSpec spec;
+  spec.steps = 3;
+  spec.save_dir = fresh_dir("optstate");
+  spec.save_at = 3;
+  train({}, spec);
+  auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+  RunOptions o;
+  o.seed = kSeed;
+  auto run = parallelize(model, adamw({1e-2}), o);
+  for (const auto& nt : run.optimizer().state_dict()) CHECK(nt.name == "step");  // no per-parameter state yet
+  const nlohmann::json extra = load(spec.save_dir, run);
+  CHECK(extra.empty());
+  CHECK(run.step() == 3);
+  CHECK(run.optimizer().num_steps() == 3);
+  const auto st = run.optimizer().state_dict();
+  bool found = false;
+  for (const auto& nt : st) found = found || nt.name == "embed.weight.exp_avg_sq";
+  CHECK(found);
+}
+
+TEST_CASE("run: extra state round trip; reserved keys refused", "[run][ckpt]") {
+  auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+  auto run = parallelize(model, adamw({1e-2}), RunOptions{});
+  const std::string dir = fresh_dir("extra");
+  CHECK(contains(error_of([&] { save(dir, run, {{"step", 3}}); }), "extra key 'step' is reserved"));
+  save(dir, run, {{"loader", {{"epoch", 2}}}});
+  CHECK(load(dir, run)["loader"]["epoch"] == 2);
+}
+
+TEST_CASE("run: Checkpoints keeps step-N folders, resumes the newest, prunes", "[run][ckpt]") {
+  const std::string root = fresh_dir("root");
+  auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+  auto run = parallelize(model, adamw({1e-2}), RunOptions{});
+  Checkpoints ckpt(root, {/*every=*/2, /*keep_last=*/2, /*async=*/true});
+  CHECK_FALSE(ckpt.resume(run).has_value());
+  for (int64_t step = 0; step < 7; ++step) {
+    auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, step);
+    run.model().loss(x, y).backward();
+    run.step_optimizer();
+    CHECK(ckpt.after_step(run, step == 6) == (run.step() % 2 == 0 || step == 6));
+  }
+  wait_for_save(run);
+  CHECK(fs::exists(root + "/step-00000007"));
+  CHECK(fs::exists(root + "/step-00000006"));
+  CHECK_FALSE(fs::exists(root + "/step-00000004"));
+  auto model2 = nn::make_model<MlpClassifier>(MlpConfig{});
+  auto run2 = parallelize(model2, adamw({1e-2}), RunOptions{});
+  CHECK(ckpt.resume(run2).has_value());
+  CHECK(run2.step() == 7);
+  CHECK(bitwise_equal(model2->head->weight, model->head->weight));
+}
+
+TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
+  SECTION("an optimizer built over the parameters before parallelize") {
+    comm::run_local(2, [](int) {
+      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+      model->reset_parameters(1);
+      nn::AdamW early(model->parameters(), {});
+      auto run = parallelize(model, Mesh::world({{"tp", 2}}), mlp_plan(), adamw({1e-2}), {});
+      auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+      run.model().loss(run.input(x), run.input(y)).backward();
+      const std::string e = error_of([&] { early.step(); });
+      INFO(e);
+      CHECK(contains(e, "is no longer the model's: tessel::parallelize replaced it"));
+      CHECK(contains(e, "Build the optimizer after laying the model out"));
+    });
+  }
+  SECTION("a parameter added after parallelize") {
+    struct Growing : MlpClassifier {
+      using MlpClassifier::MlpClassifier;
+      void grow() { extra = child("extra", std::make_shared<nn::Linear>(2, 2)); }
+      std::shared_ptr<nn::Linear> extra;
+    };
+    auto model = nn::make_model<Growing>(MlpConfig{});
+    auto run = parallelize(model, adamw({1e-2}), RunOptions{});
+    model->grow();
+    auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+    run.model().loss(x, y).backward();
+    const std::string e = error_of([&] { run.step_optimizer(); });
+    INFO(e);
+    CHECK(contains(e, "parameter 'extra.weight' (Tensor(float32"));
+    CHECK(contains(e, "was added to MlpClassifier after tessel::parallelize"));
+  }
+  SECTION("a plan rule naming modules the model lacks") {
+    comm::run_local(2, [](int) {
+      parallel::ParallelPlan plan = mlp_plan();
+      plan.column_parallel("layers\\.\\d+\\.fc1");
+      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+      const std::string e = error_of([&] { parallelize(model, Mesh::world({{"tp", 2}}), plan, adamw(), {}); });
+      INFO(e);
+      CHECK(contains(e, "layers\\.\\d+\\.fc1\\.weight"));
+      CHECK(contains(e, "matches no parameter"));
+    });
+  }
+  SECTION("a mesh dim the plan does not know") {
+    comm::run_local(2, [](int) {
+      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+      const std::string e = error_of([&] { parallelize(model, Mesh::world({{"xp", 2}}), mlp_plan(), adamw(), {}); });
+      INFO(e);
+      CHECK(contains(e, "mesh (xp=2): dim 'xp' (size 2) means nothing to MlpClassifier's run"));
+      CHECK(contains(e, "(plan 'mlp-tp' lays things out on ep, tp"));
+    });
+  }
+  SECTION("backward twice without a step; a step without a backward") {
+    auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+    auto run = parallelize(model, adamw({1e-2}), RunOptions{});
+    auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+    run.model().loss(x, y).backward();
+    const std::string e = error_of([&] { run.model().loss(x, y).backward(); });
+    INFO(e);
+    CHECK(contains(e, "backward pass 2 of step 1 of MlpClassifier, but micro_batches = 1"));
+    run.step_optimizer();
+    const std::string e2 = error_of([&] { run.step_optimizer(); });
+    INFO(e2);
+    CHECK(contains(e2, "step_optimizer after 0 backward pass(es) in step 2"));
+  }
+  SECTION("a mesh of another size than the job") {
+    comm::run_local(2, [](int) {
+      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+      const std::string e = error_of([&] { parallelize(model, Mesh::single(), mlp_plan(), adamw(), {}); });
+      INFO(e);
+      CHECK(contains(e, "mesh (world=1) has 1 devices but the job has 2 ranks"));
+    });
+  }
+  SECTION("bad options") {
+    auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+    RunOptions o;
+    o.zero = 4;
+    CHECK(contains(error_of([&] { parallelize(model, adamw(), o); }), "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got 4"));
+    o = {};
+    o.fsdp_units = "nothing";
+    comm::run_local(2, [&](int) {
+      auto m = nn::make_model<MlpClassifier>(MlpConfig{});
+      CHECK(contains(error_of([&] { parallelize(m, Mesh::world({{"dp", 2}}), mlp_plan(), adamw(), o); }),
+                     "RunOptions::fsdp_units 'nothing' matches no module of MlpClassifier (modules: embed, blocks"));
+    });
+  }
+}
+
+TEST_CASE("run: launch gives every rank the caller's bitwise mode and runs SPMD", "[run]") {
+  std::atomic<int> bitwise_ranks{0};
+  {
+    numerics::BitwiseGuard g(true);
+    launch(3, [&](int) {
+      if (numerics::bitwise()) ++bitwise_ranks;
+    });
+  }
+  CHECK(bitwise_ranks == 3);
+  int ran = -1;
+  launch(1, [&](int r) { ran = r; });
+  CHECK(ran == 0);
+  comm::run_local(2, [](int) {
+    CHECK(contains(error_of([] { launch(4, [](int) {}); }), "asked for 4 ranks but this job has 2 (local backend)"));
+  });
+}
+
+TEST_CASE("run: the forward context keys dropout by step between steps, and is restored after", "[run]") {
+  const nn::ForwardContext before = nn::forward_context();
+  {
+    auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+    RunOptions o;
+    o.seed = 11;
+    auto run = parallelize(model, adamw(), o);
+    CHECK(nn::forward_context().seed == 11);
+    CHECK(nn::forward_context().step == 0);
+    auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+    run.model().loss(x, y).backward();
+    run.step_optimizer();
+    CHECK(nn::forward_context().step == 1);
+    const nn::ForwardContext mb = run.forward_context(4, 8);
+    CHECK((mb.seed == 11 && mb.step == 1 && mb.batch_offset == 4 && mb.global_batch == 8));
+  }
+  CHECK(nn::forward_context().seed == before.seed);
+  CHECK(nn::forward_context().step == before.step);
+}
