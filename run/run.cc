@@ -16,6 +16,7 @@
 #include "nn/parallel/parallelize.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "runtime/comm/comm.h"
+#include "runtime/numerics.h"
 #include "runtime/profile.h"
 #include "run/run_state.h"
 #include "train/data.h"
@@ -179,6 +180,7 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   TESSEL_CHECK(o.micro_batches >= 1, kOp, "RunOptions::micro_batches must be >= 1, got {}", o.micro_batches);
   TESSEL_CHECK(o.clip >= 0, kOp, "RunOptions::clip must be >= 0 (0: no clipping), got {}", o.clip);
   if (o.lr_schedule) o.lr_schedule->validate();
+  numerics::check_no_contraction(kOp);
   if (mesh) {
     const int world = comm::has_world() ? comm::world()->size() : 1;
     TESSEL_CHECK(mesh->num_devices() == world, kOp, "mesh {} has {} devices but the job has {} ranks", mesh->str(),

@@ -31,7 +31,9 @@ std::atomic<int>& chunks() {
 bool& bitwise_flag() {
   static const bool from_env = [] {
     const char* env = std::getenv("TESSEL_BITWISE");
-    return env && env[0] == '1';
+    const bool on = env && env[0] == '1';
+    if (on) check_no_contraction("TESSEL_BITWISE=1");
+    return on;
   }();
   thread_local bool on = from_env;
   return on;
@@ -41,6 +43,7 @@ bool& bitwise_flag() {
 
 bool bitwise() { return bitwise_flag(); }
 bool set_bitwise(bool on) {
+  if (on) check_no_contraction("bitwise mode");
   const bool prev = bitwise_flag();
   bitwise_flag() = on;
   return prev;
@@ -74,6 +77,27 @@ std::atomic<GemmMode>& gemm_mode_var() {
 
 GemmMode gemm_mode() { return gemm_mode_var().load(std::memory_order_relaxed); }
 GemmMode set_gemm_mode(GemmMode mode) { return gemm_mode_var().exchange(mode); }
+
+namespace {
+// Compiled with tessel's flags; out of line so the product is not folded.
+[[gnu::noinline]] float library_mul_add(float a, float b, float c) { return a * b + c; }
+}  // namespace
+
+bool fuses_multiply_add(float (*mul_add)(float, float, float)) {
+  // a * b = 1 + 2^-11 + 2^-24 exactly; rounded to float it is 1 + 2^-11 (a
+  // tie, to even), so a * b + c is 0 without fusion and 2^-24 with it.
+  volatile float a = 1.0f + 0x1p-12f, b = 1.0f + 0x1p-12f, c = -(1.0f + 0x1p-11f);
+  return mul_add(a, b, c) != 0.0f;
+}
+
+void check_no_contraction(const char* who) {
+  static const bool fused = fuses_multiply_add(&library_mul_add);
+  TESSEL_CHECK(!fused, who,
+               "tessel was compiled with floating-point contraction (a * b + c fused into one FMA: GCC's default "
+               "-ffp-contract=fast with an FMA target such as -march=x86-64-v3 or native), so its arithmetic is not "
+               "the numerics contract's and runs would not agree bit for bit. Build with -ffp-contract=off "
+               "(tessel's .bazelrc; docs/build.md)");
+}
 
 Settings current_settings() { return Settings{bitwise(), reduction_chunks(), gemm_mode()}; }
 

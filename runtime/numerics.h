@@ -94,6 +94,18 @@ class GemmModeGuard {
   GemmMode prev_;
 };
 
+// The build the numerics contract needs: no floating-point contraction
+// (-ffp-contract=off; GCC's default is "fast", which fuses a * b + c into one
+// FMA wherever the target has FMA, e.g. -march=x86-64-v3 or native). With
+// contraction the canonical orders still hold but an element's arithmetic is
+// no longer the contract's, so no two builds or devices agree bit for bit.
+// Whether `mul_add` (a function computing a * b + c on floats, compiled with
+// the flags in question) fuses:
+bool fuses_multiply_add(float (*mul_add)(float, float, float));
+// Throws tessel::Error naming `who` when tessel itself was compiled with
+// contraction (bitwise mode and tessel::parallelize call it).
+void check_no_contraction(const char* who);
+
 // Every knob above as one value: what a rank computes with. Ranks must agree
 // on it: comm::run_local gives each rank thread its caller's settings, and
 // every collective compares the callers' settings across ranks (comm/backend.h

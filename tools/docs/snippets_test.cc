@@ -34,7 +34,7 @@ TEST_CASE("every C++ block of the docs was compiled") {
     total += count;
   }
   bool readme = false;
-  for (const auto& [file, count] : reg) readme = readme || file.size() >= 9 && file.compare(file.size() - 9, 9, "README.md") == 0;
+  for (const auto& [file, count] : reg) readme = readme || (file.size() >= 9 && file.compare(file.size() - 9, 9, "README.md") == 0);
   CHECK(readme);
   CHECK(total >= 8);
 }
