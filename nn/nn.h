@@ -11,3 +11,4 @@
 #include "nn/module.h"
 #include "nn/moe.h"
 #include "nn/norm.h"
+#include "nn/staged.h"
