@@ -193,7 +193,12 @@ TEST_CASE("each rank holds only its stage's parameters; tied wte on the first an
   mc.n_layer = 4;
   comm::run_local(2, [&](int rank) {
     MeshPtr mesh = Mesh::world({{"pp", 2}});
-    PipelineStage stage(mc, mesh, parallel::builtin_plan("none"), 1, StageOptions{});
+    std::shared_ptr<models::LanguageModel> model;
+    {
+      nn::ConstructionScope meta(kMeta);
+      model = models::build_model(mc);
+    }
+    PipelineStage stage(model, mesh, parallel::builtin_plan("none"), 1, StageOptions{});
     std::set<std::string> held;
     for (const auto& p : stage.named_parameters()) {
       held.insert(p.name);
