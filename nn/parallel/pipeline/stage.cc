@@ -133,7 +133,7 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::StagedModel> model, const MeshP
   }
   if (!rest.empty()) stage_mesh_ = mesh->sub(rest);
 
-  m.assign_paths();  // dropout keys and parameter keys use them; set once, before any rank thread reads them
+  m.assign_paths();  // parameter init and dropout keys use the paths (make_model assigns them; make_shared does not)
   const auto slots = m.parameter_slots();
   for (const auto& [path, slot] : slots)
     TESSEL_CHECK(!slot->tensor->is_distributed(), kOp,
