@@ -7,26 +7,13 @@
 
 namespace tessel::models {
 
-Tensor LanguageModel::forward(const Tensor& ids_in) {
-  // The model is the root: nobody calls it through a parent, so its own
-  // forward hooks run here (FSDP gathers the parameters outside the blocks).
-  const Tensor ids = has_forward_hooks() ? run_forward_pre_hooks(ids_in) : ids_in;
-  Tensor x = embed(ids);
-  for (const auto& b : blocks()) x = (*b)(x);
-  Tensor logits = head(x);
-  return has_forward_hooks() ? run_forward_hooks(ids, logits) : logits;
-}
-
 Tensor LanguageModel::token_loss(const Tensor& logits, const Tensor& targets) const {
   const int64_t V = logits.size(-1);
   return cross_entropy(nn::cast_up(logits).reshape({-1, V}), targets.reshape({-1}));
 }
 
-Tensor LanguageModel::loss(const Tensor& logits, const Tensor& targets) {
-  Tensor l = token_loss(logits, targets);
-  Tensor aux = aux_loss();
-  if (aux.defined() && is_training()) l = l + aux * config.aux_loss_coef;
-  return l;
+Tensor LanguageModel::example_input() const {
+  return empty({1, 1}, TensorOptions(DType::Int64).with_device(kMeta));
 }
 
 std::shared_ptr<LanguageModel> build_model(const ModelConfig& config) {

@@ -70,17 +70,6 @@ Tensor Llama::embed(const Tensor& ids) {
 
 Tensor Llama::head(const Tensor& h) { return nn::cast_up((*output)((*norm)(h))); }
 
-Tensor Llama::aux_loss() const {
-  if (config.arch != Arch::Mixtral) return Tensor();
-  Tensor total;
-  for (const auto& b : llama_blocks_) {
-    const Tensor& a = b->moe->last_aux_loss();
-    if (!a.defined()) continue;
-    total = total.defined() ? total + a : a;
-  }
-  return total;
-}
-
 Tensor Llama::block_aux_loss(size_t i) const {
   if (config.arch != Arch::Mixtral) return Tensor();
   TESSEL_CHECK(i < llama_blocks_.size(), "mixtral", "block {} of {}", i, llama_blocks_.size());

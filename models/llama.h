@@ -28,7 +28,6 @@ class Llama : public LanguageModel {
   Tensor embed(const Tensor& ids) override;
   Tensor head(const Tensor& h) override;
   const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return blocks_; }
-  Tensor aux_loss() const override;
   Tensor block_aux_loss(size_t i) const override;
   std::vector<int64_t> expert_counts() const override;
 

@@ -112,6 +112,13 @@ void Module::collect_slots(const std::string& prefix,
   for (const auto& [name, child] : children_) child->collect_slots(join(prefix, name), out);
 }
 
+void Module::collect_buffer_slots(const std::string& prefix, bool recurse,
+                                  std::vector<std::pair<std::string, const BufferSlot*>>& out) const {
+  for (const auto& b : buffers_) out.emplace_back(join(prefix, b.name), &b);
+  if (!recurse) return;
+  for (const auto& [name, child] : children_) child->collect_buffer_slots(join(prefix, name), true, out);
+}
+
 void Module::collect_buffers(const std::string& prefix, bool recurse, bool only_persistent,
                              std::vector<NamedTensor>& out) const {
   for (const auto& b : buffers_)
@@ -154,6 +161,12 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_child
 std::vector<std::pair<std::string, const ParameterSlot*>> Module::parameter_slots() const {
   std::vector<std::pair<std::string, const ParameterSlot*>> out;
   collect_slots("", out);
+  return out;
+}
+
+std::vector<std::pair<std::string, const BufferSlot*>> Module::buffer_slots(bool recurse) const {
+  std::vector<std::pair<std::string, const BufferSlot*>> out;
+  collect_buffer_slots("", recurse, out);
   return out;
 }
 

@@ -104,6 +104,9 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   // Parameters with their init and weight-decay flag, by path.
   std::vector<std::pair<std::string, const ParameterSlot*>> parameter_slots() const;
+  // Buffers by path, through their slots (the module's members), so that a
+  // caller can replace one (a pipeline stage drops those it does not run).
+  std::vector<std::pair<std::string, const BufferSlot*>> buffer_slots(bool recurse = true) const;
   int64_t num_parameters() const;
   // A module by dotted path ("layers.3.attn"); throws if absent.
   Module& submodule(const std::string& path);
@@ -184,6 +187,8 @@ class Module {
  private:
   void collect_parameters(const std::string& prefix, bool recurse, std::vector<NamedTensor>& out) const;
   void collect_slots(const std::string& prefix, std::vector<std::pair<std::string, const ParameterSlot*>>& out) const;
+  void collect_buffer_slots(const std::string& prefix, bool recurse,
+                            std::vector<std::pair<std::string, const BufferSlot*>>& out) const;
   void collect_buffers(const std::string& prefix, bool recurse, bool only_persistent,
                        std::vector<NamedTensor>& out) const;
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) const;

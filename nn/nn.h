@@ -15,3 +15,4 @@
 #include "nn/norm.h"
 #include "nn/optim.h"
 #include "nn/schedule.h"
+#include "nn/staged.h"

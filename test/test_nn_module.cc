@@ -89,6 +89,28 @@ TEST_CASE("named_parameters: dotted paths in registration order") {
   for (const auto& [path, slot] : m->parameter_slots()) CHECK(slot->weight_decay == (slot->tensor->dim() >= 2));
 }
 
+TEST_CASE("buffer_slots: paths and the module's members, recursively or the module's own") {
+  auto m = make_model<TinyModel>(11, 8, 2);
+  const auto slots = m->buffer_slots();
+  const auto named = m->named_buffers();
+  REQUIRE(slots.size() == named.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    CHECK(slots[i].first == named[i].name);
+    CHECK(slots[i].second->tensor->is_same(named[i].tensor));
+    CHECK_FALSE(slots[i].second->persistent);  // RoPE tables
+  }
+  CHECK(m->buffer_slots(/*recurse=*/false).empty());
+  auto& attn = m->submodule("layers.1.attn");
+  const auto own = attn.buffer_slots(/*recurse=*/false);
+  REQUIRE(own.size() == 2);
+  CHECK(own[0].first == "rope_cos");
+  // A slot is the member itself: replacing the tensor through it is what the module sees.
+  Tensor meta = empty(own[0].second->tensor->shape(), TensorOptions().with_device(kMeta));
+  *own[0].second->tensor = meta;
+  CHECK(m->named_buffers()[2].name == "layers.1.attn.rope_cos");
+  CHECK(m->named_buffers()[2].tensor.is_same(meta));
+}
+
 TEST_CASE("paths: make_model assigns them, path() assigns lazily, re-parenting updates them") {
   auto m = make_model<TinyModel>(11, 8, 2);
   CHECK(m->path().empty());

@@ -4,23 +4,36 @@
 // tp2 + sequence parallel x pp2 and on dp2 x tp2 x pp2 (the local backend:
 // ranks as threads) give the single-device losses, grad norms and final
 // parameters within float tolerance (as test_parallel_train); on pp2 alone
-// LLaMA and Mixtral give the same bits.
+// LLaMA and Mixtral give the same bits. A user's staged model that is not a
+// language model (a residual-MLP classifier with dropout, computed buffers
+// and an auxiliary loss) trains on pp2 and dp2 x pp2 with the one-device
+// bits, built materialised or on Meta; what cannot be pipelined is refused
+// with the model's name and the sizes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include "autograd/api.h"
+#include "autograd/ops/dist.h"
+#include "nn/clip.h"
+#include "nn/nn.h"
+#include "nn/parallel/parallelize.h"
 #include "nn/parallel/pipeline/partition.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "nn/parallel/pipeline/schedule.h"
 #include "runtime/comm/comm.h"
+#include "runtime/numerics.h"
 #include "test/util/runfiles.h"
 #include "test/util/util.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/trainer/pipeline_train.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;
@@ -193,7 +206,12 @@ TEST_CASE("each rank holds only its stage's parameters; tied wte on the first an
   mc.n_layer = 4;
   comm::run_local(2, [&](int rank) {
     MeshPtr mesh = Mesh::world({{"pp", 2}});
-    PipelineStage stage(mc, mesh, parallel::builtin_plan("none"), 1, StageOptions{});
+    std::shared_ptr<models::LanguageModel> model;
+    {
+      nn::ConstructionScope meta(kMeta);
+      model = models::build_model(mc);
+    }
+    PipelineStage stage(model, mesh, parallel::builtin_plan("none"), 1, StageOptions{});
     std::set<std::string> held;
     for (const auto& p : stage.named_parameters()) {
       held.insert(p.name);
@@ -216,6 +234,370 @@ TEST_CASE("each rank holds only its stage's parameters; tied wte on the first an
       for (const auto& q : ref->named_parameters())
         if (p.name == q.name) CHECK(testing::bitwise_equal(p.tensor.detach(), q.tensor.detach()));
   });
+}
+
+// ---- a user's staged model: not a language model ----------------------------------------
+
+namespace {
+
+constexpr int64_t kFeatures = 8, kDim = 16, kClasses = 5;
+
+// Filled with `value` where constructed with values; on Meta without (the
+// owner's init_buffers() fills it after materialisation, as RoPE tables).
+Tensor computed_buffer(double value) {
+  const Device d = nn::ConstructionScope::device();
+  return d.is_meta() ? empty({1}, TensorOptions().with_device(kMeta)) : full({1}, value);
+}
+
+// LayerNorm -> Linear -> GELU -> Linear -> Dropout, times a fixed residual
+// scale (a computed buffer), plus the input. A penalised block also keeps
+// an auxiliary loss, the mean square of its update (an activation penalty).
+class ResidualMLP : public nn::UnaryModule {
+ public:
+  ResidualMLP(double dropout, bool penalised, double residual_scale)
+      : nn::UnaryModule("ResidualMLP"), penalised(penalised), scale_value(residual_scale) {
+    norm = child("norm", std::make_shared<nn::LayerNorm>(kDim));
+    fc = child("fc", std::make_shared<nn::Linear>(kDim, 2 * kDim));
+    act = child("act", std::make_shared<nn::GELU>());
+    proj = child("proj", std::make_shared<nn::Linear>(2 * kDim, kDim));
+    drop = child("drop", std::make_shared<nn::Dropout>(dropout));
+    buffer("scale", scale, computed_buffer(scale_value), /*persistent=*/false);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor update = (*drop)((*proj)((*act)((*fc)((*norm)(x))))) * scale;
+    if (penalised) aux = mean(square(update));
+    return x + update;
+  }
+  void init_buffers() override {
+    if (!scale.device().is_meta()) scale.fill_(scale_value);
+  }
+
+  const bool penalised;
+  const double scale_value;
+  Tensor scale, aux;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Linear> fc, proj;
+  std::shared_ptr<nn::GELU> act;
+  std::shared_ptr<nn::Dropout> drop;
+};
+
+// Features [B, 8] -> Linear -> residual MLP blocks -> LayerNorm -> Linear ->
+// logits [B, 5] times a temperature (a computed buffer outside the blocks);
+// loss: cross-entropy against class ids [B] plus 0.01 x the odd blocks'
+// activation penalties.
+class Classifier : public nn::StagedModel {
+ public:
+  explicit Classifier(int64_t n_blocks = 4, std::string type = "Classifier") : nn::StagedModel(std::move(type)) {
+    proj_in = child("proj_in", std::make_shared<nn::Linear>(kFeatures, kDim));
+    layers = child("layers", std::make_shared<nn::ModuleList>());
+    for (int64_t i = 0; i < n_blocks; ++i) {
+      blocks_.push_back(std::make_shared<ResidualMLP>(0.1, i % 2 == 1, 1.0 / std::sqrt(double(n_blocks))));
+      layers->push_back(blocks_.back());
+    }
+    norm = child("norm", std::make_shared<nn::LayerNorm>(kDim));
+    out = child("out", std::make_shared<nn::Linear>(kDim, kClasses));
+    buffer("temperature", temperature, computed_buffer(0.5));
+  }
+  Tensor embed(const Tensor& x) override { return (*proj_in)(x); }
+  const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return blocks_; }
+  Tensor head(const Tensor& h) override { return (*out)((*norm)(h)) * temperature; }
+  Tensor stage_loss(const Tensor& logits, const Tensor& classes) override { return cross_entropy(logits, classes); }
+  Tensor block_aux_loss(size_t i) const override {
+    return std::static_pointer_cast<ResidualMLP>(blocks_.at(i))->aux;
+  }
+  double aux_loss_coef() const override { return 0.01; }
+  Tensor example_input() const override { return empty({1, kFeatures}, TensorOptions().with_device(kMeta)); }
+  void init_buffers() override {
+    if (!temperature.device().is_meta()) temperature.fill_(0.5);
+  }
+
+  Tensor temperature;
+  std::shared_ptr<nn::Linear> proj_in, out;
+  std::shared_ptr<nn::ModuleList> layers;
+  std::shared_ptr<nn::LayerNorm> norm;
+
+ protected:
+  std::vector<std::shared_ptr<nn::UnaryModule>> blocks_;
+};
+
+constexpr uint64_t kSeed = 11;
+constexpr int64_t kBatch = 8, kSteps = 10;
+
+std::shared_ptr<Classifier> classifier(bool on_meta, int64_t n_blocks = 4) {
+  if (on_meta) {
+    nn::ConstructionScope meta(kMeta);
+    return nn::make_model<Classifier>(n_blocks);
+  }
+  auto m = nn::make_model<Classifier>(n_blocks);
+  m->reset_parameters(kSeed);
+  return m;
+}
+
+// Micro-batch m of M of step `step`'s batch (the same on every rank): random
+// features, and as class the index of the largest of the first five (a rule
+// the model can learn, so the loss falls).
+MicroBatch classifier_batch(int64_t step, int64_t m, int64_t M) {
+  const int64_t b = kBatch / M;
+  Tensor x = testing::uniform({kBatch, kFeatures}, 100 + uint64_t(step));
+  Tensor y = empty({kBatch}, TensorOptions(DType::Int64));
+  const float* xs = x.data<float>();
+  for (int64_t i = 0; i < kBatch; ++i) {
+    const float* row = xs + i * kFeatures;
+    y.data<int64_t>()[i] = std::max_element(row, row + kClasses) - row;
+  }
+  return {x.narrow(0, m * b, b).contiguous(), y.narrow(0, m * b, b).contiguous(), m * b};
+}
+
+nn::AdamWOptions classifier_adamw() {
+  nn::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  return o;
+}
+
+struct ClassifierRun {
+  std::vector<double> loss_sums, grad_norms;
+  std::vector<std::pair<std::string, Tensor>> params;  // after the last step, full
+  Tensor eval_output;                                   // of the first batch's inputs, in eval mode
+};
+
+// The one-device loop a pipeline must reproduce: loss(forward(x), y) per
+// micro-batch, backward of loss / M, clipping at 1, AdamW.
+ClassifierRun train_classifier_one_device(int64_t M) {
+  numerics::BitwiseGuard bitwise(true);
+  ClassifierRun r;
+  auto model = classifier(false);
+  nn::AdamW opt(nn::default_param_groups(*model, 0.1), classifier_adamw());
+  for (int64_t step = 0; step < kSteps; ++step) {
+    double loss_sum = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      const MicroBatch b = classifier_batch(step, m, M);
+      nn::ForwardScope scope({kSeed, uint64_t(step), b.first_sample, kBatch});
+      Tensor loss = model->loss(model->forward(b.inputs), b.targets);
+      loss_sum += loss.item<double>();
+      (M == 1 ? loss : loss / double(M)).backward();
+    }
+    r.loss_sums.push_back(loss_sum);
+    r.grad_norms.push_back(nn::clip_grad_norm_(model->parameters(), 1.0));
+    opt.step();
+    opt.zero_grad();
+  }
+  NoGradGuard ng;
+  for (const auto& p : model->named_parameters()) r.params.emplace_back(p.name, p.tensor.detach().clone());
+  model->eval();
+  r.eval_output = model->forward(classifier_batch(0, 0, 1).inputs);
+  return r;
+}
+
+// The same loop pipelined on `dims` (ranks as threads, bitwise mode); rank
+// 0's losses, norms and gathered parameters. Every rank builds its own model.
+ClassifierRun train_classifier_pipelined(const std::vector<Mesh::DimSpec>& dims, const std::string& schedule,
+                                         bool on_meta, int64_t M) {
+  int world = 1;
+  for (const auto& d : dims) world *= int(d.size);
+  ClassifierRun r;
+  comm::run_local(world, [&](int rank) {
+    numerics::BitwiseGuard bitwise(true);
+    MeshPtr mesh = Mesh::world(dims);
+    PipelineOptions o;
+    o.schedule = schedule;
+    Pipeline pipe(classifier(on_meta), mesh, parallel::builtin_plan("none"), kSeed, M, o);
+    nn::AdamW opt(pipe.param_groups(0.1), classifier_adamw());
+    for (int64_t step = 0; step < kSteps; ++step) {
+      std::vector<MicroBatch> mbs;
+      for (int64_t m = 0; m < M; ++m) mbs.push_back(classifier_batch(step, m, M));
+      const PipelineStepResult res = pipe.train_step(kSeed, uint64_t(step), kBatch, mbs);
+      const double norm = pipe.clip_grad_norm_(1.0);
+      opt.step();
+      opt.zero_grad();
+      CHECK(res.aux_loss.has_value());  // the odd blocks' penalties, summed over the stages
+      if (rank == 0) r.loss_sums.push_back(res.loss_sum), r.grad_norms.push_back(norm);
+    }
+    auto params = pipe.gather_parameters();
+    pipe.model().eval();
+    Tensor out = pipe.forward(pipe.layout(classifier_batch(0, 0, 1).inputs));  // every rank gets the output
+    Tensor full = out.is_distributed() ? full_tensor(out) : out;
+    if (rank == 0) r.params = params, r.eval_output = full;
+  });
+  return r;
+}
+
+void check_same_bits(const ClassifierRun& ref, const ClassifierRun& got, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.loss_sums.size() == ref.loss_sums.size());
+  for (size_t i = 0; i < ref.loss_sums.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(got.loss_sums[i] == ref.loss_sums[i]);
+    CHECK(got.grad_norms[i] == ref.grad_norms[i]);
+  }
+  REQUIRE(got.params.size() == ref.params.size());
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    INFO("parameter " << ref.params[i].first);
+    CHECK(got.params[i].first == ref.params[i].first);
+    CHECK(testing::bitwise_equal(got.params[i].second, ref.params[i].second));
+  }
+  CHECK(testing::bitwise_equal(got.eval_output, ref.eval_output));
+}
+
+}  // namespace
+
+TEST_CASE("StagedModel: forward runs the stages, loss adds the blocks' aux losses in training",
+          "[pipeline][staged]") {
+  auto m = classifier(false);
+  const MicroBatch b = classifier_batch(0, 0, 1);
+  nn::ForwardScope scope({kSeed, 0, 0, kBatch});
+  Tensor h = m->embed(b.inputs);
+  for (const auto& blk : m->blocks()) h = (*blk)(h);
+  const Tensor by_hand = m->head(h);
+  const Tensor out = m->forward(b.inputs);
+  CHECK(out.shape() == Dims{kBatch, kClasses});
+  CHECK(testing::bitwise_equal(out, by_hand));  // same dropout masks: same scope, same paths
+  // aux_loss: the penalised (odd) blocks' losses in block order; the even ones have none.
+  CHECK_FALSE(m->block_aux_loss(0).defined());
+  const Tensor aux = m->aux_loss();
+  CHECK(testing::bitwise_equal(aux, m->block_aux_loss(1) + m->block_aux_loss(3)));
+  CHECK(aux.item<double>() > 0);
+  const Tensor ce = cross_entropy(out, b.targets);
+  CHECK(testing::bitwise_equal(m->loss(out, b.targets), ce + aux * 0.01));
+  m->eval();  // evaluation: the loss alone
+  CHECK(testing::bitwise_equal(m->loss(out, b.targets), ce));
+  CHECK(m->example_input().device().is_meta());
+}
+
+TEST_CASE("a user's staged model on pp2: each rank keeps the values of what it holds, the rest is Meta",
+          "[pipeline][stage][staged]") {
+  // The stage's seed initialises only Meta parameters: a materialised model
+  // keeps the values it was built with (seed kSeed here), one built on Meta
+  // gets those of (stage seed, path).
+  const uint64_t stage_seed = kSeed + 1;
+  auto reference = [](uint64_t seed) {
+    auto m = nn::make_model<Classifier>();
+    m->reset_parameters(seed);
+    return m;
+  };
+  for (bool on_meta : {false, true}) {
+    INFO((on_meta ? "built on Meta" : "materialised"));
+    const auto ref = reference(on_meta ? stage_seed : kSeed);
+    comm::run_local(2, [&](int rank) {
+      auto model = classifier(on_meta);
+      PipelineStage stage(model, Mesh::world({{"pp", 2}}), parallel::builtin_plan("none"), stage_seed,
+                          StageOptions{});
+      CHECK(&stage.model() == model.get());
+      CHECK(model->is_training());  // tracing ran in eval mode and put the mode back
+      CHECK(stage.partition().str() == "[0, 2) [2, 4)");
+      std::set<std::string> held;
+      for (const auto& p : stage.named_parameters()) held.insert(p.name);
+      CHECK(held.count("proj_in.weight") == size_t(rank == 0));
+      CHECK(held.count("layers.1.fc.weight") == size_t(rank == 0));
+      CHECK(held.count("layers.2.fc.weight") == size_t(rank == 1));
+      CHECK(held.count("out.weight") == size_t(rank == 1));
+      const auto ref_params = ref->named_parameters();
+      const auto params = model->named_parameters();
+      REQUIRE(params.size() == ref_params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        INFO(params[i].name);
+        if (held.count(params[i].name)) {
+          CHECK(params[i].tensor.device() == kCPU);
+          CHECK(params[i].tensor.requires_grad());
+          CHECK(testing::bitwise_equal(params[i].tensor.detach(), ref_params[i].tensor.detach()));
+        } else {
+          CHECK(params[i].tensor.device().is_meta());  // memory dropped
+        }
+      }
+      for (const ParamHome& h : stage.homes()) CHECK_FALSE(h.tied);
+      // Buffers: a block's where the block runs; the temperature (outside the
+      // blocks) on the ranks that run embed or head: both here.
+      for (size_t b = 0; b < 4; ++b) {
+        const Tensor& scale = std::static_pointer_cast<ResidualMLP>(model->blocks()[b])->scale;
+        if ((b < 2) == (rank == 0)) CHECK(scale.item<double>() == 0.5);
+        else CHECK(scale.device().is_meta());
+      }
+      CHECK(model->temperature.item<double>() == 0.5);
+      CHECK(stage.describe() == (rank == 0 ? "pp rank 0 of 2: embed + stage 0 blocks [0, 2); 14 parameter tensors"
+                                           : "pp rank 1 of 2: stage 1 blocks [2, 4) + head; 16 parameter tensors"));
+    });
+  }
+}
+
+TEST_CASE("a user's staged model trains on pp2 (1F1B, GPipe) and dp2 x pp2 with the one-device bits",
+          "[pipeline][train][staged]") {
+  const ClassifierRun ref = train_classifier_one_device(2);
+  REQUIRE(ref.loss_sums.size() == size_t(kSteps));
+  CHECK(ref.loss_sums.back() < ref.loss_sums.front());
+  // Materialised on the CPU with its values, as a user who initialised (or
+  // loaded) the weights passes it.
+  check_same_bits(ref, train_classifier_pipelined({{"pp", 2}}, "1f1b", false, 2), "pp=2 1f1b, materialised");
+  check_same_bits(ref, train_classifier_pipelined({{"pp", 2}}, "gpipe", false, 2), "pp=2 gpipe, materialised");
+  // Built on Meta: the stages initialise from (seed, path), the values of the materialised model.
+  check_same_bits(ref, train_classifier_pipelined({{"pp", 2}}, "1f1b", true, 2), "pp=2 1f1b, on Meta");
+  check_same_bits(ref, train_classifier_pipelined({{"dp", 2}, {"pp", 2}}, "1f1b", false, 2), "dp=2 x pp=2 1f1b");
+  // Four micro-batches of two rows: the data-parallel halves are single rows.
+  check_same_bits(train_classifier_one_device(4), train_classifier_pipelined({{"dp", 2}, {"pp", 2}}, "gpipe", true, 4),
+                  "dp=2 x pp=2 gpipe, on Meta, 4 micro-batches");
+}
+
+namespace {
+
+// A Classifier with a parameter that neither embed(), head() nor a block uses.
+class ClassifierWithUnused : public Classifier {
+ public:
+  ClassifierWithUnused() : Classifier(4, "ClassifierWithUnused") {
+    unused = child("unused", std::make_shared<nn::Linear>(3, 2, /*bias=*/false));
+  }
+  std::shared_ptr<nn::Linear> unused;
+};
+
+// A Classifier whose blocks() lists block 0 twice.
+class ClassifierRepeatingABlock : public Classifier {
+ public:
+  ClassifierRepeatingABlock() : Classifier(2, "ClassifierRepeatingABlock") { blocks_.push_back(blocks_[0]); }
+};
+
+// A Classifier with a block that is not one of its submodules.
+class ClassifierWithStrayBlock : public Classifier {
+ public:
+  ClassifierWithStrayBlock() : Classifier(2, "ClassifierWithStrayBlock") {
+    blocks_.push_back(std::make_shared<ResidualMLP>(0.0, false, 1.0));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a staged model that cannot be pipelined: errors name the model and the sizes", "[pipeline][staged]") {
+  auto expect = [](const std::function<std::shared_ptr<nn::StagedModel>()>& make,
+                   const std::vector<Mesh::DimSpec>& dims, const std::vector<std::string>& needles) {
+    std::string what;
+    try {
+      comm::run_local(2, [&](int) {
+        Pipeline pipe(make(), Mesh::world(dims), parallel::builtin_plan("none"), kSeed, 2, PipelineOptions{});
+      });
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    INFO(what);
+    REQUIRE_FALSE(what.empty());
+    for (const auto& n : needles) CHECK_THAT(what, Catch::Contains(n));
+  };
+  const std::vector<Mesh::DimSpec> pp2{{"pp", 2}};
+  expect([] { return nn::make_model<ClassifierWithUnused>(); }, pp2,
+         {"parameter 'unused.weight' [2, 3] of ClassifierWithUnused is used by neither embed(), head() nor a block"});
+  expect([] { return classifier(false); }, {{"dp", 2}}, {"Classifier: mesh (dp=2) has no 'pp' dim"});
+  expect([] { return classifier(true, 1); }, pp2,
+         {"Classifier has 1 blocks, fewer than the pp x V = 2 x 1 = 2 stages of mesh (pp=2)"});
+  expect([] { return nn::make_model<ClassifierRepeatingABlock>(); }, pp2,
+         {"ClassifierRepeatingABlock: blocks 0 and 2 share the parameter 'layers.0.norm.weight'"});
+  expect([] { return nn::make_model<ClassifierWithStrayBlock>(); }, pp2,
+         {"block 2 of ClassifierWithStrayBlock is not a submodule of the model (its parameter 'norm.weight' is not "
+          "the model's)"});
+  expect([] { return std::shared_ptr<nn::StagedModel>(); }, pp2, {"needs a model (got a null nn::StagedModel)"});
+  // A model already laid out on a mesh: the pipeline lays out the plain one itself.
+  expect(
+      [] {
+        auto m = classifier(false);
+        parallel::parallelize(*m, Mesh::world({{"dp", 2}}), parallel::builtin_plan("none"));
+        return m;
+      },
+      pp2, {"parameter 'proj_in.weight' of Classifier is already distributed"});
 }
 
 // ---- training equivalence ----------------------------------------------------------------
@@ -332,6 +714,32 @@ TEST_CASE("20 steps on pp2 (gpipe, 1f1b, interleaved), tp2+sp x pp2 and dp2 x tp
       }
     }
   }
+}
+
+TEST_CASE("the trainer's pipeline: its language model built on Meta, handed over, and given back", "[pipeline][train]") {
+  TrainConfig c = base("llama", "");
+  const models::ModelConfig mc = [] {
+    models::ModelConfig m = models::model_config("llama", "tiny");
+    m.n_layer = 4;
+    return m;
+  }();
+  CHECK(train::make_pipeline(c, mc, nullptr, parallel::builtin_plan("none")) == nullptr);  // no mesh: no pipeline
+  comm::run_local(2, [&](int rank) {
+    auto pipe = train::make_pipeline(c, mc, Mesh::world({{"pp", 2}}), parallel::builtin_plan("llama"));
+    REQUIRE(pipe != nullptr);
+    const auto lm = train::pipeline_language_model(*pipe);
+    CHECK(static_cast<nn::StagedModel*>(lm.get()) == &pipe->model());
+    CHECK(lm->config.n_layer == 4);
+    CHECK(pipe->schedule().name == "1f1b");
+    // The output layer on the last rank, initialised from (cfg.seed, path) as on one device.
+    const bool holds_head = rank == 1;
+    CHECK(lm->submodule("output").parameters()[0].device().is_meta() == !holds_head);
+    if (holds_head) {
+      auto ref = models::make_language_model(mc, c.seed);
+      CHECK(testing::bitwise_equal(lm->submodule("output").parameters()[0].detach(),
+                                   ref->submodule("output").parameters()[0].detach()));
+    }
+  });
 }
 
 TEST_CASE("bad pipeline settings fail before anything is written", "[pipeline][train]") {

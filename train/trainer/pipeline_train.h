@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "models/config.h"
+#include "models/language_model.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -17,10 +18,17 @@ namespace tessel::train {
 using parallel::pipeline::Pipeline;
 
 // The pipeline of cfg's settings (pipeline_schedule, virtual_stages,
-// pipeline_split, micro_batches, dtype), or null when `mesh` has no "pp" dim.
-// Throws before building anything when the schedule's rules are broken.
+// pipeline_split, micro_batches, dtype) over the language model of `mc`
+// (built on Meta: each rank materialises only its stages, initialised from
+// cfg.seed), or null when `mesh` has no "pp" dim. Throws before building
+// anything when the schedule's rules are broken.
 std::unique_ptr<Pipeline> make_pipeline(const TrainConfig& cfg, const models::ModelConfig& mc, const MeshPtr& mesh,
                                         const parallel::ParallelPlan& plan);
+
+// The language model a make_pipeline pipeline runs (this rank's parts
+// materialised, the others Meta): the trainer evaluates, checkpoints and
+// reports it as the language model it is.
+std::shared_ptr<models::LanguageModel> pipeline_language_model(const Pipeline& pipe);
 
 // Forwards and backwards of step `step`'s micro-batches; returns the step's
 // loss summed over the micro-batches (as the one-device loop sums them) and adds to `extras`: "aux_loss" (MoE),

@@ -169,7 +169,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     plan = parallel::load_plan(cfg.plan == "auto" ? cfg.model : cfg.plan, cfg.sequence_parallel);
   }
   std::unique_ptr<Pipeline> pipe = make_pipeline(cfg, mc, mesh, plan);  // a "pp" mesh dim: this rank's stages
-  auto model = pipe ? pipe->stage().model_ptr() : models::make_language_model(mc, cfg.seed);
+  auto model = pipe ? pipeline_language_model(*pipe) : models::make_language_model(mc, cfg.seed);
   TESSEL_CHECK(cfg.dump.empty() || !pipe, "train",
                "--dump traces every op of the whole model on every rank; with a pp mesh dim each rank runs other "
                "ops (dump the run without pp: in bitwise mode its trace is the pipelined run's)");

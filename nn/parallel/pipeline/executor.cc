@@ -11,14 +11,17 @@ constexpr const char* kOp = "pipeline executor";
 Executor::Executor(const PipelineStage& stage, DType compute)
     : stage_(stage), compute_(compute), p2p_(stage.pp_comm(), stage.stage_mesh()) {}
 
-StepStats Executor::run(const Schedule& s, const std::vector<MicroBatch>& mbs) {
+StepStats Executor::run(const Schedule& s, const std::vector<LaidOutMicroBatch>& mbs) {
   TESSEL_CHECK(s.pp == stage_.pp_size() && s.virtual_stages == stage_.virtual_stages() &&
                    s.micro_batches == int(mbs.size()),
                kOp, "schedule '{}' is for pp = {}, V = {}, M = {}; this pipeline has pp = {}, V = {} and {} micro-batches",
                s.name, s.pp, s.virtual_stages, s.micro_batches, stage_.pp_size(), stage_.virtual_stages(), mbs.size());
   StepStats st;
-  st.token_loss.assign(mbs.size(), -0.0f);
-  st.block_aux.assign(mbs.size() * stage_.model().blocks().size(), -0.0f);
+  const size_t pieces = mbs.size() * stage_.model().blocks().size();
+  st.stage_loss.assign(mbs.size(), -0.0);
+  st.stage_loss_dtype.assign(mbs.size(), 0.0);
+  st.block_aux.assign(pieces, -0.0);
+  st.block_aux_dtype.assign(pieces, 0.0);
   p2p_.reset_wait();
   slots_.assign(size_t(s.virtual_stages * s.micro_batches), Slot{});
   const bool training = stage_.model().is_training() && !s.forward_only;
@@ -29,7 +32,7 @@ StepStats Executor::run(const Schedule& s, const std::vector<MicroBatch>& mbs) {
   return st;
 }
 
-void Executor::exec(const Schedule& s, const Instr& in, const std::vector<MicroBatch>& mbs, bool training,
+void Executor::exec(const Schedule& s, const Instr& in, const std::vector<LaidOutMicroBatch>& mbs, bool training,
                     StepStats& st) {
   const int S = s.num_stages(), pp = s.pp;
   const int vs = s.stage_of(stage_.pp_rank(), in.chunk);
@@ -61,8 +64,9 @@ void Executor::exec(const Schedule& s, const Instr& in, const std::vector<MicroB
   }
 }
 
-void Executor::forward_chunk(int vs, Slot& sl, const MicroBatch& b, int mb, int m, bool training, StepStats& st) {
-  models::LanguageModel& model = stage_.model();
+void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int mb, int m, bool training,
+                             StepStats& st) {
+  nn::StagedModel& model = stage_.model();
   const int S = stage_.num_stages();
   nn::ForwardScope scope(b.ctx);
   std::optional<nn::AutocastScope> autocast;
@@ -74,9 +78,13 @@ void Executor::forward_chunk(int vs, Slot& sl, const MicroBatch& b, int mb, int 
     x = (*blocks[size_t(i)])(x);
     Tensor a = model.block_aux_loss(size_t(i));
     if (a.defined()) aux = aux.defined() ? aux + a : a;
-    if (a.defined() && training) st.block_aux[size_t(mb) * blocks.size() + size_t(i)] = a.item<float>();
+    if (a.defined() && training) {
+      const size_t k = size_t(mb) * blocks.size() + size_t(i);
+      st.block_aux[k] = a.item<double>();
+      st.block_aux_dtype[k] = double(int(a.dtype()) + 1);
+    }
   }
-  const double coef = model.config.aux_loss_coef;
+  const double coef = model.aux_loss_coef();
   if (aux.defined() && training && mb == m - 1) {
     st.aux_last += aux.item<double>();
     st.has_aux = true;
@@ -90,14 +98,15 @@ void Executor::forward_chunk(int vs, Slot& sl, const MicroBatch& b, int mb, int 
     }
     return;
   }
-  Tensor logits = model.head(x);
-  if (!training) {  // forward-only: the logits are the result
-    sl.output = logits;
+  Tensor output = model.head(x);
+  if (!training) {  // forward-only: the head's output is the result
+    sl.output = output;
     return;
   }
   // The single-device loss of the micro-batch, restricted to what runs here.
-  Tensor l = model.token_loss(logits, b.targets);
-  st.token_loss[size_t(mb)] = l.item<float>();
+  Tensor l = model.stage_loss(output, b.targets);
+  st.stage_loss[size_t(mb)] = l.item<double>();
+  st.stage_loss_dtype[size_t(mb)] = double(int(l.dtype()) + 1);
   if (aux.defined()) l = l + aux * coef;
   st.loss_sum += l.item<double>();
   sl.root = m == 1 ? l : l / double(m);
@@ -124,14 +133,14 @@ void Executor::backward_chunk(int vs, Slot& sl) {
   sl.input = sl.output = sl.root = sl.aux_root = sl.grad_out = Tensor();
 }
 
-Tensor Executor::forward(const Tensor& ids) {
+Tensor Executor::forward(const Tensor& inputs) {
   NoGradGuard ng;
   const Schedule s = forward_only(stage_.pp_size(), 1, stage_.virtual_stages());
-  MicroBatch b{ids, Tensor(), nn::forward_context()};
+  LaidOutMicroBatch b{inputs, Tensor(), nn::forward_context()};
   run(s, {b});
   const int last = stage_.num_stages() - 1;
-  Tensor logits = slots_[size_t(stage_.virtual_stages() - 1)].output;  // chunk V-1, micro-batch 0 on the last rank
-  Tensor out = p2p_.broadcast(logits, last % stage_.pp_size());
+  Tensor output = slots_[size_t(stage_.virtual_stages() - 1)].output;  // chunk V-1, micro-batch 0 on the last rank
+  Tensor out = p2p_.broadcast(output, last % stage_.pp_size());
   slots_.assign(slots_.size(), Slot{});
   return out;
 }

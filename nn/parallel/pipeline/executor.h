@@ -5,10 +5,11 @@
 // Per instruction:
 //   Forward c mb   under micro-batch mb's ForwardScope (its global batch
 //                  offset, so dropout masks are the single-device slices) and
-//                  autocast: vs 0 embeds the ids, then the chunk's blocks run;
-//                  the last stage computes (cross-entropy + aux x coef) / M.
-//                  Each block's auxiliary loss (Mixtral's router loss) is
-//                  added where the block runs, scaled by coef / M.
+//                  autocast: vs 0 embeds the inputs, then the chunk's blocks
+//                  run; the last stage applies the head and computes
+//                  (stage_loss + aux x coef) / M. Each block's auxiliary loss
+//                  (block_aux_loss: Mixtral's router loss) is added where the
+//                  block runs, scaled by aux_loss_coef() / M.
 //   RecvAct        the input arrives as a leaf requiring grad (p2p.h)
 //   SendAct        also posts the receive of the output's gradient, so
 //                  RecvGrad only waits for it (check_schedule guarantees each
@@ -27,19 +28,23 @@
 
 namespace tessel::parallel::pipeline {
 
-struct MicroBatch {
-  Tensor inputs, targets;  // token ids [b, T], laid out on the stage mesh (PipelineStage::layout)
+// A micro-batch as the executor runs it.
+struct LaidOutMicroBatch {
+  Tensor inputs, targets;  // laid out on the stage mesh (PipelineStage::layout); no targets in forward-only runs
   nn::ForwardContext ctx;  // seed, step, this micro-batch's global offset, the global batch
 };
 
 struct StepStats {
-  double loss_sum = 0;     // this rank's share of sum_m loss_m (cross-entropy on the last stage, aux x coef)
+  double loss_sum = 0;     // this rank's share of sum_m loss_m (stage_loss on the last stage, aux x coef)
   double aux_last = 0;     // sum over this rank's blocks of the last micro-batch's aux loss (unscaled)
   bool has_aux = false;
   double comm_wait_s = 0;  // time blocked in point-to-point transfers
-  // Per micro-batch pieces of the loss for bitwise mode (-0.0 where another
-  // rank computes the piece): token loss [m] and block aux losses [m][blocks].
-  std::vector<float> token_loss, block_aux;
+  // Per micro-batch pieces of the loss for bitwise mode, each with its dtype
+  // (DType + 1; 0 where another rank computes the piece or a block produced
+  // no aux loss, whose value is then -0.0): the stage loss [m] and the block
+  // aux losses [m][blocks]. Values as double (exact for every float dtype).
+  std::vector<double> stage_loss, block_aux;
+  std::vector<double> stage_loss_dtype, block_aux_dtype;
 };
 
 class Executor {
@@ -49,24 +54,26 @@ class Executor {
 
   // One training step: forwards and backwards of every micro-batch, leaving
   // this rank's parameter gradients accumulated (tied ones not yet summed).
-  StepStats run(const Schedule& s, const std::vector<MicroBatch>& micro_batches);
+  StepStats run(const Schedule& s, const std::vector<LaidOutMicroBatch>& micro_batches);
 
-  // Logits of `ids` (laid out) on every pp rank, no grad: the forward-only
-  // schedule, then a broadcast from the last stage (collective over the mesh).
-  Tensor forward(const Tensor& ids);
+  // The head's output for `inputs` (laid out) on every pp rank, no grad: the
+  // forward-only schedule, then a broadcast from the last stage (collective
+  // over the mesh).
+  Tensor forward(const Tensor& inputs);
 
  private:
   struct Slot {
     Tensor input;     // received activation (leaf), or empty on stage 0
-    Tensor output;    // stage output kept for backward; logits in forward-only runs
+    Tensor output;    // stage output kept for backward; the head's output in forward-only runs
     Tensor root;      // the last stage's scaled loss
     Tensor aux_root;  // this chunk's aux loss x coef / M
     P2P::PendingRecv pending_grad;  // gradient of output, posted at SendAct
     Tensor grad_out;                // ... received (RecvGrad)
     Tensor grad_in;   // gradient of input to send
   };
-  void exec(const Schedule& s, const Instr& in, const std::vector<MicroBatch>& mbs, bool training, StepStats& st);
-  void forward_chunk(int vs, Slot& sl, const MicroBatch& b, int mb, int m, bool training, StepStats& st);
+  void exec(const Schedule& s, const Instr& in, const std::vector<LaidOutMicroBatch>& mbs, bool training,
+            StepStats& st);
+  void forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int mb, int m, bool training, StepStats& st);
   void backward_chunk(int vs, Slot& sl);
 
   const PipelineStage& stage_;

@@ -14,50 +14,58 @@ namespace tessel::parallel::pipeline {
 namespace {
 constexpr const char* kOp = "pipeline";
 
-// Bitwise mode: the step's loss as the one-device loop computes it. Every
-// rank gets each micro-batch's token loss and per-block aux losses (float32;
-// each from the one rank that computed it, the others add -0.0: exact) and
+// Bitwise mode: the step's loss as the one-device loop computes it
+// (nn::StagedModel::loss, in training). Every rank gets each micro-batch's
+// stage loss and per-block aux losses with their dtypes (each piece from the
+// one rank that computed it, the others add -0.0 and dtype 0: exact) and
 // evaluates the one-device expression with the same ops:
-// sum_m (token_m + (aux_m0 + aux_m1 + ...) * coef).
+// sum_m (stage_m + (aux_m0 + aux_m1 + ...) * coef), blocks without an aux
+// loss skipped.
 double bitwise_loss_sum(const StepStats& st, const PipelineStage& stage) {
   NoGradGuard ng;
-  const size_t m = st.token_loss.size(), nb = m ? st.block_aux.size() / m : 0;
-  Tensor buf = raw::empty({int64_t(m + m * nb)}, DType::Float32);
-  float* b = buf.data<float>();
-  std::copy(st.token_loss.begin(), st.token_loss.end(), b);
-  std::copy(st.block_aux.begin(), st.block_aux.end(), b + m);
+  const size_t m = st.stage_loss.size(), nb = m ? st.block_aux.size() / m : 0;
+  Tensor buf = raw::empty({int64_t(2 * (m + m * nb))}, DType::Float64);
+  double* b = buf.data<double>();
+  double* stage_val = b;
+  double* stage_dt = stage_val + m;
+  double* aux_val = stage_dt + m;
+  double* aux_dt = aux_val + m * nb;
+  std::copy(st.stage_loss.begin(), st.stage_loss.end(), stage_val);
+  std::copy(st.stage_loss_dtype.begin(), st.stage_loss_dtype.end(), stage_dt);
+  std::copy(st.block_aux.begin(), st.block_aux.end(), aux_val);
+  std::copy(st.block_aux_dtype.begin(), st.block_aux_dtype.end(), aux_dt);
   if (const auto& c = stage.pp_comm()) c->all_reduce(buf, comm::ReduceOp::Sum)->wait();
-  auto scalar = [](float v) {
-    Tensor t = raw::empty({}, DType::Float32);
-    t.data<float>()[0] = v;
-    return t;
+  // A scalar of the dtype the piece had (its code is DType + 1).
+  auto scalar = [](double v, double code) {
+    Tensor t = raw::empty({}, DType::Float64);
+    t.data<double>()[0] = v;
+    return t.to(DType(int(code) - 1));
   };
-  const models::LanguageModel& model = stage.model();
-  const bool moe = model.config.arch == models::Arch::Mixtral;
+  const double coef = stage.model().aux_loss_coef();
   double sum = 0;
   for (size_t k = 0; k < m; ++k) {
-    Tensor l = scalar(b[k]);
-    if (moe && nb > 0) {
-      Tensor aux = scalar(b[m + k * nb]);
-      for (size_t i = 1; i < nb; ++i) aux = aux + scalar(b[m + k * nb + i]);
-      l = l + aux * model.config.aux_loss_coef;
+    TESSEL_CHECK(stage_dt[k] > 0, kOp, "micro-batch {}: no pp rank computed the loss", k);
+    Tensor l = scalar(stage_val[k], stage_dt[k]);
+    Tensor aux;
+    for (size_t i = 0; i < nb; ++i) {
+      const size_t j = k * nb + i;
+      if (aux_dt[j] == 0) continue;
+      Tensor a = scalar(aux_val[j], aux_dt[j]);
+      aux = aux.defined() ? aux + a : a;
     }
+    if (aux.defined()) l = l + aux * coef;
     sum += l.item<double>();
   }
   return sum;
 }
-}
+}  // namespace
 
-bool has_pipeline_dim(const Mesh& mesh) {
-  for (int d = 0; d < mesh.ndim(); ++d)
-    if (mesh.name(d) == "pp") return true;
-  return false;
-}
-
-Pipeline::Pipeline(const models::ModelConfig& config, const MeshPtr& mesh, const ParallelPlan& plan, uint64_t seed,
-                   int64_t micro_batches, const PipelineOptions& opts)
+Pipeline::Pipeline(std::shared_ptr<nn::StagedModel> model, const MeshPtr& mesh, const ParallelPlan& plan,
+                   uint64_t seed, int64_t micro_batches, const PipelineOptions& opts)
     : opts_(opts) {
-  TESSEL_CHECK(mesh && has_pipeline_dim(*mesh), kOp, "mesh {} has no 'pp' dim", mesh ? mesh->str() : "(none)");
+  TESSEL_CHECK(model != nullptr, kOp, "needs a model (got a null nn::StagedModel)");
+  TESSEL_CHECK(mesh && has_pipeline_dim(*mesh), kOp, "{}: mesh {} has no 'pp' dim", model->type_name(),
+               mesh ? mesh->str() : "(none)");
   const int pp = int(mesh->size(mesh->dim_index("pp")));
   try {
     schedule_ = make_schedule(opts.schedule, pp, int(micro_batches), opts.virtual_stages);
@@ -65,7 +73,8 @@ Pipeline::Pipeline(const models::ModelConfig& config, const MeshPtr& mesh, const
     TESSEL_FAIL(kOp, "mesh {}: {}", mesh->str(), e.what());
   }
   stats_ = check_schedule(schedule_);
-  stage_ = std::make_unique<PipelineStage>(config, mesh, plan, seed, StageOptions{opts.virtual_stages, opts.split});
+  stage_ = std::make_unique<PipelineStage>(std::move(model), mesh, plan, seed,
+                                           StageOptions{opts.virtual_stages, opts.split});
   executor_ = std::make_unique<Executor>(*stage_, opts.compute);
 }
 
@@ -89,11 +98,11 @@ int64_t Pipeline::local_parameter_bytes() const {
 }
 
 PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t global_batch,
-                                        const std::vector<MicroBatchIds>& micro_batches) {
+                                        const std::vector<MicroBatch>& micro_batches) {
   TESSEL_CHECK(model().is_training(), kOp, "train_step needs the model in training mode (model().train())");
-  std::vector<MicroBatch> mbs;
+  std::vector<LaidOutMicroBatch> mbs;
   mbs.reserve(micro_batches.size());
-  for (const MicroBatchIds& b : micro_batches)
+  for (const MicroBatch& b : micro_batches)
     mbs.push_back({stage_->layout(b.inputs), stage_->layout(b.targets), {seed, step, b.first_sample, global_batch}});
   const StepStats st = executor_->run(schedule_, mbs);
   // The step's loss and aux loss are spread over the stages: sum them over pp.
@@ -154,7 +163,7 @@ double Pipeline::clip_grad_norm_(double max_norm) {
   return double(total);
 }
 
-Tensor Pipeline::forward(const Tensor& ids) { return executor_->forward(ids); }
+Tensor Pipeline::forward(const Tensor& inputs) { return executor_->forward(inputs); }
 
 std::vector<std::pair<std::string, Tensor>> Pipeline::gather_parameters() const {
   NoGradGuard ng;

@@ -1,8 +1,12 @@
 #pragma once
-// Pipeline parallelism for a language model (docs/parallel.md, "Pipeline
-// parallelism"): the pieces of this folder put together for a training loop.
+// Pipeline parallelism for any model written as a chain of stages
+// (nn::StagedModel: embed -> blocks -> head, and its loss; docs/parallel.md,
+// "Pipeline parallelism"): the pieces of this folder put together for a
+// training loop.
 //
-//   Pipeline pipe(model_config, mesh /* with a "pp" dim */, plan, seed, micro_batches, opts);
+//   std::shared_ptr<MyModel> model;                          // this rank's own instance
+//   { nn::ConstructionScope meta(kMeta); model = nn::make_model<MyModel>(...); }  // or materialised, with values
+//   Pipeline pipe(model, mesh /* with a "pp" dim */, plan, seed, micro_batches, opts);
 //   nn::AdamW opt(pipe.param_groups(weight_decay), ...);   // this rank's parameters only
 //   for (step ...) {
 //     auto r = pipe.train_step(seed, step, global_batch, micro_batches_of_the_step);
@@ -11,9 +15,11 @@
 //   }
 //
 // Every rank of the mesh calls every method in the same order (they are
-// collective). Errors before any work: the schedule's rules (micro-batches vs
-// pp, virtual stages) are checked and the schedule is verified (check_schedule)
-// before the model is built; the partition checks the blocks fill pp x V stages.
+// collective) and passes a model built the same way. Errors before any
+// work: the schedule's rules (micro-batches vs pp, virtual stages) are
+// checked and the schedule is verified (check_schedule) before the model is
+// touched; the stage checks the blocks fill pp x V stages and every
+// parameter belongs to one (stage.h).
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,29 +40,35 @@ struct PipelineOptions {
   DType compute = DType::Float32; // autocast dtype of the training forwards
 };
 
-// One micro-batch of token ids as the data loader gives it (plain [b, T]).
-struct MicroBatchIds {
-  Tensor inputs, targets;
-  int64_t first_sample = 0;  // global index of row 0
+// One micro-batch as the data loader gives it: plain tensors, full on every
+// rank, dim 0 the batch (a language model: token ids [b, T]; any dtype).
+struct MicroBatch {
+  Tensor inputs;             // what embed() takes
+  Tensor targets;            // what stage_loss() compares the head's output with
+  int64_t first_sample = 0;  // global index of row 0 (dropout masks are keyed by it)
 };
 
 struct PipelineStepResult {
-  double loss = 0;                 // mean over the micro-batches of the whole model's loss (every rank)
+  double loss = 0;                 // mean over the micro-batches of the whole model's loss() (every rank)
   double loss_sum = 0;             // their sum (bitwise mode: the one-device loop's bits)
-  std::optional<double> aux_loss;  // the last micro-batch's aux loss summed over all blocks (MoE models)
+  std::optional<double> aux_loss;  // the last micro-batch's aux loss summed over all blocks (when blocks produce one)
   double comm_wait_s = 0;          // this rank's time blocked in point-to-point transfers
   double comm_wait_mean_s = 0;     // the same, averaged over the ranks of this rank's pp group
 };
 
 class Pipeline {
  public:
-  Pipeline(const models::ModelConfig& config, const MeshPtr& mesh, const ParallelPlan& plan, uint64_t seed,
+  // `model`: this rank's instance of the plain model, on Meta or materialised;
+  // the stage edits it in place (PipelineStage). `seed` initialises the Meta
+  // parameters this rank holds (from (seed, path): the single-device values).
+  Pipeline(std::shared_ptr<nn::StagedModel> model, const MeshPtr& mesh, const ParallelPlan& plan, uint64_t seed,
            int64_t micro_batches, const PipelineOptions& opts);
 
   const PipelineStage& stage() const { return *stage_; }
   const Schedule& schedule() const { return schedule_; }
   const ScheduleStats& schedule_stats() const { return stats_; }
-  models::LanguageModel& model() const { return stage_->model(); }
+  // The whole model: this rank's parts materialised, the others Meta.
+  nn::StagedModel& model() const { return stage_->model(); }
 
   // AdamW's default groups (decay / no decay) restricted to this rank's parameters.
   std::vector<nn::ParamGroup> param_groups(double weight_decay) const;
@@ -66,7 +78,7 @@ class Pipeline {
   // Forwards and backwards of one step's micro-batches; gradients are left
   // accumulated in this rank's parameters (scaled by 1 / M).
   PipelineStepResult train_step(uint64_t seed, uint64_t step, int64_t global_batch,
-                                const std::vector<MicroBatchIds>& micro_batches);
+                                const std::vector<MicroBatch>& micro_batches);
   // Sums tied gradients over their holders, then the global L2 norm of all
   // stages' gradients (each parameter counted once), combined in the order of
   // nn::clip_grad_norm_ over the whole model (the same bits for the same
@@ -74,10 +86,11 @@ class Pipeline {
   // Returns the norm.
   double clip_grad_norm_(double max_norm);
 
-  // Token ids [B, T] -> logits on every rank (evaluation, sampling; no grad).
-  Tensor forward(const Tensor& ids);
-  // The plan's layout of ids / targets on the stage mesh.
-  Tensor layout(const Tensor& ids) const { return stage_->layout(ids); }
+  // Inputs [B, ...] (laid out) -> the head's output on every rank
+  // (evaluation, sampling; no grad). A language model: logits.
+  Tensor forward(const Tensor& inputs);
+  // The plan's layout of a batch of inputs or targets on the stage mesh.
+  Tensor layout(const Tensor& batch) const { return stage_->layout(batch); }
 
   // Every parameter of the model, full and plain, in model order, on world
   // rank 0 (empty elsewhere). Each stage gathers its pieces (full_tensor) and
@@ -93,8 +106,5 @@ class Pipeline {
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<Executor> executor_;
 };
-
-// Whether `mesh` has a pipeline dim ("pp").
-bool has_pipeline_dim(const Mesh& mesh);
 
 }  // namespace tessel::parallel::pipeline

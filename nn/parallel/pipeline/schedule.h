@@ -8,7 +8,7 @@
 // names its micro-batch and its *local* chunk c:
 //
 //   RecvAct  c mb   receive the input activation of (vs, mb) from vs - 1's rank
-//   Forward  c mb   run vs on micro-batch mb (vs 0: from the token ids)
+//   Forward  c mb   run vs on micro-batch mb (vs 0: from its inputs)
 //   SendAct  c mb   send the output of (vs, mb) to vs + 1's rank
 //   RecvGrad c mb   receive d loss / d output of (vs, mb) from vs + 1's rank
 //   Backward c mb   backward of (vs, mb) (vs S-1: from its loss / M)

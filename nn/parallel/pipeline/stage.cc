@@ -14,26 +14,68 @@ namespace {
 
 constexpr const char* kOp = "pipeline";
 
+Tensor meta_like(const Tensor& t) { return empty(t.shape(), TensorOptions(t.dtype()).with_device(kMeta)); }
+
 // Which of `params` the scalar `out` depends on: autograd::grad on Meta
 // tensors walks the graph and allocates nothing.
 std::vector<bool> reached(const Tensor& out, const std::vector<Tensor>& params) {
+  std::vector<bool> r(params.size(), false);
+  if (!out.requires_grad()) return r;  // a stage without parameters
   std::vector<Tensor> g = autograd::grad({sum(out)}, params);
-  std::vector<bool> r(params.size());
   for (size_t i = 0; i < g.size(); ++i) r[i] = g[i].defined();
   return r;
 }
 
-// The parameters the embedding and the head use (a tied matrix is in both).
-void trace_embed_head(models::LanguageModel& m, const std::vector<Tensor>& params, std::vector<bool>& embed,
-                      std::vector<bool>& head) {
+// For the lifetime of the guard, every parameter of `m` is a fresh Meta leaf
+// requiring grad (whatever the original's device or requires_grad: tracing
+// asks which parameters a gradient reaches), every buffer with values a Meta
+// tensor of its shape and dtype, and the model is in eval mode (no dropout
+// draws): tracing then computes and allocates nothing, whether the model was
+// built on Meta or materialised. Everything is put back after, on errors too.
+class MetaTrace {
+ public:
+  explicit MetaTrace(nn::StagedModel& m) : m_(m), was_training_(m.is_training()) {
+    for (auto& [path, slot] : m.parameter_slots()) swap_out(*slot->tensor, true);
+    for (auto& [path, slot] : m.buffer_slots()) swap_out(*slot->tensor, false);
+    m.eval();
+  }
+  ~MetaTrace() {
+    m_.train(was_training_);
+    for (auto& [slot, value] : saved_) *slot = value;
+  }
+  MetaTrace(const MetaTrace&) = delete;
+  MetaTrace& operator=(const MetaTrace&) = delete;
+
+ private:
+  void swap_out(Tensor& t, bool param) {
+    if (!t.defined() || (!param && t.device().is_meta())) return;
+    saved_.emplace_back(&t, t);
+    t = meta_like(t);
+    if (param) t.requires_grad_(true);
+  }
+  nn::StagedModel& m_;
+  bool was_training_;
+  std::vector<std::pair<Tensor*, Tensor>> saved_;
+};
+
+// The parameters (model order) the embedding and the head use (a tied matrix is in both).
+void trace_embed_head(nn::StagedModel& m, std::vector<bool>& embed, std::vector<bool>& head) {
   EnableGradGuard grad;
-  const bool was_training = m.is_training();
-  m.eval();  // no dropout draws while tracing
-  Tensor ids = empty({1, 1}, TensorOptions(DType::Int64).with_device(kMeta));
-  embed = reached(m.embed(ids), params);
-  Tensor h = empty({1, 1, m.config.dim}, TensorOptions(DType::Float32).with_device(kMeta));
-  head = reached(m.head(h), params);
-  m.train(was_training);
+  MetaTrace meta(m);
+  std::vector<Tensor> params;
+  for (auto& [path, slot] : m.parameter_slots()) params.push_back(*slot->tensor);
+  Tensor example = m.example_input();
+  TESSEL_CHECK(example.defined(), kOp, "{}::example_input() returned an undefined tensor (it must be shaped like "
+               "a batch of one sample)", m.type_name());
+  if (!example.device().is_meta()) example = meta_like(example);
+  try {
+    Tensor h = m.embed(example);
+    embed = reached(h, params);
+    head = reached(m.head(h.detach()), params);  // detached: what head() alone uses
+  } catch (const Error& e) {
+    TESSEL_FAIL(kOp, "{}: tracing embed() on its example_input() {} and head() on embed's output, on Meta, failed: {}",
+                m.type_name(), example.desc(), e.what());
+  }
 }
 
 void materialize_param(Tensor& t) {
@@ -43,12 +85,42 @@ void materialize_param(Tensor& t) {
   t.requires_grad_(true);
 }
 
+// A parameter this rank does not hold: a Meta leaf of its shape (its memory is dropped).
+void drop_param(Tensor& t) {
+  if (t.device().is_meta()) return;
+  t = meta_like(t);
+  t.requires_grad_(true);
+}
+
+// Module m's own buffers (not its children's): held ones get memory when on
+// Meta, m then refilling its computed ones (init_buffers, as
+// Module::materialize does); the others become Meta.
+void place_own_buffers(nn::Module& m, bool held) {
+  bool materialised = false;
+  for (auto& [name, slot] : m.buffer_slots(/*recurse=*/false)) {
+    Tensor& t = *slot->tensor;
+    if (!t.defined() || t.device().is_meta() != held) continue;
+    t = held ? empty(t.shape(), TensorOptions(t.dtype()).with_device(kCPU)) : meta_like(t);
+    materialised = materialised || held;
+  }
+  if (materialised) m.init_buffers();
+}
+
 }  // namespace
 
-PipelineStage::PipelineStage(const models::ModelConfig& config, const MeshPtr& mesh, const ParallelPlan& plan,
+bool has_pipeline_dim(const Mesh& mesh) {
+  for (int d = 0; d < mesh.ndim(); ++d)
+    if (mesh.name(d) == "pp") return true;
+  return false;
+}
+
+PipelineStage::PipelineStage(std::shared_ptr<nn::StagedModel> model, const MeshPtr& mesh, const ParallelPlan& plan,
                              uint64_t seed, const StageOptions& opts)
-    : mesh_(mesh), plan_(plan), opts_(opts) {
-  TESSEL_CHECK(mesh != nullptr, kOp, "needs a mesh with a 'pp' dim");
+    : model_(std::move(model)), mesh_(mesh), plan_(plan), opts_(opts) {
+  TESSEL_CHECK(model_ != nullptr, kOp, "needs a model (got a null nn::StagedModel)");
+  nn::StagedModel& m = *model_;
+  TESSEL_CHECK(mesh != nullptr && has_pipeline_dim(*mesh), kOp, "{} needs a mesh with a 'pp' dim, got {}",
+               m.type_name(), mesh ? mesh->str() : "(none)");
   const int pd = mesh->dim_index("pp");
   pp_size_ = int(mesh->size(pd));
   pp_rank_ = mesh->coordinate(pd);
@@ -61,34 +133,43 @@ PipelineStage::PipelineStage(const models::ModelConfig& config, const MeshPtr& m
   }
   if (!rest.empty()) stage_mesh_ = mesh->sub(rest);
 
-  {
-    nn::ConstructionScope meta(kMeta);
-    model_ = models::build_model(config);
-  }
-  models::LanguageModel& m = *model_;
+  m.assign_paths();  // parameter init and dropout keys use the paths (make_model assigns them; make_shared does not)
   const auto slots = m.parameter_slots();
-  std::vector<Tensor> params;
-  for (auto& [path, slot] : slots) params.push_back(*slot->tensor);
+  for (const auto& [path, slot] : slots)
+    TESSEL_CHECK(!slot->tensor->is_distributed(), kOp,
+                 "parameter '{}' of {} is already distributed ({}): pass the plain model, the pipeline lays each "
+                 "stage out with the plan", path, m.type_name(), slot->tensor->desc());
   std::vector<bool> in_embed, in_head;
-  trace_embed_head(m, params, in_embed, in_head);
+  trace_embed_head(m, in_embed, in_head);
 
-  // Blocks own their parameters by identity of the slot.
+  // Blocks own the parameters (and buffers) under their module, by identity of the slot.
+  std::map<const Tensor*, std::string> path_of;
+  for (const auto& [path, slot] : slots) path_of.emplace(slot->tensor, path);
   const auto& blocks = m.blocks();
   std::map<const Tensor*, int> block_of;
+  std::map<const nn::Module*, int> module_block;
   std::vector<int64_t> block_params(blocks.size(), 0);
   for (size_t b = 0; b < blocks.size(); ++b) {
+    TESSEL_CHECK(blocks[b] != nullptr, kOp, "block {} of {} is null", b, m.type_name());
     for (auto& [p, s] : blocks[b]->parameter_slots()) {
-      block_of[s->tensor] = int(b);
+      TESSEL_CHECK(path_of.count(s->tensor), kOp,
+                   "block {} of {} is not a submodule of the model (its parameter '{}' is not the model's): "
+                   "register the blocks as children (e.g. in an nn::ModuleList)", b, m.type_name(), p);
+      auto [it, fresh] = block_of.emplace(s->tensor, int(b));
+      TESSEL_CHECK(fresh, kOp,
+                   "{}: blocks {} and {} share the parameter '{}'; a block's parameters must be its own (each "
+                   "block runs on one stage)", m.type_name(), it->second, b, path_of[s->tensor]);
       block_params[b] += s->tensor->numel();
     }
+    for (auto& [p, mod] : blocks[b]->named_modules()) module_block.emplace(mod, int(b));
   }
   int64_t embed_params = 0, head_params = 0;
   for (size_t i = 0; i < slots.size(); ++i) {
     const auto& [path, slot] = slots[i];
     const bool in_block = block_of.count(slot->tensor) > 0;
     TESSEL_CHECK(in_block || in_embed[i] || in_head[i], kOp,
-                 "parameter '{}' of {} is used by neither embed(), head() nor a block: no stage can hold it", path,
-                 m.type_name());
+                 "parameter '{}' {} of {} is used by neither embed(), head() nor a block: no stage can hold it", path,
+                 slot->tensor->shape(), m.type_name());
     TESSEL_CHECK(!in_block || !(in_embed[i] || in_head[i]), kOp,
                  "parameter '{}' of {} is used by a block and by embed()/head(); pipeline stages cannot share it",
                  path, m.type_name());
@@ -97,16 +178,18 @@ PipelineStage::PipelineStage(const models::ModelConfig& config, const MeshPtr& m
   }
   const int S = num_stages();
   partition_ = make_partition(opts.split, block_params, embed_params, head_params, S,
-                              fmt::format(FMT_STRING("{} config '{}' has {} blocks, fewer than the pp x V = {} x {} = {} "
-                                          "stages of mesh {}"),
-                                          m.type_name(), config.name, blocks.size(), pp_size_,
-                                          opts.virtual_stages, S, mesh->str()));
+                              fmt::format(FMT_STRING("{} has {} blocks, fewer than the pp x V = {} x {} = {} stages "
+                                                     "of mesh {}"),
+                                          m.type_name(), blocks.size(), pp_size_, opts.virtual_stages, S,
+                                          mesh->str()));
 
   // Who holds what.
   std::vector<int> rank_of_block(blocks.size());
   for (int vs = 0; vs < S; ++vs)
     for (int64_t b = partition_.begin(vs); b < partition_.end(vs); ++b) rank_of_block[size_t(b)] = vs % pp_size_;
+  const bool holds_ends = pp_rank_ == 0 || pp_rank_ == (S - 1) % pp_size_;  // embed / head
   std::set<int> tied_ranks;
+  std::vector<bool> had_values(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     std::set<int> holders;
     auto it = block_of.find(slots[i].second->tensor);
@@ -120,25 +203,38 @@ PipelineStage::PipelineStage(const models::ModelConfig& config, const MeshPtr& m
     h.tied = holders.size() > 1;
     if (h.tied) tied_ranks.insert(holders.begin(), holders.end());
     homes_.push_back(h);
+    // What this rank does not hold is dropped before the layout, so that no
+    // rank slices (or keeps) values it will never use.
+    Tensor& t = *slots[i].second->tensor;
+    had_values[i] = !t.device().is_meta();
+    if (!h.held) drop_param(t);
   }
 
-  // Lay the whole (Meta) model out on the stage mesh: the plan's rules are
-  // checked against the whole model, and every stage gets the same layouts.
+  // Lay the whole model out on the stage mesh: the plan's rules are checked
+  // against the whole model, every stage gets the same layouts, and held
+  // parameters with values keep them (each rank keeps its piece).
   if (stage_mesh_) parallelize(m, stage_mesh_, plan_);
-  // Materialise and initialise what this rank holds (blocks with their buffers).
-  for (size_t b = 0; b < blocks.size(); ++b)
-    if (rank_of_block[b] == pp_rank_) blocks[b]->materialize(kCPU);
+  // Buffers: a held block's, and those outside the blocks on the ranks that
+  // run embed or head (which of the two uses them is not traced: buffers get
+  // no gradient); the others become Meta.
+  for (auto& [path, mod] : m.named_modules()) {
+    auto it = module_block.find(mod);
+    place_own_buffers(*mod, it == module_block.end() ? holds_ends : rank_of_block[size_t(it->second)] == pp_rank_);
+  }
+  // Materialise and initialise the held Meta parameters; held ones with values keep them.
   NoGradGuard ng;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (!homes_[i].held) continue;
     const auto& [path, slot] = slots[i];
     Tensor& t = *slot->tensor;
-    materialize_param(t);
-    if (t.is_distributed()) {
-      slot->init(raw::local_of(t), nn::parameter_key(seed, path), local_random_block(t));
-      t.bump_version();
-    } else {
-      slot->init(t, nn::parameter_key(seed, path), GlobalBlock{});
+    if (!had_values[i]) {
+      materialize_param(t);
+      if (t.is_distributed()) {
+        slot->init(raw::local_of(t), nn::parameter_key(seed, path), local_random_block(t));
+        t.bump_version();
+      } else {
+        slot->init(t, nn::parameter_key(seed, path), GlobalBlock{});
+      }
     }
     held_.push_back({path, t});
     tied_contrib_.push_back(std::make_shared<std::vector<Tensor>>());
@@ -231,8 +327,8 @@ void PipelineStage::sync_tied_grads() const {
   }
 }
 
-Tensor PipelineStage::layout(const Tensor& ids) const {
-  return stage_mesh_ ? distribute_batch(ids, stage_mesh_, plan_) : ids;
+Tensor PipelineStage::layout(const Tensor& batch) const {
+  return stage_mesh_ ? distribute_batch(batch, stage_mesh_, plan_) : batch;
 }
 
 std::string PipelineStage::describe() const {

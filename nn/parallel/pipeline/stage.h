@@ -1,21 +1,28 @@
 #pragma once
-// One rank's part of a pipelined language model.
+// One rank's part of a pipelined model.
 //
-// The model (models::LanguageModel: embed -> blocks() -> head) is built on
-// Meta on every rank, so all ranks agree on its parameters' names and shapes
-// without allocating them. Its blocks are cut into S = pp x V virtual stages
-// (partition.h); rank r holds the chunks vs = c * pp + r (schedule.h), plus
-// the embedding when it holds vs 0 and the head when it holds vs S-1. Only
-// the parameters of what a rank holds are materialised and initialised (from
-// (seed, path), so their values are those of the single-device model); the
-// others stay Meta tensors without memory.
+// The model is any nn::StagedModel (nn/staged.h: embed -> blocks() -> head,
+// plus its loss), a plain module tree that every rank builds the same way:
+// on Meta (nn::ConstructionScope meta(kMeta): no memory, all ranks agree on
+// names and shapes) or materialised on the CPU with values (a user who
+// initialised or loaded weights). Its blocks are cut into S = pp x V virtual
+// stages (partition.h); rank r holds the chunks vs = c * pp + r
+// (schedule.h), plus the embedding when it holds vs 0 and the head when it
+// holds vs S-1. The stage takes the model over and edits it in place: what
+// this rank holds keeps its values when it has some, and Meta parameters of
+// it are materialised and initialised from (seed, path), so they are the
+// single-device model's values; what it does not hold becomes Meta tensors,
+// its memory dropped. So each rank (thread or process) passes its own
+// instance, never one shared with another rank.
 //
 // Which parameters the embedding and the head use is found by tracing them
-// on Meta tensors (autograd::grad on Meta computes no values): no model has
-// to declare it, and a tied matrix (NanoGPT's wte: embedding and LM head) is
-// found in both. Such a parameter is held by the first and the last rank;
-// its gradient is summed over the two (sync_tied_grads) and it counts once
-// in norms and hashes (on its *primary* rank, the lowest one holding it).
+// on Meta tensors (embed(example_input()), then head() of its output;
+// autograd::grad on Meta computes no values): no model has to declare it,
+// and a tied matrix (NanoGPT's wte: embedding and LM head) is found in both.
+// Such a parameter is held by the first and the last rank; its gradient is
+// summed over the two (sync_tied_grads) and it counts once in norms and
+// hashes (on its *primary* rank, the lowest one holding it). Blocks own the
+// parameters and buffers under their module.
 //
 // Within a stage the other mesh dims (dp, tp, ...) work as without a
 // pipeline: the whole model is parallelized with the plan on the sub-mesh
@@ -24,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "models/language_model.h"
+#include "nn/staged.h"
 #include "nn/parallel/pipeline/partition.h"
 #include "nn/parallel/plan.h"
 #include "runtime/comm/comm.h"
@@ -45,17 +52,24 @@ struct ParamHome {
   bool tied = false;    // held by more than one pp rank
 };
 
+// Whether `mesh` has a pipeline dim ("pp").
+bool has_pipeline_dim(const Mesh& mesh);
+
 class PipelineStage {
  public:
   // Collective over `mesh` (it splits the tied-parameter group off the pp
-  // communicator). `mesh` must have a "pp" dim; `plan` lays the stage out on
-  // the other dims (ignored when pp is the only dim). Throws naming the mesh,
-  // the model and the sizes when the blocks cannot fill pp x V stages.
-  PipelineStage(const models::ModelConfig& config, const MeshPtr& mesh, const ParallelPlan& plan, uint64_t seed,
+  // communicator). `model`: the plain (not parallelized) model, on Meta or
+  // materialised (see above); `mesh` must have a "pp" dim; `plan` lays the
+  // stage out on the other dims (ignored when pp is the only dim); `seed`
+  // initialises the Meta parameters this rank holds. Throws naming the
+  // model's type, the mesh and the sizes when the blocks cannot fill pp x V
+  // stages, a parameter belongs to no stage or to two blocks, or the model
+  // is already distributed.
+  PipelineStage(std::shared_ptr<nn::StagedModel> model, const MeshPtr& mesh, const ParallelPlan& plan, uint64_t seed,
                 const StageOptions& opts);
 
-  models::LanguageModel& model() const { return *model_; }
-  const std::shared_ptr<models::LanguageModel>& model_ptr() const { return model_; }
+  nn::StagedModel& model() const { return *model_; }
+  const std::shared_ptr<nn::StagedModel>& model_ptr() const { return model_; }
   const MeshPtr& mesh() const { return mesh_; }
   // The mesh of this stage (the dims other than pp); null when pp is the only dim.
   const MeshPtr& stage_mesh() const { return stage_mesh_; }
@@ -82,13 +96,14 @@ class PipelineStage {
   // Sums the gradients of tied parameters over the ranks that hold them.
   void sync_tied_grads() const;
   void sync_tied_bitwise(const nn::NamedTensor& p, std::vector<Tensor>& contrib) const;
-  // The ids / targets layout of the plan on the stage mesh (identity for pp only).
-  Tensor layout(const Tensor& ids) const;
+  // The plan's data layout of a batch (inputs or targets, dim 0 = batch) on
+  // the stage mesh (identity for pp only).
+  Tensor layout(const Tensor& batch) const;
   // "pp rank 1 of 2: stages 1 [2, 4) + head; 3 parameters tensors, ..."
   std::string describe() const;
 
  private:
-  std::shared_ptr<models::LanguageModel> model_;
+  std::shared_ptr<nn::StagedModel> model_;
   MeshPtr mesh_, stage_mesh_;
   ParallelPlan plan_;
   comm::CommPtr pp_comm_, tied_comm_;
