@@ -15,6 +15,7 @@
 #include "nn/moe.h"
 #include "nn/parallel/parallelize.h"
 #include "nn/parallel/pipeline/pipeline.h"
+#include "nn/staged.h"
 #include "runtime/comm/comm.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
@@ -98,6 +99,18 @@ bool has_dim(const Mesh& mesh, const std::string& name) {
   for (int d = 0; d < mesh.ndim(); ++d)
     if (mesh.name(d) == name) return true;
   return false;
+}
+
+// A pipeline stage's model keeps the other stages' parameters as Meta
+// tensors: its optimizer updates what this rank holds.
+std::vector<nn::ParamGroup> held_only(std::vector<nn::ParamGroup> groups) {
+  for (nn::ParamGroup& g : groups) {
+    std::vector<nn::NamedTensor> kept;
+    for (nn::NamedTensor& p : g.params)
+      if (!p.tensor.device().is_meta()) kept.push_back(std::move(p));
+    g.params = std::move(kept);
+  }
+  return groups;
 }
 
 bool any_meta(const nn::Module& m) {
@@ -199,20 +212,42 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   const RunOptions& opts = s->options;
 
   std::vector<Tensor> before = m.parameters();
-  const bool pipelined = s->mesh && parallel::pipeline::has_pipeline_dim(*s->mesh);
-  if (pipelined) {
-    TESSEL_FAIL(kOp, "pipelines through tessel::parallelize need an nn::StagedModel (not yet wired)");
+  if (s->mesh && parallel::pipeline::has_pipeline_dim(*s->mesh)) {
+    // A "pp" dim: the model's stages go to their ranks (each keeps and, on
+    // Meta, initialises only what it holds); the plan lays each stage out on
+    // the other dims, and the pipeline reduces its own dp gradients.
+    auto staged = std::dynamic_pointer_cast<nn::StagedModel>(s->model);
+    TESSEL_CHECK(staged != nullptr, kOp,
+                 "mesh {} has a 'pp' dim but {} is not an nn::StagedModel: a pipeline needs the model as a chain "
+                 "of stages (embed, blocks, head; nn/staged.h)",
+                 s->mesh->str(), model_type);
+    TESSEL_CHECK(opts.zero == 0, kOp,
+                 "RunOptions::zero = {} with a 'pp' dim (mesh {}): a pipeline reduces its dp gradients itself "
+                 "(DDP); ZeRO and FSDP do not combine with pipeline stages yet",
+                 opts.zero, s->mesh->str());
+    parallel::pipeline::PipelineOptions po;
+    po.schedule = opts.pipeline_schedule;
+    po.virtual_stages = opts.virtual_stages > 0 ? opts.virtual_stages : opts.pipeline_schedule == "interleaved" ? 2 : 1;
+    po.split = opts.pipeline_split;
+    po.compute = opts.compute;
+    s->pipe = std::make_unique<parallel::pipeline::Pipeline>(staged, s->mesh, s->plan, opts.seed, opts.micro_batches,
+                                                             po);
+  } else if (s->mesh) {
+    parallel::parallelize(m, s->mesh, s->plan);
   }
-  if (s->mesh) parallel::parallelize(m, s->mesh, s->plan);
-  if (any_meta(m)) {
+  if (!s->pipe && any_meta(m)) {
     // Built on Meta: only this rank's pieces are created, and initialised to
     // the single-device model's values from (seed, path).
     m.materialize(kCPU);
     m.reset_parameters(opts.seed);
   }
-  if (s->mesh && parallel::DataParallel::applies(*s->mesh)) {
+  if (!s->pipe && s->mesh && parallel::DataParallel::applies(*s->mesh)) {
     std::vector<nn::Module*> units;
-    if (!opts.fsdp_units.empty()) units = matching_modules(m, opts.fsdp_units);
+    if (!opts.fsdp_units.empty()) {
+      units = matching_modules(m, opts.fsdp_units);
+    } else if (auto* staged = dynamic_cast<nn::StagedModel*>(&m)) {
+      for (const auto& b : staged->blocks()) units.push_back(b.get());
+    }
     s->dp = std::make_unique<parallel::DataParallel>(
         m, units, parallel::DataParallelOptions{opts.zero, opts.bucket_mb});
   }
@@ -221,9 +256,10 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   for (const auto& [path, slot] : m.parameter_slots()) s->param_paths.push_back(path);
 
   auto groups = s->spec.groups ? s->spec.groups(m) : nn::default_param_groups(m, 0.0);
+  if (s->pipe) groups = held_only(std::move(groups));
   s->opt = s->spec.make(s->dp ? s->dp->optimizer_groups(std::move(groups)) : std::move(groups));
   TESSEL_CHECK(s->opt != nullptr, kOp, "the OptimizerSpec '{}' made no optimizer", s->spec.name);
-  s->params = s->dp ? s->dp->parameters() : m.parameters();
+  s->params = s->dp ? s->dp->parameters() : s->pipe ? s->pipe->stage().parameters() : m.parameters();
   m.train();
 
   s->caller_context = nn::forward_context();
@@ -233,8 +269,13 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   return s;
 }
 
-RunLossFn staged_loss() { return nullptr; }
-bool is_staged(const nn::Module&) { return false; }
+RunLossFn staged_loss() {
+  return [](nn::Module& m, const Tensor& x, const Tensor& y) {
+    auto& staged = static_cast<nn::StagedModel&>(m);
+    return staged.loss(staged.forward(x), y);
+  };
+}
+bool is_staged(const nn::Module& m) { return dynamic_cast<const nn::StagedModel*>(&m) != nullptr; }
 
 }  // namespace detail
 
@@ -330,6 +371,22 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
   TESSEL_CHECK(s.micro == 0, kRun, "forward_backward: {} backward pass(es) already ran in step {}", s.micro,
                s.step + 1);
   StepLoss out;
+  if (s.pipe) {
+    std::vector<parallel::pipeline::MicroBatch> mbs;
+    for (int64_t k = 0; k < m; ++k) {
+      const train::SampleRange r = train::split_range(batch, m, k);
+      mbs.push_back({m == 1 ? inputs : inputs.narrow(0, r.begin, r.size()),
+                     m == 1 ? targets : targets.narrow(0, r.begin, r.size()), r.begin});
+    }
+    const auto r = s.pipe->train_step(s.options.seed, uint64_t(s.step), batch, mbs);
+    out.loss = r.loss;
+    out.loss_sum = r.loss_sum;
+    out.aux_loss = r.aux_loss;
+    out.comm_wait_s = r.comm_wait_s;
+    out.comm_wait_mean_s = r.comm_wait_mean_s;
+    s.micro = m;  // the schedule ran every micro-batch's backward
+    return out;
+  }
   const bool moe = !nn::moe_layers(*s.model).empty();
   int64_t dropped = 0;
   for (int64_t k = 0; k < m; ++k) {
@@ -353,8 +410,15 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
 }
 
 Tensor RunBase::forward(const Tensor& inputs) {
-  TESSEL_FAIL(kRun, "forward needs an nn::StagedModel (not yet wired); {} given {}", state_->model_type,
-              inputs.desc());
+  RunState& s = *state_;
+  NoGradGuard ng;
+  if (s.pipe) return s.pipe->forward(input(inputs));
+  auto* staged = dynamic_cast<nn::StagedModel*>(s.model.get());
+  TESSEL_CHECK(staged != nullptr, kRun,
+               "forward needs an nn::StagedModel (embed, blocks, head); {} is not one: call its own methods on "
+               "run.input(...) instead",
+               s.model_type);
+  return staged->forward(input(inputs));
 }
 
 std::vector<std::pair<std::string, Tensor>> RunBase::full_parameters() const {

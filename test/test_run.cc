@@ -46,6 +46,8 @@ struct Layout {
 };
 
 struct TrainSpec {
+  bool staged = false;  // StagedMlp (pipelines) with forward_backward
+  bool on_meta = false; // build the model on Meta: parallelize creates and initialises only the local pieces
   MlpConfig model;
   int64_t steps = 12;
   std::string load_dir;   // load this checkpoint first
@@ -54,35 +56,50 @@ struct TrainSpec {
   bool use_forward_backward = false;
 };
 
+template <class M>
+std::shared_ptr<M> build(const TrainSpec& spec) {
+  if (spec.on_meta) {
+    nn::ConstructionScope meta(kMeta);
+    return nn::make_model<M>(spec.model);
+  }
+  auto model = nn::make_model<M>(spec.model);
+  model->reset_parameters(kSeed);
+  return model;
+}
+
 // The user's loop: the same code for every layout.
+template <class M>
+Trace loop(Run<M> run, const TrainSpec& spec) {
+  if (!spec.load_dir.empty()) load(spec.load_dir, run);
+  Trace t;
+  for (int64_t step = run.step(); step < spec.steps; ++step) {
+    auto [xs, ys] = mlp_batch(spec.model, kBatch, kSeed, step);
+    double loss = 0;
+    if (spec.use_forward_backward || spec.staged) {
+      loss = run.forward_backward(xs, ys).loss;
+    } else if constexpr (std::is_same_v<M, MlpClassifier>) {
+      Tensor l = run.model().loss(run.input(xs), run.input(ys));
+      loss = l.item<double>();
+      l.backward();
+    }
+    t.loss.push_back(loss);
+    t.grad_norm.push_back(run.step_optimizer().grad_norm);
+    if (run.step() == spec.save_at) save(spec.save_dir, run);
+  }
+  t.params = run.full_parameters();
+  return t;
+}
+
 Trace train(const Layout& layout, const TrainSpec& spec) {
   Trace out;
   std::mutex mu;
   numerics::BitwiseGuard bitwise(true);
   launch(int(layout.ranks()), [&](int rank) {
-    auto model = nn::make_model<MlpClassifier>(spec.model);
-    model->reset_parameters(kSeed);
     MeshPtr mesh = layout.mesh.empty() ? nullptr : Mesh::world(layout.mesh);
     RunOptions o = layout.options;
     o.seed = kSeed;
-    auto run = parallelize(model, mesh, mlp_plan(), adamw({1e-2}), o);
-    if (!spec.load_dir.empty()) load(spec.load_dir, run);
-    Trace t;
-    for (int64_t step = run.step(); step < spec.steps; ++step) {
-      auto [xs, ys] = mlp_batch(spec.model, kBatch, kSeed, step);
-      double loss = 0;
-      if (spec.use_forward_backward) {
-        loss = run.forward_backward(xs, ys).loss;
-      } else {
-        Tensor l = run.model().loss(run.input(xs), run.input(ys));
-        loss = l.item<double>();
-        l.backward();
-      }
-      t.loss.push_back(loss);
-      t.grad_norm.push_back(run.step_optimizer().grad_norm);
-      if (run.step() == spec.save_at) save(spec.save_dir, run);
-    }
-    t.params = run.full_parameters();
+    Trace t = spec.staged ? loop(parallelize(build<StagedMlp>(spec), mesh, mlp_plan(), adamw({1e-2}), o), spec)
+                          : loop(parallelize(build<MlpClassifier>(spec), mesh, mlp_plan(), adamw({1e-2}), o), spec);
     if (rank == 0) {
       std::lock_guard<std::mutex> lk(mu);
       out = std::move(t);
@@ -126,6 +143,15 @@ std::string error_of(F&& f) {
   return "(no error)";
 }
 
+// Runs fn on n ranks (threads) and returns each rank's error message
+// ("(no error)" when it returned): assertions stay on the test's thread
+// (Catch2 is not thread-safe).
+std::vector<std::string> errors_on_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::string> out(size_t(n), "(no error)");
+  comm::run_local(n, [&](int rank) { out[size_t(rank)] = error_of([&] { fn(rank); }); });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("run: the same loop on dp x tp with DDP, ZeRO-1, ZeRO-2 gives the one-device bits", "[run]") {
@@ -144,6 +170,37 @@ TEST_CASE("run: the same loop on dp x tp with DDP, ZeRO-1, ZeRO-2 gives the one-
       require_same_bits(train(ref, spec), train(l, spec));
     }
   }
+}
+
+TEST_CASE("run: a staged model on pipelines (pp=2, dp=2 x pp=2, tp=2 x pp=2) gives the one-device bits", "[run][pp]") {
+  TrainSpec spec;
+  spec.staged = true;
+  spec.steps = 8;
+  Layout one{{}, {}};
+  one.options.micro_batches = 2;
+  one.options.clip = 0.5;
+  const Trace ref = train(one, spec);
+  CHECK(ref.loss.back() < ref.loss.front());
+  for (const auto& mesh : std::vector<std::vector<Mesh::DimSpec>>{
+           {{"pp", 2}}, {{"dp", 2}, {"pp", 2}}, {{"pp", 2}, {"tp", 2}}}) {
+    for (const char* schedule : {"1f1b", "gpipe"}) {
+      Layout l{mesh, one.options};
+      l.options.pipeline_schedule = schedule;
+      INFO(schedule << " on " << l.ranks() << " ranks");
+      require_same_bits(ref, train(l, spec));
+    }
+  }
+  TrainSpec meta = spec;
+  meta.on_meta = true;  // each stage creates and initialises only what it holds
+  require_same_bits(ref, train(Layout{{{"pp", 2}}, one.options}, meta));
+}
+
+TEST_CASE("run: a model built on Meta is materialised piece by piece with the one-device values", "[run]") {
+  TrainSpec spec, meta;
+  meta.on_meta = true;
+  Layout l{{{"dp", 2}, {"tp", 2}}, {}};
+  l.options.zero = 2;
+  require_same_bits(train({}, spec), train(l, meta));
 }
 
 TEST_CASE("run: blocks called through their hooks or directly, the same bits", "[run]") {
@@ -276,18 +333,19 @@ TEST_CASE("run: Checkpoints keeps step-N folders, resumes the newest, prunes", "
 
 TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
   SECTION("an optimizer built over the parameters before parallelize") {
-    comm::run_local(2, [](int) {
-      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
-      model->reset_parameters(1);
-      nn::AdamW early(model->parameters(), {});
-      auto run = parallelize(model, Mesh::world({{"tp", 2}}), mlp_plan(), adamw({1e-2}), {});
-      auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
-      run.model().loss(run.input(x), run.input(y)).backward();
-      const std::string e = error_of([&] { early.step(); });
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           model->reset_parameters(1);
+           nn::AdamW early(model->parameters(), {});
+           auto run = parallelize(model, Mesh::world({{"tp", 2}}), mlp_plan(), adamw({1e-2}), {});
+           auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+           run.model().loss(run.input(x), run.input(y)).backward();
+           early.step();
+         })) {
       INFO(e);
       CHECK(contains(e, "is no longer the model's: tessel::parallelize replaced it"));
       CHECK(contains(e, "Build the optimizer after laying the model out"));
-    });
+    }
   }
   SECTION("a parameter added after parallelize") {
     struct Growing : MlpClassifier {
@@ -306,24 +364,26 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
     CHECK(contains(e, "was added to MlpClassifier after tessel::parallelize"));
   }
   SECTION("a plan rule naming modules the model lacks") {
-    comm::run_local(2, [](int) {
-      parallel::ParallelPlan plan = mlp_plan();
-      plan.column_parallel("layers\\.\\d+\\.fc1");
-      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
-      const std::string e = error_of([&] { parallelize(model, Mesh::world({{"tp", 2}}), plan, adamw(), {}); });
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           parallel::ParallelPlan plan = mlp_plan();
+           plan.column_parallel("layers\\.\\d+\\.fc1");
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           parallelize(model, Mesh::world({{"tp", 2}}), plan, adamw(), {});
+         })) {
       INFO(e);
       CHECK(contains(e, "layers\\.\\d+\\.fc1\\.weight"));
       CHECK(contains(e, "matches no parameter"));
-    });
+    }
   }
   SECTION("a mesh dim the plan does not know") {
-    comm::run_local(2, [](int) {
-      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
-      const std::string e = error_of([&] { parallelize(model, Mesh::world({{"xp", 2}}), mlp_plan(), adamw(), {}); });
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           parallelize(model, Mesh::world({{"xp", 2}}), mlp_plan(), adamw(), {});
+         })) {
       INFO(e);
       CHECK(contains(e, "mesh (xp=2): dim 'xp' (size 2) means nothing to MlpClassifier's run"));
       CHECK(contains(e, "(plan 'mlp-tp' lays things out on ep, tp"));
-    });
+    }
   }
   SECTION("backward twice without a step; a step without a backward") {
     auto model = nn::make_model<MlpClassifier>(MlpConfig{});
@@ -339,12 +399,13 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
     CHECK(contains(e2, "step_optimizer after 0 backward pass(es) in step 2"));
   }
   SECTION("a mesh of another size than the job") {
-    comm::run_local(2, [](int) {
-      auto model = nn::make_model<MlpClassifier>(MlpConfig{});
-      const std::string e = error_of([&] { parallelize(model, Mesh::single(), mlp_plan(), adamw(), {}); });
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           parallelize(model, Mesh::single(), mlp_plan(), adamw(), {});
+         })) {
       INFO(e);
       CHECK(contains(e, "mesh (world=1) has 1 devices but the job has 2 ranks"));
-    });
+    }
   }
   SECTION("bad options") {
     auto model = nn::make_model<MlpClassifier>(MlpConfig{});
@@ -353,11 +414,11 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
     CHECK(contains(error_of([&] { parallelize(model, adamw(), o); }), "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got 4"));
     o = {};
     o.fsdp_units = "nothing";
-    comm::run_local(2, [&](int) {
-      auto m = nn::make_model<MlpClassifier>(MlpConfig{});
-      CHECK(contains(error_of([&] { parallelize(m, Mesh::world({{"dp", 2}}), mlp_plan(), adamw(), o); }),
-                     "RunOptions::fsdp_units 'nothing' matches no module of MlpClassifier (modules: embed, blocks"));
-    });
+    for (const std::string& e : errors_on_ranks(2, [&](int) {
+           auto m = nn::make_model<MlpClassifier>(MlpConfig{});
+           parallelize(m, Mesh::world({{"dp", 2}}), mlp_plan(), adamw(), o);
+         }))
+      CHECK(contains(e, "RunOptions::fsdp_units 'nothing' matches no module of MlpClassifier (modules: embed, blocks"));
   }
 }
 
@@ -373,9 +434,8 @@ TEST_CASE("run: launch gives every rank the caller's bitwise mode and runs SPMD"
   int ran = -1;
   launch(1, [&](int r) { ran = r; });
   CHECK(ran == 0);
-  comm::run_local(2, [](int) {
-    CHECK(contains(error_of([] { launch(4, [](int) {}); }), "asked for 4 ranks but this job has 2 (local backend)"));
-  });
+  for (const std::string& e : errors_on_ranks(2, [](int) { launch(4, [](int) {}); }))
+    CHECK(contains(e, "asked for 4 ranks but this job has 2 (local backend)"));
 }
 
 TEST_CASE("run: the forward context keys dropout by step between steps, and is restored after", "[run]") {

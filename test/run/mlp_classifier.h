@@ -60,6 +60,32 @@ class MlpClassifier : public nn::Module {
   std::shared_ptr<nn::LayerNorm> norm;
 };
 
+// The same network as a chain of stages (nn::StagedModel): pipelines can cut
+// it; its loss is stage_loss(forward(x), y).
+class StagedMlp : public nn::StagedModel {
+ public:
+  explicit StagedMlp(MlpConfig c) : nn::StagedModel("StagedMlp"), cfg(c) {
+    embed_ = child("embed", std::make_shared<nn::Linear>(c.in, c.dim));
+    auto list = child("blocks", std::make_shared<nn::ModuleList>());
+    for (int i = 0; i < c.n_blocks; ++i) {
+      blocks_.push_back(std::make_shared<ResidualBlock>(c.dim, c.dropout));
+      list->push_back(blocks_.back());
+    }
+    norm = child("norm", std::make_shared<nn::LayerNorm>(c.dim));
+    head_ = child("head", std::make_shared<nn::Linear>(c.dim, c.classes));
+  }
+  Tensor embed(const Tensor& x) override { return (*embed_)(x); }
+  const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return blocks_; }
+  Tensor head(const Tensor& h) override { return (*head_)((*norm)(h)); }
+  Tensor stage_loss(const Tensor& logits, const Tensor& y) override { return cross_entropy(logits, y); }
+  Tensor example_input() const override { return empty({1, cfg.in}, TensorOptions().with_device(kMeta)); }
+
+  MlpConfig cfg;
+  std::shared_ptr<nn::Linear> embed_, head_;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::vector<std::shared_ptr<nn::UnaryModule>> blocks_;
+};
+
 // Megatron tensor parallelism for the blocks: fc1 column-, fc2 row-parallel.
 inline parallel::ParallelPlan mlp_plan() {
   parallel::ParallelPlan plan;
