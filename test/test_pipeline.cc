@@ -33,7 +33,7 @@
 #include "test/util/util.h"
 #include "train/config.h"
 #include "train/metrics.h"
-#include "train/trainer/pipeline_train.h"
+#include "run/run.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;
@@ -604,7 +604,7 @@ TEST_CASE("a staged model that cannot be pipelined: errors name the model and th
 
 namespace {
 
-struct Run {
+struct TrainedRun {
   std::vector<double> losses, grad_norms, comm_wait, comm_wait_mean;
   std::vector<std::pair<std::string, Tensor>> params;
   std::string param_hash;
@@ -631,8 +631,8 @@ TrainConfig base(const std::string& model, const std::string& out) {
   return c;
 }
 
-Run run(TrainConfig c) {
-  Run r;
+TrainedRun run(TrainConfig c) {
+  TrainedRun r;
   train::TrainHooks h;
   h.quiet = true;
   h.keep_params = true;
@@ -655,7 +655,7 @@ std::string scratch(const std::string& name) {
   return (std::filesystem::path(tessel::testing::scratch_dir("pipeline")) / name).string();
 }
 
-void check_same(const Run& ref, const Run& got, const std::string& what) {
+void check_same(const TrainedRun& ref, const TrainedRun& got, const std::string& what) {
   INFO(what);
   REQUIRE(got.losses.size() == ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i) {
@@ -681,7 +681,7 @@ void check_same(const Run& ref, const Run& got, const std::string& what) {
 TEST_CASE("20 steps on pp2 (gpipe, 1f1b, interleaved), tp2+sp x pp2 and dp2 x tp2 x pp2 match one device",
           "[pipeline][train]") {
   for (std::string model : {"nanogpt", "llama", "mixtral"}) {
-    const Run ref = run(base(model, scratch(model + "_ref")));
+    const TrainedRun ref = run(base(model, scratch(model + "_ref")));
     REQUIRE(ref.losses.size() == 20);
     CHECK(ref.losses.back() < ref.losses.front());
     struct Layout {
@@ -699,7 +699,7 @@ TEST_CASE("20 steps on pp2 (gpipe, 1f1b, interleaved), tp2+sp x pp2 and dp2 x tp
       c.pipeline_schedule = l.schedule;
       c.pipeline_split = l.split;
       c.sequence_parallel = l.sp;
-      const Run got = run(c);
+      const TrainedRun got = run(c);
       check_same(ref, got,
                  model + " on " + l.mesh + (l.sp ? " + sp " : " ") + l.schedule + " split by " + l.split);
       if (model != "nanogpt" && std::string(l.mesh) == "pp=2") {
@@ -716,30 +716,38 @@ TEST_CASE("20 steps on pp2 (gpipe, 1f1b, interleaved), tp2+sp x pp2 and dp2 x tp
   }
 }
 
-TEST_CASE("the trainer's pipeline: its language model built on Meta, handed over, and given back", "[pipeline][train]") {
-  TrainConfig c = base("llama", "");
+TEST_CASE("a language model built on Meta and pipelined by tessel::parallelize: each stage its own values",
+          "[pipeline][train]") {
   const models::ModelConfig mc = [] {
     models::ModelConfig m = models::model_config("llama", "tiny");
     m.n_layer = 4;
     return m;
   }();
-  CHECK(train::make_pipeline(c, mc, nullptr, parallel::builtin_plan("none")) == nullptr);  // no mesh: no pipeline
+  RunOptions o;
+  o.seed = 7;
+  o.micro_batches = 2;
+  std::vector<bool> head_meta(2), head_equal(2), is_pipelined(2);
   comm::run_local(2, [&](int rank) {
-    auto pipe = train::make_pipeline(c, mc, Mesh::world({{"pp", 2}}), parallel::builtin_plan("llama"));
-    REQUIRE(pipe != nullptr);
-    const auto lm = train::pipeline_language_model(*pipe);
-    CHECK(static_cast<nn::StagedModel*>(lm.get()) == &pipe->model());
-    CHECK(lm->config.n_layer == 4);
-    CHECK(pipe->schedule().name == "1f1b");
-    // The output layer on the last rank, initialised from (cfg.seed, path) as on one device.
-    const bool holds_head = rank == 1;
-    CHECK(lm->submodule("output").parameters()[0].device().is_meta() == !holds_head);
-    if (holds_head) {
-      auto ref = models::make_language_model(mc, c.seed);
-      CHECK(testing::bitwise_equal(lm->submodule("output").parameters()[0].detach(),
-                                   ref->submodule("output").parameters()[0].detach()));
+    std::shared_ptr<models::LanguageModel> lm;
+    {
+      nn::ConstructionScope meta(kMeta);
+      lm = models::build_model(mc);
+    }
+    auto run = parallelize(lm, Mesh::world({{"pp", 2}}), parallel::builtin_plan("llama"), adamw(), o);
+    is_pipelined[size_t(rank)] = run.pipeline() != nullptr && run.pipeline()->schedule().name == "1f1b";
+    // The output layer lives on the last rank, initialised from (seed, path) as on one device.
+    const Tensor out = run.model().submodule("output").parameters()[0];
+    head_meta[size_t(rank)] = out.device().is_meta();
+    if (!out.device().is_meta()) {
+      auto ref = models::make_language_model(mc, 7);
+      head_equal[size_t(rank)] = testing::bitwise_equal(out.detach(), ref->submodule("output").parameters()[0].detach());
     }
   });
+  CHECK(is_pipelined[0]);
+  CHECK(is_pipelined[1]);
+  CHECK(head_meta[0]);
+  CHECK_FALSE(head_meta[1]);
+  CHECK(head_equal[1]);
 }
 
 TEST_CASE("bad pipeline settings fail before anything is written", "[pipeline][train]") {

@@ -1,59 +1,33 @@
 #pragma once
-// The trainer's checkpoints (docs/checkpoint.md): what a resume needs, saved
-// every cfg.ckpt_every steps into cfg.checkpoint_root()/step-N.
+// What the trainer adds to the training API's checkpoints (run/checkpoint.h,
+// docs/checkpoint.md): tessel::Checkpoints saves the model, the optimizer and
+// the step every cfg.ckpt_every steps into cfg.checkpoint_root()/step-N; the
+// trainer's keys ride along in the checkpoint's state:
 //
-//   tensors  "model.<path>"  the model's state_dict (parameters, persistent buffers)
-//            "optim.<key>"   the optimizer's state_dict ("step", "<path>.step",
-//                            "<path>.exp_avg", ...), distributed like the parameters
-//   state    {"step": steps done, "rng": {"seed", "step"}, "loader": LoaderState,
-//             "model": ModelConfig, "optimizer": name, "mesh": ..., "config": TrainConfig}
+//   "loader": LoaderState {seed, step}   the data position (train/data.h)
+//   "model":  ModelConfig                 what a resume must rebuild
+//   "config": TrainConfig                 the whole run's settings, for the record
 //
 // The RNG needs nothing more than (seed, step): every Philox key derives
 // from them and the call site (DESIGN.md §4), so dropout masks, data order
-// and sampling after a resume are those of an uninterrupted run. The loader's
-// whole state is LoaderState{seed, step} (train/data.h).
+// and sampling after a resume are those of an uninterrupted run.
 #include <cstdint>
-#include <memory>
 #include <string>
 
-#include "models/language_model.h"
-#include "nn/optim.h"
-#include "train/config.h"
+#include <nlohmann/json.hpp>
 
-namespace tessel::checkpoint {
-class Saver;
-}
+#include "models/config.h"
+#include "train/config.h"
 
 namespace tessel::train {
 
-class TrainCheckpointer {
- public:
-  // Call on every rank after the model is laid out and the optimizer built.
-  // Rank 0 removes what crashed saves left behind.
-  TrainCheckpointer(const TrainConfig& cfg, const models::LanguageModel& model, nn::Optimizer& opt, bool main_rank);
-  ~TrainCheckpointer();
+// The trainer's keys for a checkpoint after `steps_done` steps.
+nlohmann::json checkpoint_state(const TrainConfig& cfg, const models::ModelConfig& model, int64_t steps_done);
 
-  // With cfg.resume: loads the newest complete checkpoint into the model and
-  // optimizer (whatever mesh it was saved on) and returns the steps it had
-  // done; 0 when there is none (or without cfg.resume). Errors when the
-  // checkpoint was trained with another seed or model.
-  int64_t resume();
-  // After `steps_done` steps: saves when due (every ckpt_every steps and at
-  // cfg.steps). Collective; async unless cfg.ckpt_sync.
-  void after_step(int64_t steps_done);
-  // Waits for the pending save; rethrows its error.
-  void finish();
-
-  const std::string& root() const { return root_; }
-
- private:
-  const TrainConfig& cfg_;
-  const models::LanguageModel& model_;
-  nn::Optimizer& opt_;
-  bool main_rank_;
-  std::string root_;
-  std::unique_ptr<checkpoint::Saver> saver_;
-};
+// Checks the keys a resumed checkpoint (under `root`, `steps_done` steps)
+// brought back: the same model config and a loader position that matches.
+void check_resumed(const nlohmann::json& state, const TrainConfig& cfg, const models::ModelConfig& model,
+                   const std::string& root, int64_t steps_done);
 
 // Keeps the records of steps <= `step` in a metrics file (a resumed run
 // continues it from there); drops later ones and any torn last line.

@@ -1,18 +1,23 @@
 #pragma once
-// The single-device trainer behind `tessel train`.
+// The trainer behind `tessel train`: a language model (models/) on the text
+// of a corpus, on any mesh. It is the public training API's first user
+// (run/run.h): tessel::parallelize lays the model out, and every step is
 //
-// One step: for each micro-batch m of M (the global batch split into
-// contiguous sample ranges by the deterministic loader), forward under a
-// ForwardScope {seed, step, first sample, global batch} (so dropout masks are
-// slices of the full-batch masks), loss / M, backward; then global grad-norm
-// clipping, the learning rate from the warmup + cosine schedule, AdamW, zero
-// grads. Every run is a pure function of the TrainConfig: same config, same
-// bits (metrics' param_hash proves it).
+//   run.forward_backward(batch.inputs, batch.targets);  // micro-batches, pipeline or not
+//   run.step_optimizer();                               // reduce, clip, cosine rate, AdamW, zero
+//
+// with metrics, evaluation, checkpoints (tessel::Checkpoints) and samples
+// around it. Each micro-batch m of M (contiguous sample ranges of the
+// deterministic loader's global batch) runs under the ForwardScope {seed,
+// step, first sample, global batch}, so dropout masks are slices of the
+// full-batch masks. Every run is a pure function of the TrainConfig: same
+// config, same bits (metrics' param_hash proves it).
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "models/language_model.h"
+#include "run/run.h"
 #include "train/config.h"
 #include "train/metrics.h"
 #include "train/tokenizer.h"
@@ -51,15 +56,9 @@ struct TrainHooks {
 // hooks; the result is rank 0's.
 TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks = {});
 
-// Lays a batch of token ids out for the model (identity on one device).
-using BatchLayout = std::function<Tensor(const Tensor&)>;
-
-// The logits of (laid-out) ids, when not model.forward's (a pipeline's).
-using ForwardFn = std::function<Tensor(const Tensor&)>;
-
-// Mean cross-entropy over `batches` held-out batches (no grad, eval mode).
-double evaluate(models::LanguageModel& model, const class DataLoader& heldout, int64_t batches, uint64_t seed,
-                const BatchLayout& layout = nullptr, const ForwardFn& forward = nullptr);
+// Mean cross-entropy over `batches` held-out batches (no grad, eval mode) of
+// the language model `run` trains, on whatever layout it has.
+double evaluate(RunBase& run, const class DataLoader& heldout, int64_t batches, uint64_t seed);
 
 // Entropy of the unigram token distribution of `tokens` (nats).
 double unigram_entropy(const int32_t* tokens, int64_t n, int64_t vocab);
