@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "autograd/api.h"
@@ -238,6 +239,16 @@ std::vector<std::string> on_layout(const Layout& l, const std::function<std::str
   });
 }
 
+// The message of the tessel::Error `fn` throws, or "no error".
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 const std::vector<Mesh::DimSpec> kDp2 = {{"dp", 2}};
 const std::vector<Mesh::DimSpec> kDp2Tp2 = {{"dp", 2}, {"tp", 2}};
 
@@ -276,12 +287,7 @@ TEST_CASE("FSDP: a parameter used after its unit's forward is an error naming it
   const Layout hooked{kDp2, 3, true, Calls::Operator, /*reuse_block0=*/true};
   const auto reports = on_layout(hooked, [](Rank& r) -> std::string {
     r.dp->begin_micro_batch(true);
-    try {
-      r.loss(0, 0);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
+    return error_of([&] { r.loss(0, 0); });
   });
   for (const std::string& msg : reports) {
     CHECK_THAT(msg, Catch::Contains("fsdp: parameter 'blocks.0.ln.weight'") &&
@@ -305,12 +311,7 @@ TEST_CASE("FSDP: a hooked unit gathered again before the first forward's backwar
   const auto twice = on_layout(hooked, [](Rank& r) -> std::string {
     r.dp->begin_micro_batch(true);
     Tensor first = r.loss(0, 0);
-    try {
-      r.loss(0, 1);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
+    return error_of([&] { r.loss(0, 1); });
   });
   for (const std::string& msg : twice) {
     CHECK_THAT(msg, Catch::Contains("fsdp: unit 'blocks.0' (parameters blocks.0.ln.weight, ...) is gathered "
@@ -359,12 +360,7 @@ TEST_CASE("FSDP: a gradient reaching a shard directly is an error naming the par
       const Tensor shard = r.model->block(1).fc1->weight;
       r.dp->begin_micro_batch(true);
       Tensor loss = r.loss(0, 0) + 1e-3 * sum(square(full_tensor(shard)));
-      try {
-        loss.backward();
-      } catch (const Error& e) {
-        return e.what();
-      }
-      return "no error";
+      return error_of([&] { loss.backward(); });
     });
     for (const std::string& msg : reports) {
       CHECK_THAT(msg, Catch::Contains("fsdp: a gradient reached the shard of parameter 'blocks.1.fc1.weight'") &&
