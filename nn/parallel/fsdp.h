@@ -59,7 +59,11 @@
 //     one forward. A second gather node would reduce-scatter the unit twice,
 //     which changes the summation order (and the first to run would free the
 //     buffer under the other's saved tensors). Under NoGradGuard, gathering
-//     again is fine.
+//     again is fine. (A unit gathered on use is still installed at a second
+//     forward, which reuses its copies and their one node: one backward of
+//     both losses is exact; separate backwards reduce-scatter once each, as
+//     gradient accumulation does, and the second fails where it needs a
+//     saved parameter the first one's post-backward released.)
 //
 // Gradient shards accumulate over micro-batches in the unit's
 // ReduceScatterBucket; finish() waits for the last reduce-scatters and sets
