@@ -23,6 +23,24 @@ double now_seconds() {
 
 DistCall::DistCall(const char* op, std::vector<const Tensor*> in) : inputs(std::move(in)) {
   ctx.op = op;
+  // Use hooks first, in argument order, so the meta run, the sharding rule,
+  // the redistribution and the node all see the replacements. A hook may
+  // change what later arguments refer to (FSDP installs a whole unit's
+  // gathered parameters into the module slots they are read from), so each
+  // input is looked at only after the ones before it were resolved.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorImpl* impl = inputs[i]->impl();
+    if (impl == nullptr || impl->dist == nullptr || TESSEL_LIKELY(impl->dist->on_use == nullptr)) continue;
+    if (resolved.empty()) resolved.resize(inputs.size());  // once: inputs point into it
+    const Tensor self = *inputs[i];  // held: the hook may overwrite the slot inputs[i] points to
+    const std::shared_ptr<const DistUseHook> hook = impl->dist->on_use;
+    resolved[i] = hook->resolve(self);
+    const Tensor& r = resolved[i];
+    TESSEL_CHECK(r.defined() && r.is_distributed() && !r.dist().on_use && r.shape() == self.shape() &&
+                     r.dtype() == self.dtype(),
+                 op, "internal error: the use hook of input {} ({}) returned {}", i, self.desc(), r.desc());
+    inputs[i] = &r;
+  }
   for (const Tensor* t : inputs) {
     if (!t->defined() || !t->is_distributed()) continue;
     if (!mesh) {

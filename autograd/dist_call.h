@@ -3,6 +3,10 @@
 // §2): every tensor op stays single-device code, and this wrapper makes it
 // work on a mesh.
 //
+//   0. An input whose DistInfo carries a use hook (DistInfo::on_use, e.g.
+//      an FSDP parameter shard) is replaced by what the hook returns, before
+//      anything below sees it: the op computes on, and its node records, the
+//      replacement.
 //   1. The op runs once on Meta tensors of the global shapes: shape/dtype
 //      checks (errors name global shapes) and the global output shapes.
 //   2. Its sharding rule (op.sharding(ctx), parallel/sharding.h) picks the
@@ -72,7 +76,8 @@ bool& dispatch_profiling();  // off by default
 struct DistCall {
   ShardingContext ctx;
   MeshPtr mesh;
-  std::vector<const Tensor*> inputs;  // the flattened tensor arguments
+  std::vector<const Tensor*> inputs;  // the flattened tensor arguments (use hooks resolved)
+  std::vector<Tensor> resolved;       // what use hooks returned (inputs point here); empty without hooks
   std::vector<Tensor> meta_in;        // Meta tensors of the global shapes
   std::vector<Tensor> placed;         // inputs after redistribution (distributed or undefined)
   std::vector<Tensor> local_in;       // their local pieces

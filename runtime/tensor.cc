@@ -230,10 +230,22 @@ Tensor as_strided(const Tensor& t, const Dims& shape, const Dims& strides, int64
   return Tensor(std::move(impl));
 }
 
+void set_use_hook(const Tensor& t, std::shared_ptr<const DistUseHook> hook) {
+  TESSEL_CHECK(t.is_distributed(), "set_use_hook", "{} is not distributed", t.desc());
+  auto info = std::make_shared<DistInfo>(*t.impl()->dist);  // DistInfo is shared and immutable: replace it
+  info->on_use = std::move(hook);
+  t.impl()->dist = std::move(info);
+}
+
 Tensor alias(const Tensor& t) {
   if (t.is_distributed()) {
     auto impl = std::make_shared<TensorImpl>(*t.impl());
     impl->autograd = nullptr;
+    if (impl->dist->on_use) {  // see DistInfo::on_use
+      auto info = std::make_shared<DistInfo>(*impl->dist);
+      info->on_use = nullptr;
+      impl->dist = std::move(info);
+    }
     return Tensor(std::move(impl));
   }
   return as_strided(t, t.shape(), t.strides(), t.offset());

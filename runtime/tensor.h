@@ -168,10 +168,32 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// What an op computes on in place of a distributed tensor that carries it
+// (DistInfo::on_use). FSDP (nn/parallel/fsdp.h) keeps each parameter as its
+// dp shard and gives the shard one that returns the gathered parameter: the
+// op -- and the autograd node it records -- then see the gathered copy, so
+// the gradient flows through FSDP's gather node whether or not the module's
+// forward hooks ran. Only call()'s distributed path (autograd/dist_call.h)
+// consults it, before anything else; what reads a tensor as it is
+// (redistribute, full_tensor, to_local, raw::local_of, kernels, optimizer
+// steps, checkpoints) never does.
+struct DistUseHook {
+  virtual ~DistUseHook() = default;
+  // The tensor an op uses in place of `self`: distributed, of self's global
+  // shape and dtype, without a use hook of its own. May communicate (every
+  // rank uses the same tensors in the same order) and may throw.
+  virtual Tensor resolve(const Tensor& self) const = 0;
+};
+
 struct DistInfo {
   MeshPtr mesh;
   Placements placements;
   Tensor local;  // this rank's piece: plain, no autograd metadata
+  // Null for nearly every tensor (call() pays one pointer test per
+  // distributed input). Not carried by raw::alias / detach(): a detached
+  // shard is plain data, and resolving it would bring back the history
+  // detach() dropped.
+  std::shared_ptr<const DistUseHook> on_use;
 };
 
 template <class T> T* Tensor::data() const {
@@ -188,6 +210,9 @@ namespace raw {
 // A distributed tensor over this rank's `local` piece (no autograd, no
 // communication; the caller vouches that local matches the placements).
 Tensor make_distributed(const Tensor& local, MeshPtr mesh, const Placements& placements, const Dims& global_shape);
+// Sets (null: clears) the use hook of distributed `t` (DistInfo::on_use).
+// Every handle on t's TensorImpl sees it; views and aliases made later do not.
+void set_use_hook(const Tensor& t, std::shared_ptr<const DistUseHook> hook);
 // The local piece of a distributed tensor; t itself otherwise.
 inline const Tensor& local_of(const Tensor& t) {
   return t.defined() && t.impl()->dist ? t.impl()->dist->local : t;

@@ -198,6 +198,7 @@ DataParallelMemory DataParallel::memory(const nn::Optimizer& opt) const {
     m.grads += fsdp_->grad_bytes();
     m.comm += fsdp_->comm_bytes();
     m.gathered = fsdp_->gathered_bytes();
+    m.gathered_now = fsdp_->gathered_bytes_now();
   }
   return m;
 }

@@ -59,6 +59,7 @@ struct DataParallelMemory {
   int64_t optimizer = 0;  // optimizer state (Optimizer::state_bytes)
   int64_t comm = 0;       // staging buffers of the collectives and used-flags
   int64_t gathered = 0;   // FSDP: parameters gathered at once (root and the largest block)
+  int64_t gathered_now = 0;  // FSDP: parameters gathered at this moment (units gathered on use count too)
 };
 
 class DataParallel {
@@ -68,9 +69,13 @@ class DataParallel {
 
   // `model`'s parameters are laid out on one mesh (parallelize); those
   // Replicate on the dp dim are managed (others are left as they are).
-  // `blocks` are FSDP's units in forward order (the model's own forward
-  // hooks gather the rest; LanguageModel::forward runs them). FSDP shards
-  // the parameters here, replacing the model's tensors: build the optimizer
+  // `blocks` are FSDP's units in forward order; every other parameter
+  // belongs to the root unit (with no blocks: all of them). Called through
+  // operator() (forward hooks) a unit is gathered for its forward only and
+  // freed after it; used any other way (model.loss(x, y), block->forward(x))
+  // it is gathered on first use and stays gathered until its backward --
+  // the same values, without the memory saving (fsdp.h). FSDP shards the
+  // parameters here, replacing the model's tensors: build the optimizer
   // afterwards.
   DataParallel(nn::Module& model, const std::vector<nn::Module*>& blocks, DataParallelOptions options);
   ~DataParallel();
