@@ -73,7 +73,16 @@ void wait_for_save(RunBase& run) {
   if (s.saver) s.saver->wait();
 }
 
-nlohmann::json load(const std::string& dir, RunBase& run) {
+namespace {
+nlohmann::json caller_keys(const nlohmann::json& state) {
+  nlohmann::json extra = nlohmann::json::object();
+  for (const auto& [key, value] : state.items())
+    if (!kReserved.count(key)) extra[key] = value;
+  return extra;
+}
+}  // namespace
+
+nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check) {
   RunState& s = run.state();
   wait_for_save(run);
   TESSEL_CHECK(s.micro == 0, kOp, "load '{}' in the middle of step {} ({} backward pass(es) done)", dir, s.step + 1,
@@ -88,6 +97,7 @@ nlohmann::json load(const std::string& dir, RunBase& run) {
                "'{}' was trained with seed {} but this run has seed {} (RunOptions::seed): dropout masks and the "
                "data order would differ from the run that saved it",
                dir, seed, s.options.seed);
+  if (check) check(caller_keys(st), st["step"].get<int64_t>());
 
   // Model: straight into the live tensors, in their layout. Both sides must
   // have the same tensors: a checkpoint of another model is refused whole.
@@ -144,10 +154,7 @@ nlohmann::json load(const std::string& dir, RunBase& run) {
   s.step = st["step"].get<int64_t>();
   s.micro = 0;
   s.set_step_context();
-  nlohmann::json extra = nlohmann::json::object();
-  for (const auto& [key, value] : st.items())
-    if (!kReserved.count(key)) extra[key] = value;
-  return extra;
+  return caller_keys(st);
 }
 
 // ---- Checkpoints -------------------------------------------------------------------------------
@@ -162,10 +169,10 @@ Checkpoints::Checkpoints(std::string root, Options options) : root_(std::move(ro
 
 Checkpoints::~Checkpoints() = default;
 
-std::optional<nlohmann::json> Checkpoints::resume(RunBase& run) {
+std::optional<nlohmann::json> Checkpoints::resume(RunBase& run, const LoadCheck& check) {
   const auto latest = checkpoint::latest_checkpoint(root_);
   if (!latest) return std::nullopt;
-  return load(latest->path, run);
+  return load(latest->path, run, check);
 }
 
 bool Checkpoints::after_step(RunBase& run, bool last, const nlohmann::json& extra) {

@@ -30,6 +30,7 @@
 // as it was. The optimizer's state is created on load even when it has not
 // stepped yet.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -47,10 +48,15 @@ namespace tessel {
 void save(const std::string& dir, RunBase& run, const nlohmann::json& extra = nlohmann::json::object(),
           bool async = false);
 
+// Before anything is loaded: the caller's keys and the step of the
+// checkpoint, for checks of the caller's own (throw to refuse it).
+using LoadCheck = std::function<void(const nlohmann::json& extra, int64_t step)>;
+
 // Loads `dir` into `run` (model, optimizer, step) and returns the caller's
 // keys saved with it. Not collective (each rank reads its pieces), but every
-// rank should load the same checkpoint.
-nlohmann::json load(const std::string& dir, RunBase& run);
+// rank should load the same checkpoint. `check`, if given, sees the keys
+// first.
+nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check = nullptr);
 
 // Waits for `run`'s pending async save (on rank 0: its commit); rethrows its error.
 void wait_for_save(RunBase& run);
@@ -70,7 +76,7 @@ class Checkpoints {
 
   // Loads the newest complete checkpoint under root into `run`; returns its
   // caller's keys, or nullopt when there is none (a fresh run).
-  std::optional<nlohmann::json> resume(RunBase& run);
+  std::optional<nlohmann::json> resume(RunBase& run, const LoadCheck& check = nullptr);
   // After a step: saves root/step-N when N is a multiple of `every` or
   // `last` is set. Returns whether it saved.
   bool after_step(RunBase& run, bool last, const nlohmann::json& extra = nlohmann::json::object());

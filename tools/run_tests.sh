@@ -3,7 +3,9 @@
 #   N passed, M failed, K skipped
 # N/M/K count test cases (Catch2 TEST_CASEs, via the "[tessel-summary]" line each
 # binary prints). A target that fails to build, crashes, or prints no summary
-# counts as one failed test. Extra arguments go to `bazel test`.
+# counts as one failed test. Extra arguments go to `bazel test`. Last, the
+# workspace examples/external (tessel as a library) is built and run: one
+# more test case.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,8 +19,12 @@ if [[ -z "$targets" ]]; then
 fi
 
 echo "tessel: building and running $(echo "$targets" | wc -l) test binaries..." >&2
-bazel test "${BAZEL_FLAGS[@]}" --test_output=errors --keep_going "$@" $targets
-bazel_rc=$?
+# Bazel's per-target status decides first: a target that failed to build
+# keeps the test.log of its last successful run, which must not count.
+status_log="$(mktemp)"
+trap 'rm -f "$status_log"' EXIT
+bazel test "${BAZEL_FLAGS[@]}" --test_output=errors --keep_going "$@" $targets 2>&1 | tee "$status_log"
+bazel_rc=${PIPESTATUS[0]}
 
 passed=0; failed=0; skipped=0
 testlogs="$(bazel info "${BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)"
@@ -26,6 +32,12 @@ for t in $targets; do
   rel="${t#//}"; rel="${rel/://}"
   log="$testlogs/$rel/test.log"
   line=""
+  status=$(grep -a -E "^$t[[:space:]]" "$status_log" | tail -n 1)
+  if [[ "$status" != *PASSED* && "$status" != *FAILED\ in* ]]; then
+    failed=$((failed + 1))
+    echo "FAILED (${status##*  }): $t" >&2
+    continue
+  fi
   [[ -f "$log" ]] && line=$(grep -a '^\[tessel-summary\]' "$log" | tail -n 1)
   if [[ -n "$line" ]]; then
     p=$(sed -E 's/.*passed=([0-9]+).*/\1/' <<<"$line")
@@ -42,5 +54,15 @@ for t in $targets; do
     echo "FAILED (no summary: build failure or crash): $t" >&2
   fi
 done
+# A workspace of its own that uses tessel as a library (docs/build.md): built
+# and run as a user would, one test case.
+echo "tessel: building examples/external (a workspace that depends on tessel)..." >&2
+ext_line=$(examples/external/build_and_run.sh 2>&1 | tee /dev/stderr | grep -a '^\[tessel-summary\]' | tail -n 1)
+if [[ "$ext_line" == *"passed=1"* ]]; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAILED: examples/external" >&2
+fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 && $bazel_rc -eq 0 ]]

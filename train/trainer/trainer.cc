@@ -14,7 +14,6 @@
 #include "nn/context.h"
 #include "nn/moe.h"
 #include "run/checkpoint.h"
-#include "run/launch.h"
 #include "run/run.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/comm.h"
@@ -188,16 +187,16 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in);
 
 TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   cfg.validate();
-  numerics::BitwiseGuard bitwise(cfg.bitwise);  // every rank launch() starts computes in this mode
+  numerics::BitwiseGuard bitwise(cfg.bitwise);  // run_local gives every rank thread the caller's mode
   int64_t devices = 1;
   for (const auto& [name, size] : parse_mesh(cfg.mesh)) devices *= size;
-  if (cfg.backend == "mpi") comm::init_mpi();
+  if (cfg.backend == "mpi" || (cfg.backend == "auto" && comm::is_mpi_launch())) comm::init_mpi();
+  // A rank of a running job (mpirun, a caller's run_local) or one device: train here.
+  if (comm::has_world() || devices == 1) return run_rank(cfg, hooks);
+  // Ranks as threads: every rank trains, rank 0 reports.
   std::vector<TrainResult> results(static_cast<size_t>(devices));
-  auto train_rank = [&](int rank) { results[size_t(rank)] = run_rank(cfg, hooks); };
-  if (cfg.backend == "local" && !comm::has_world() && devices > 1) comm::run_local(int(devices), train_rank);
-  else launch(int(devices), train_rank);
-  // Ranks as threads of this process: rank 0 reports; one rank per process: this one.
-  return results[comm::has_world() ? size_t(comm::world()->rank()) : 0];
+  comm::run_local(int(devices), [&](int rank) { results[size_t(rank)] = run_rank(cfg, hooks); });
+  return results[0];
 }
 
 namespace {
@@ -220,9 +219,10 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   std::optional<Checkpoints> ckpt;
   if (cfg.ckpt_every > 0 || cfg.resume)
     ckpt.emplace(cfg.checkpoint_root(), Checkpoints::Options{cfg.ckpt_every, cfg.keep_last, !cfg.ckpt_sync});
-  if (cfg.resume) {
-    // Whatever mesh saved it; a checkpoint of another run is an error.
-    if (auto extra = ckpt->resume(run)) check_resumed(*extra, cfg, model.config, ckpt->root(), run.step());
+  if (cfg.resume) {  // whatever mesh saved it; a checkpoint of another run is an error
+    ckpt->resume(run, [&](const nlohmann::json& extra, int64_t step) {
+      check_resumed(extra, cfg, model.config, ckpt->root(), step);
+    });
   }
   const int64_t first_step = run.step();
   std::unique_ptr<DumpRecorder> dump = cfg.dump.empty() ? nullptr : std::make_unique<DumpRecorder>(cfg.dump, main_rank);

@@ -17,10 +17,13 @@
 #include <string>
 
 #include "models/language_model.h"
-#include "run/run.h"
 #include "train/config.h"
 #include "train/metrics.h"
 #include "train/tokenizer.h"
+
+namespace tessel {
+class RunBase;  // run/run.h
+}  // namespace tessel
 
 namespace tessel::train {
 
