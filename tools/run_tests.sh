@@ -57,12 +57,15 @@ done
 # A workspace of its own that uses tessel as a library (docs/build.md): built
 # and run as a user would, one test case.
 echo "tessel: building examples/external (a workspace that depends on tessel)..." >&2
-ext_line=$(examples/external/build_and_run.sh 2>&1 | tee /dev/stderr | grep -a '^\[tessel-summary\]' | tail -n 1)
-if [[ "$ext_line" == *"passed=1"* ]]; then
+ext_log="$(mktemp)"
+examples/external/build_and_run.sh > "$ext_log" 2>&1
+if grep -a -q '^\[tessel-summary\] passed=1' "$ext_log"; then
   passed=$((passed + 1))
 else
   failed=$((failed + 1))
+  tail -n 40 "$ext_log" >&2
   echo "FAILED: examples/external" >&2
 fi
+rm -f "$ext_log"
 echo "$passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 && $bazel_rc -eq 0 ]]

@@ -98,6 +98,9 @@ Setup prepare(const TrainConfig& cfg) {
                cfg.seq_len, s.model.max_seq_len, cfg.model, cfg.model_config);
   for (const auto& [name, size] : parse_mesh(cfg.mesh)) {
     s.mesh.push_back({name, size});
+    TESSEL_CHECK(name != "pp" || cfg.dump.empty(), "train",
+                 "--dump traces every op of the whole model on every rank; with a pp mesh dim each rank runs other "
+                 "ops (dump the run without pp: in bitwise mode its trace is the pipelined run's)");
     // Tensor parallelism needs whole (key/value) heads per rank, expert parallelism whole experts.
     const models::ModelConfig& m = s.model;
     if (name == "ep" && size > 1) {
@@ -114,9 +117,6 @@ Setup prepare(const TrainConfig& cfg) {
                    cfg.mesh, size, m.n_kv_head, models::arch_name(m.arch), m.name);
     }
   }
-  TESSEL_CHECK(cfg.dump.empty() || cfg.mesh.find("pp=") == std::string::npos, "train",
-               "--dump traces every op of the whole model on every rank; with a pp mesh dim each rank runs other "
-               "ops (dump the run without pp: in bitwise mode its trace is the pipelined run's)");
   s.corpus = load_corpus(cfg.data, *s.tokenizer, cfg.heldout_percent);
   return s;
 }
@@ -181,6 +181,79 @@ void print_header(const TrainConfig& cfg, const Setup& s, const Run<models::Lang
   std::fflush(stdout);
 }
 
+// Rank 0's outputs: the folder, config.json, and the metrics file (a resumed
+// run keeps the records up to its step).
+std::unique_ptr<MetricsWriter> open_outputs(const TrainConfig& cfg, OutputDir& out, int64_t first_step) {
+  out.create();
+  out.remove_temporaries();
+  out.write("config.json", cfg.to_json() + "\n");
+  const std::string path = cfg.metrics_path();
+  if (auto parent = std::filesystem::path(path).parent_path(); !parent.empty())
+    std::filesystem::create_directories(parent);
+  if (first_step > 0) truncate_metrics(path, first_step);
+  return std::make_unique<MetricsWriter>(path, /*append=*/first_step > 0);
+}
+
+// One step's record. `comm_wait_s`: seconds this rank was blocked in
+// collectives during the step (a pipeline reports its transfers' waits
+// itself, bubble included: this rank's and the pp ranks' mean).
+StepMetrics step_metrics(const TrainConfig& cfg, Run<models::LanguageModel>& run, const StepReport& report,
+                         const StepLoss& loss, double secs, double comm_wait_s) {
+  StepMetrics sm;
+  sm.step = report.step;
+  sm.loss = loss.loss;
+  sm.lr = report.lr;
+  sm.grad_norm = report.grad_norm;
+  sm.tokens_per_s = double(cfg.batch_size * cfg.seq_len) / secs;
+  sm.param_hash = run.param_hash();
+  if (run.pipeline()) {
+    if (loss.aux_loss) sm.extras.emplace_back("aux_loss", *loss.aux_loss);
+    sm.extras.emplace_back("comm_wait_s", loss.comm_wait_s);
+    sm.extras.emplace_back("comm_wait_mean_s", loss.comm_wait_mean_s);
+    return sm;
+  }
+  if (run.mesh()) sm.extras.emplace_back("comm_wait_s", comm_wait_s);
+  if (Tensor aux = run.model().aux_loss(); aux.defined()) sm.extras.emplace_back("aux_loss", aux.item<double>());
+  if (loss.moe_dropped_tokens) sm.extras.emplace_back("moe_dropped_tokens", double(*loss.moe_dropped_tokens));
+  return sm;
+}
+
+// A greedy and a sampled continuation of "\n" (TrainResult and sample.txt).
+std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageModel>& run, TrainResult& result) {
+  run.model().eval();
+  auto logits_fn = [&](const Tensor& ids) { return run.forward(ids); };
+  std::vector<int64_t> prompt{int64_t(s.tokenizer->encode("\n")[0])};
+  SampleOptions so;
+  so.max_new_tokens = cfg.sample_length;
+  so.max_context = s.model.max_seq_len;
+  so.seed = cfg.seed;
+  so.temperature = 0;
+  result.greedy_sample = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
+  so.temperature = cfg.temperature;
+  so.top_k = cfg.top_k;
+  result.sampled_text = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
+  return "--- greedy ---\n" + result.greedy_sample + "\n--- temperature " + std::to_string(cfg.temperature) +
+         ", top-k " + std::to_string(cfg.top_k) + " ---\n" + result.sampled_text + "\n";
+}
+
+void print_footer(const TrainConfig& cfg, const TrainResult& result, double train_seconds, int64_t steps_run,
+                  const std::string& samples) {
+  if (!result.profile.empty())
+    std::printf("profile of rank 0, %lld steps, %.3f s of steps (self times; share of that wall time):\n%s",
+                (long long)steps_run, train_seconds, result.profile.c_str());
+  std::printf("  held-out loss %.4f nats/token; unigram entropy of the training tokens %.4f nats/token\n",
+              result.heldout_loss, result.unigram_entropy);
+  std::printf("  %.0f tokens/s; final param_hash %s\n", result.tokens_per_s, result.param_hash.c_str());
+  std::printf("  allocator peak during training %s (this process: %s)\n",
+              mib(cpu_allocator()->stats().peak_bytes).c_str(),
+              comm::has_world() && comm::world()->size() > 1 && std::string(comm::world()->backend()) == "local"
+                  ? "every rank's thread"
+                  : "one rank");
+  std::printf("  wrote %s, %s/loss.svg%s\n", cfg.metrics_path().c_str(), cfg.out_dir.c_str(),
+              samples.empty() ? "" : (", " + cfg.out_dir + "/sample.txt").c_str());
+  if (!samples.empty()) std::printf("%s", samples.c_str());
+}
+
 TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in);
 
 }  // namespace
@@ -215,13 +288,13 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                                                           cfg.sequence_parallel);
   Run<models::LanguageModel> run =
       parallelize(build_on_meta(cfg, s.model), mesh, plan, optimizer(cfg), run_options(cfg));
-  models::LanguageModel& model = run.model();
+  const models::ModelConfig& mc = run.model().config;
   std::optional<Checkpoints> ckpt;
   if (cfg.ckpt_every > 0 || cfg.resume)
     ckpt.emplace(cfg.checkpoint_root(), Checkpoints::Options{cfg.ckpt_every, cfg.keep_last, !cfg.ckpt_sync});
   if (cfg.resume) {  // whatever mesh saved it; a checkpoint of another run is an error
     ckpt->resume(run, [&](const nlohmann::json& extra, int64_t step) {
-      check_resumed(extra, cfg, model.config, ckpt->root(), step);
+      check_resumed(extra, cfg, mc, ckpt->root(), step);
     });
   }
   const int64_t first_step = run.step();
@@ -229,17 +302,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
 
   // ---- outputs (rank 0) -----------------------------------------------------------------------
   OutputDir out(cfg.out_dir);
-  const std::string metrics_path = cfg.metrics_path();
-  std::unique_ptr<MetricsWriter> metrics;
-  if (main_rank) {
-    out.create();
-    out.remove_temporaries();
-    out.write("config.json", cfg.to_json() + "\n");
-    if (auto parent = std::filesystem::path(metrics_path).parent_path(); !parent.empty())
-      std::filesystem::create_directories(parent);
-    if (first_step > 0) truncate_metrics(metrics_path, first_step);
-    metrics = std::make_unique<MetricsWriter>(metrics_path, /*append=*/first_step > 0);
-  }
+  std::unique_ptr<MetricsWriter> metrics = main_rank ? open_outputs(cfg, out, first_step) : nullptr;
   if (!hooks.quiet) print_header(cfg, s, run, *s.tokenizer);
   if (!hooks.quiet && first_step > 0)
     std::printf("  resumed from %s after step %lld\n", checkpoint::step_dir(ckpt->root(), first_step).c_str(),
@@ -272,23 +335,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     train_seconds += secs;
 
-    StepMetrics sm;
-    sm.step = report.step;
-    sm.loss = loss.loss;
-    sm.lr = report.lr;
-    sm.grad_norm = report.grad_norm;
-    sm.tokens_per_s = double(cfg.batch_size * cfg.seq_len) / secs;
-    sm.param_hash = run.param_hash();
-    if (run.pipeline()) {
-      // The pipeline's transfers, bubble included: rank 0's and the pp ranks' mean.
-      if (loss.aux_loss) sm.extras.emplace_back("aux_loss", *loss.aux_loss);
-      sm.extras.emplace_back("comm_wait_s", loss.comm_wait_s);
-      sm.extras.emplace_back("comm_wait_mean_s", loss.comm_wait_mean_s);
-    } else {
-      if (mesh) sm.extras.emplace_back("comm_wait_s", comm::thread_wait_seconds() - wait0);
-      if (Tensor aux = model.aux_loss(); aux.defined()) sm.extras.emplace_back("aux_loss", aux.item<double>());
-      if (loss.moe_dropped_tokens) sm.extras.emplace_back("moe_dropped_tokens", double(*loss.moe_dropped_tokens));
-    }
+    StepMetrics sm = step_metrics(cfg, run, report, loss, secs, comm::thread_wait_seconds() - wait0);
     const bool last = report.step == cfg.steps;
     if (cfg.eval_every > 0 && (report.step % cfg.eval_every == 0 || last))
       sm.extras.emplace_back("eval_loss", evaluate(run, heldout, cfg.eval_batches, cfg.seed));
@@ -297,7 +344,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     if (bar) bar->update(report.step, *sm.loss, *sm.tokens_per_s);
     result.final_loss = *sm.loss;
     result.param_hash = sm.param_hash;
-    if (ckpt && cfg.ckpt_every > 0) ckpt->after_step(run, last, checkpoint_state(cfg, model.config, report.step));
+    if (ckpt && cfg.ckpt_every > 0) ckpt->after_step(run, last, checkpoint_state(cfg, mc, report.step));
   }
   wait_for_save(run);
   bar.reset();
@@ -305,49 +352,16 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   // ---- after training: parameters, held-out loss, samples, plot --------------------------------
   result.steps = cfg.steps;
   if (hooks.keep_params) result.final_params = run.full_parameters();
-  if (profiler) {
-    result.profile = profiler->table(train_seconds);
-    if (main_rank && !hooks.quiet)
-      std::printf("profile of rank 0, %lld steps, %.3f s of steps (self times; share of that wall time):\n%s",
-                  (long long)(cfg.steps - first_step), train_seconds, result.profile.c_str());
-  }
+  if (profiler) result.profile = profiler->table(train_seconds);
   result.tokens_per_s =
       train_seconds > 0 ? double(cfg.batch_size * cfg.seq_len) * double(cfg.steps - first_step) / train_seconds : 0;
   result.heldout_loss = evaluate(run, heldout, cfg.eval_batches, cfg.seed);
   result.unigram_entropy =
       unigram_entropy(s.corpus.split.train.data(), s.corpus.split.train.size, s.tokenizer->vocab_size());
-  if (main_rank) write_loss_curve_svg(out.path("loss.svg"), loss_series(read_metrics(metrics_path)));
-  std::string samples;
-  if (cfg.sample_length > 0) {
-    model.eval();
-    auto logits_fn = [&](const Tensor& ids) { return run.forward(ids); };
-    std::vector<int64_t> prompt{int64_t(s.tokenizer->encode("\n")[0])};
-    SampleOptions so;
-    so.max_new_tokens = cfg.sample_length;
-    so.max_context = s.model.max_seq_len;
-    so.seed = cfg.seed;
-    so.temperature = 0;
-    result.greedy_sample = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
-    so.temperature = cfg.temperature;
-    so.top_k = cfg.top_k;
-    result.sampled_text = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
-    samples = "--- greedy ---\n" + result.greedy_sample + "\n--- temperature " + std::to_string(cfg.temperature) +
-              ", top-k " + std::to_string(cfg.top_k) + " ---\n" + result.sampled_text + "\n";
-    if (main_rank) out.write("sample.txt", samples);
-  }
-  if (!hooks.quiet) {
-    std::printf("  held-out loss %.4f nats/token; unigram entropy of the training tokens %.4f nats/token\n",
-                result.heldout_loss, result.unigram_entropy);
-    std::printf("  %.0f tokens/s; final param_hash %s\n", result.tokens_per_s, result.param_hash.c_str());
-    std::printf("  allocator peak during training %s (this process: %s)\n",
-                mib(cpu_allocator()->stats().peak_bytes).c_str(),
-                comm::has_world() && comm::world()->size() > 1 && std::string(comm::world()->backend()) == "local"
-                    ? "every rank's thread"
-                    : "one rank");
-    std::printf("  wrote %s, %s/loss.svg%s\n", metrics_path.c_str(), cfg.out_dir.c_str(),
-                samples.empty() ? "" : (", " + cfg.out_dir + "/sample.txt").c_str());
-    if (!samples.empty()) std::printf("%s", samples.c_str());
-  }
+  if (main_rank) write_loss_curve_svg(out.path("loss.svg"), loss_series(read_metrics(cfg.metrics_path())));
+  const std::string samples = cfg.sample_length > 0 ? sample(cfg, s, run, result) : "";
+  if (main_rank && !samples.empty()) out.write("sample.txt", samples);
+  if (!hooks.quiet) print_footer(cfg, result, train_seconds, cfg.steps - first_step, samples);
   return result;
 }
 
