@@ -169,20 +169,24 @@ ParallelPlan& ParallelPlan::row_parallel(const std::string& linear, const std::s
   return *this;
 }
 
+ParallelPlan& ParallelPlan::sequence_parallel(const std::string& sublayers, const std::string& embedding,
+                                              const std::string& final_norm, const std::string& dim) {
+  const DimLayout seq{{{dim, Shard(1)}}}, whole{{{dim, Replicate()}}};
+  modules.push_back({embedding, {}, seq});
+  modules.push_back({sublayers, whole, seq});
+  modules.push_back({final_norm, {}, whole});
+  return *this;
+}
+
 namespace {
 
 DimLayout tp(Placement p) { return DimLayout{{{"tp", p}}}; }
 void column(ParallelPlan& p, const std::string& re, bool bias) { p.column_parallel(re, bias); }
 void row(ParallelPlan& p, const std::string& re) { p.row_parallel(re); }
 
-// Sequence parallel: the residual stream between blocks is sharded along the
-// sequence (dim 1) over tp. A sublayer gathers its input (all-gather) and
-// scatters its pending-sum output (reduce-scatter).
 void sequence_parallel(ParallelPlan& p, const std::string& sublayers, const std::string& embedding,
                        const std::string& final_norm) {
-  p.modules.push_back({embedding, {}, tp(Shard(1))});
-  p.modules.push_back({sublayers, tp(Replicate()), tp(Shard(1))});
-  p.modules.push_back({final_norm, {}, tp(Replicate())});
+  p.sequence_parallel(sublayers, embedding, final_norm);
 }
 
 }  // namespace

@@ -82,6 +82,15 @@ struct ParallelPlan {
   //   plan.column_parallel("blocks\\.\\d+\\.fc1").row_parallel("blocks\\.\\d+\\.fc2");
   ParallelPlan& column_parallel(const std::string& linear, bool bias = true, const std::string& dim = "tp");
   ParallelPlan& row_parallel(const std::string& linear, const std::string& dim = "tp");
+  // Megatron's sequence parallelism over `dim`: the residual stream between
+  // the sublayers is sharded along the sequence (dim 1 of [B, T, C]), so
+  // norms, dropout and residual adds run on 1/tp of the tokens. The modules
+  // matching `embedding` produce the sharded stream; each sublayer matching
+  // `sublayers` (its column/row-parallel linears inside) gathers its input
+  // (all-gather) and scatters its pending-sum output (reduce-scatter); the
+  // module matching `final_norm` gives the whole sequence back.
+  ParallelPlan& sequence_parallel(const std::string& sublayers, const std::string& embedding,
+                                  const std::string& final_norm, const std::string& dim = "tp");
 };
 
 Placement parse_placement(const std::string& s, const std::string& where);
