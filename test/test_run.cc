@@ -203,6 +203,36 @@ TEST_CASE("run: a model built on Meta is materialised piece by piece with the on
   require_same_bits(train({}, spec), train(l, meta));
 }
 
+TEST_CASE("run: FSDP on a model whose entry point is loss(x, y): units or none, blocks hooked or not", "[run][fsdp]") {
+  TrainSpec spec;
+  spec.steps = 10;
+  Layout one{{}, {}};
+  one.options.clip = 0.5;
+  const Trace ref = train(one, spec);
+  for (const char* units : {"", "blocks\\.\\d+"}) {
+    for (bool hooks : {false, true}) {
+      for (const auto& mesh : std::vector<std::vector<Mesh::DimSpec>>{{{"dp", 2}}, {{"dp", 2}, {"tp", 2}}}) {
+        TrainSpec s = spec;
+        s.model.call_blocks_through_hooks = hooks;
+        Layout l{mesh, one.options};
+        l.options.zero = 3;
+        l.options.fsdp_units = units;
+        INFO("units '" << units << "', blocks through hooks " << hooks << ", " << l.ranks() << " ranks");
+        require_same_bits(ref, train(l, s));
+      }
+    }
+  }
+  // A staged model's blocks are its units by default; with micro-batches.
+  TrainSpec staged = spec;
+  staged.staged = true;
+  Layout mb{{}, one.options};
+  mb.options.micro_batches = 2;
+  const Trace staged_ref = train(mb, staged);
+  Layout fsdp{{{"dp", 2}, {"tp", 2}}, mb.options};
+  fsdp.options.zero = 3;
+  require_same_bits(staged_ref, train(fsdp, staged));
+}
+
 TEST_CASE("run: blocks called through their hooks or directly, the same bits", "[run]") {
   TrainSpec direct, hooks;
   hooks.model.call_blocks_through_hooks = true;
