@@ -122,21 +122,20 @@ bool any_meta(const nn::Module& m) {
 }  // namespace
 
 // ---- optimizer specs ---------------------------------------------------------------------------
-OptimizerSpec adamw(const nn::AdamWOptions& o) {
+namespace {
+// An optimizer of type Opt over the default decay / no_decay groups.
+template <class Opt, class Options>
+OptimizerSpec default_spec(const char* name, const Options& o) {
   OptimizerSpec s;
-  s.name = "adamw";
+  s.name = name;
   s.groups = default_groups(o.weight_decay);
-  s.make = [o](std::vector<nn::ParamGroup> g) { return std::make_unique<nn::AdamW>(std::move(g), o); };
+  s.make = [o](std::vector<nn::ParamGroup> g) { return std::make_unique<Opt>(std::move(g), o); };
   return s;
 }
+}  // namespace
 
-OptimizerSpec sgd(const nn::SGDOptions& o) {
-  OptimizerSpec s;
-  s.name = "sgd";
-  s.groups = default_groups(o.weight_decay);
-  s.make = [o](std::vector<nn::ParamGroup> g) { return std::make_unique<nn::SGD>(std::move(g), o); };
-  return s;
-}
+OptimizerSpec adamw(const nn::AdamWOptions& o) { return default_spec<nn::AdamW>("adamw", o); }
+OptimizerSpec sgd(const nn::SGDOptions& o) { return default_spec<nn::SGD>("sgd", o); }
 
 // ---- RunState ----------------------------------------------------------------------------------
 RunState::~RunState() {
