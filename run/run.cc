@@ -259,7 +259,6 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   s->opt = s->spec.make(s->dp ? s->dp->optimizer_groups(std::move(groups)) : std::move(groups));
   TESSEL_CHECK(s->opt != nullptr, kOp, "the OptimizerSpec '{}' made no optimizer", s->spec.name);
   s->params = s->dp ? s->dp->parameters() : s->pipe ? s->pipe->stage().parameters() : m.parameters();
-  m.train();
 
   s->caller_context = nn::forward_context();
   s->set_step_context();

@@ -468,6 +468,60 @@ TEST_CASE("run: launch gives every rank the caller's bitwise mode and runs SPMD"
     CHECK(contains(e, "asked for 4 ranks but this job has 2 (local backend)"));
 }
 
+TEST_CASE("run: sgd, describe, memory, forward, input layouts", "[run]") {
+  // SGD through the spec: one step moves the weights by -lr * grad (no momentum, no decay).
+  auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+  model->reset_parameters(1);
+  nn::SGDOptions so;
+  so.lr = 0.5;
+  auto run = parallelize(model, sgd(so), RunOptions{});
+  CHECK(run.optimizer().name() == "SGD");
+  CHECK(run.describe() == "one device");
+  const Tensor before = model->head->weight.detach().clone();
+  auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+  run.model().loss(x, y).backward();
+  const Tensor grad = model->head->weight.grad().clone();
+  run.step_optimizer();
+  CHECK(bitwise_equal(model->head->weight.detach(), before - grad * 0.5));
+  const auto mem = run.memory();
+  CHECK(mem.params == int64_t(model->num_parameters()) * 4);
+  CHECK(contains(error_of([&] { run.forward(x); }), "forward needs an nn::StagedModel"));
+
+  // A staged model's forward, on a mesh: every rank the one-device output.
+  TrainSpec spec;
+  spec.steps = 0;
+  auto staged = build<StagedMlp>(spec);
+  Tensor expected;
+  {
+    NoGradGuard ng;
+    staged->eval();
+    expected = staged->forward(x);
+  }
+  std::vector<Tensor> outs(4);
+  std::vector<std::string> described(4), default_layout(4), tp_rows(4), bad_layout(4);
+  comm::run_local(4, [&](int rank) {
+    auto m = build<StagedMlp>(spec);
+    m->eval();
+    RunOptions o;
+    o.zero = 2;
+    auto r = parallelize(m, Mesh::world({{"dp", 2}, {"tp", 2}}), mlp_plan(), adamw(), o);
+    described[size_t(rank)] = r.describe();
+    outs[size_t(rank)] = full_tensor(r.forward(x));
+    default_layout[size_t(rank)] = r.input(x).placements().str();
+    tp_rows[size_t(rank)] = r.input(x, parallel::DimLayout{{{"tp", Shard(0)}}}).placements().str();
+    bad_layout[size_t(rank)] = error_of([&] { r.input(x, parallel::DimLayout{{{"ep", Shard(0)}}}); });
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    CHECK(allclose(outs[size_t(rank)], expected, 1e-5, 1e-6));
+    CHECK(contains(described[size_t(rank)], "mesh (dp=2, tp=2) (local backend), plan mlp-tp, ZeRO-2 over dp=2"));
+    CHECK(default_layout[size_t(rank)] == "[S(0), R]");  // the plan's data layout: rows over dp
+    CHECK(tp_rows[size_t(rank)] == "[R, S(0)]");
+    CHECK(contains(bad_layout[size_t(rank)], "names dim 'ep' that mesh (dp=2, tp=2) lacks"));
+  }
+  CHECK(bitwise_equal(run.input(x), x));  // one device: the tensor itself
+}
+
 TEST_CASE("run: the forward context keys dropout by step between steps, and is restored after", "[run]") {
   const nn::ForwardContext before = nn::forward_context();
   {
