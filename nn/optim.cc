@@ -171,18 +171,13 @@ int64_t Optimizer::state_bytes() const {
   return n;
 }
 
-void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
+Optimizer::ParsedState Optimizer::parse_state(const std::vector<NamedTensor>& state) const {
   const std::vector<std::string> names = buffer_names();
   std::unordered_map<std::string, size_t> slot_of;
   for (size_t i = 0; i < slots_.size(); ++i) slot_of[slots_[i].path] = i;
 
-  // Sort every key into (slot, field) first; write nothing until all checks pass.
-  struct Incoming {
-    const Tensor* step = nullptr;
-    std::vector<const Tensor*> buffers;
-  };
-  std::map<size_t, Incoming> incoming;
-  const Tensor* global_step = nullptr;
+  // Sort every key into (slot, field); throw at the first key that does not fit.
+  ParsedState parsed;
   auto check_step = [&](const std::string& key, const Tensor& t) {
     TESSEL_CHECK(t.defined() && t.numel() == 1 && !t.is_floating_point() && t.dtype() != DType::Bool, name_,
                  "load_state_dict: '{}' must be one integer, got {}", key, t.defined() ? t.desc() : "undefined");
@@ -191,14 +186,14 @@ void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
   for (const NamedTensor& nt : state) {
     if (nt.name == "step") {
       check_step(nt.name, nt.tensor);
-      global_step = &nt.tensor;
+      parsed.global_step = &nt.tensor;
       continue;
     }
     const size_t dot = nt.name.rfind('.');
     auto it = dot == std::string::npos ? slot_of.end() : slot_of.find(nt.name.substr(0, dot));
     TESSEL_CHECK(it != slot_of.end(), name_, "load_state_dict: unexpected key '{}' (no such parameter)", nt.name);
     const std::string field = nt.name.substr(dot + 1);
-    Incoming& in = incoming[it->second];
+    ParsedState::Incoming& in = parsed.incoming[it->second];
     in.buffers.resize(names.size(), nullptr);
     if (field == "step") {
       check_step(nt.name, nt.tensor);
@@ -215,30 +210,37 @@ void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
                  nt.tensor.defined() ? nt.tensor.desc() : "undefined", s.path, s.param.desc());
     in.buffers[b] = &nt.tensor;
   }
-  for (const auto& [i, in] : incoming) {
+  for (const auto& [i, in] : parsed.incoming) {
     TESSEL_CHECK(in.step != nullptr, name_, "load_state_dict: missing key '{}.step'", slots_[i].path);
     for (size_t b = 0; b < names.size(); ++b)
       TESSEL_CHECK(in.buffers[b] != nullptr, name_, "load_state_dict: missing key '{}.{}'", slots_[i].path,
                    names[b]);
   }
+  return parsed;
+}
 
+void Optimizer::check_state_dict(const std::vector<NamedTensor>& state) const { (void)parse_state(state); }
+
+void Optimizer::load_state_dict(const std::vector<NamedTensor>& state) {
+  const ParsedState parsed = parse_state(state);  // nothing is written unless everything checks
+  const size_t n_buffers = buffer_names().size();
   NoGradGuard no_grad;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    auto it = incoming.find(i);
-    if (it == incoming.end()) {  // fresh state
+    auto it = parsed.incoming.find(i);
+    if (it == parsed.incoming.end()) {  // fresh state
       s.step = 0;
       s.buffers.clear();
       continue;
     }
     s.step = it->second.step->item<int64_t>();
-    if (s.buffers.size() != names.size()) {
+    if (s.buffers.size() != n_buffers) {
       s.buffers.clear();
-      for (size_t b = 0; b < names.size(); ++b) s.buffers.push_back(state_zeros(s.param));
+      for (size_t b = 0; b < n_buffers; ++b) s.buffers.push_back(state_zeros(s.param));
     }
-    for (size_t b = 0; b < names.size(); ++b) s.buffers[b].copy_(*it->second.buffers[b]);
+    for (size_t b = 0; b < n_buffers; ++b) s.buffers[b].copy_(*it->second.buffers[b]);
   }
-  num_steps_ = global_step ? global_step->item<int64_t>() : 0;
+  num_steps_ = parsed.global_step ? parsed.global_step->item<int64_t>() : 0;
 }
 
 // ---- SGD -------------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 // whose .grad is undefined (unused this step) is skipped: neither it nor its
 // state nor its step count changes (PyTorch's behaviour).
 #include <array>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -93,6 +94,9 @@ class Optimizer {
   // (or be "step"), shapes must match; a parameter without keys gets fresh
   // state. Nothing is written unless everything checks.
   void load_state_dict(const std::vector<NamedTensor>& state);
+  // The checks of load_state_dict alone (throws what it would throw; writes
+  // nothing): a caller loading several things checks them all first.
+  void check_state_dict(const std::vector<NamedTensor>& state) const;
 
  protected:
   struct Slot {
@@ -111,6 +115,17 @@ class Optimizer {
   // buffers exist, zero-filled at the first update). lr and weight_decay are
   // the group's.
   virtual void update(Slot& slot, const Tensor& grad, double lr, double weight_decay) = 0;
+
+  // A state_dict sorted by slot (pointers into the caller's tensors).
+  struct ParsedState {
+    struct Incoming {
+      const Tensor* step = nullptr;
+      std::vector<const Tensor*> buffers;
+    };
+    std::map<size_t, Incoming> incoming;
+    const Tensor* global_step = nullptr;
+  };
+  ParsedState parse_state(const std::vector<NamedTensor>& state) const;
 
   [[noreturn]] void fail_option(const char* option, double value, const char* requirement) const;
   // Throws when a layout replaced `p` (AutogradMeta::replaced_by).

@@ -122,6 +122,19 @@ nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check
     TESSEL_CHECK(mine.count(name), kOp,
                  "'{}' (a {} checkpoint) holds tensor '{}{}' that this {} does not have: a checkpoint of another model",
                  dir, saved_type, kModel, name, s.model_type);
+  for (const auto& [name, t] : targets) {
+    const checkpoint::TensorMeta* m = reader.meta().find(name);
+    TESSEL_CHECK(m->dtype == t.dtype() && m->shape == t.shape(), kOp,
+                 "'{}' (a {} checkpoint): tensor '{}' is {} {} but this {}'s is {} {}: a checkpoint of another model",
+                 dir, saved_type, name, dtype_name(m->dtype), m->shape.str(), s.model_type, dtype_name(t.dtype()),
+                 t.shape().str());
+  }
+
+  const std::string saved_opt = st.value("optimizer", std::string());
+  TESSEL_CHECK(saved_opt.empty() || saved_opt == s.opt->name(), kOp,
+               "'{}' holds the state of a {} optimizer but this run's optimizer is {}: resuming needs the same "
+               "optimizer",
+               dir, saved_opt, s.opt->name());
 
   // Optimizer: its state may not exist yet (it is created at the first
   // step), so each saved tensor gets a target shaped like the saved one and
@@ -148,7 +161,9 @@ nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check
     targets.emplace_back(t.name, target);
     opt_state.push_back({key, target});
   }
-  // One load: every target is checked (presence, shape, dtype) before any is written.
+  // Everything is checked before anything is written: the optimizer's keys
+  // here, every target's presence, shape and dtype in checkpoint::load.
+  s.opt->check_state_dict(opt_state);
   checkpoint::load(reader, targets);
   s.opt->load_state_dict(opt_state);
   s.step = st["step"].get<int64_t>();

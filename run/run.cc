@@ -1,6 +1,7 @@
 #include "run/run.h"
 
 #include <algorithm>
+#include <cstring>
 #include <regex>
 #include <set>
 #include <unordered_set>
@@ -17,6 +18,7 @@
 #include "nn/parallel/pipeline/pipeline.h"
 #include "nn/staged.h"
 #include "runtime/comm/comm.h"
+#include "runtime/logging.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
 #include "run/run_state.h"
@@ -39,28 +41,29 @@ std::function<std::vector<nn::ParamGroup>(const nn::Module&)> default_groups(dou
 // Otherwise the ranks along it would all compute the same thing -- most
 // likely a typo in a dim name, never what was meant.
 void check_mesh_dims(const Mesh& mesh, const parallel::ParallelPlan& plan, const std::string& model_type) {
-  std::set<std::string> planned;
-  auto add = [&](const parallel::DimLayout& l) {
-    for (const auto& [name, p] : l.dims) planned.insert(name);
+  std::set<std::string> rules, data;  // dims the plan's rules lay parameters/modules out on; dims the batch is cut over
+  auto add = [](std::set<std::string>& to, const parallel::DimLayout& l) {
+    for (const auto& [name, p] : l.dims) to.insert(name);
   };
-  for (const auto& r : plan.params) add(r.layout);
+  for (const auto& r : plan.params) add(rules, r.layout);
   for (const auto& r : plan.modules) {
-    add(r.input);
-    add(r.output);
+    add(rules, r.input);
+    add(rules, r.output);
   }
-  for (const auto& r : plan.experts) planned.insert(r.dim);
-  add(plan.data);
-  planned.erase("dp");
-  planned.erase("pp");
+  for (const auto& r : plan.experts) rules.insert(r.dim);
+  add(data, plan.data);
+  auto list = [](const std::set<std::string>& dims) {
+    return dims.empty() ? std::string("none") : fmt::format(FMT_STRING("{}"), fmt::join(dims, ", "));
+  };
   for (int d = 0; d < mesh.ndim(); ++d) {
     const std::string& name = mesh.name(d);
-    if (mesh.size(d) == 1 || name == "dp" || name == "pp" || planned.count(name)) continue;
+    if (mesh.size(d) == 1 || name == "dp" || name == "pp" || rules.count(name) || data.count(name)) continue;
     TESSEL_FAIL(kOp,
-                "mesh {}: dim '{}' (size {}) means nothing to {}'s run (plan '{}' lays things out on {}; tessel "
-                "itself uses 'dp' for data parallelism and 'pp' for pipeline stages): every rank along it would "
-                "compute the same thing",
-                mesh.str(), name, mesh.size(d), model_type, plan.name.empty() ? "(unnamed)" : plan.name,
-                planned.empty() ? std::string("no dim") : fmt::format(FMT_STRING("{}"), fmt::join(planned, ", ")));
+                "mesh {}: dim '{}' (size {}) means nothing to {}'s run: plan '{}' lays parameters or modules out on "
+                "{}, its data layout cuts the batch over {}, and tessel itself uses 'dp' (data parallel) and 'pp' "
+                "(pipeline stages). Every rank along '{}' would compute the same thing",
+                mesh.str(), name, mesh.size(d), model_type, plan.name.empty() ? "(unnamed)" : plan.name, list(rules),
+                list(data), name);
   }
 }
 
@@ -183,6 +186,43 @@ void RunState::check_parameters_unchanged() const {
               slots.size(), param_paths.size());
 }
 
+namespace {
+// A 64-bit hash of a tensor's shape, dtype and bytes (contiguous copy if needed).
+uint64_t content_hash(const Tensor& t) {
+  const Tensor c = t.is_contiguous() ? t : t.contiguous();
+  uint64_t h = 1469598103934665603ull ^ uint64_t(t.dtype());
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (int d = 0; d < t.dim(); ++d) mix(uint64_t(t.size(d)));
+  const auto* p = static_cast<const unsigned char*>(c.raw_data());
+  const size_t n = c.nbytes();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    mix(w);
+  }
+  for (; i < n; ++i) mix(p[i]);
+  return h;
+}
+}  // namespace
+
+void RunState::check_same_on_every_rank(const Tensor& full) const {
+  if (!options.check_inputs || !comm::has_world() || comm::world()->size() == 1) return;
+  // max(h) == -max(-h) iff every rank has the same h (as signed 64-bit values).
+  const int64_t h = int64_t(content_hash(full) >> 1);
+  Tensor v = raw::empty({2}, DType::Int64);
+  v.data<int64_t>()[0] = h;
+  v.data<int64_t>()[1] = -h;
+  comm::world()->all_reduce(v, comm::ReduceOp::Max)->wait();
+  const bool same = v.data<int64_t>()[0] == -v.data<int64_t>()[1];
+  TESSEL_CHECK(same, kRun,
+               "input: the ranks passed different tensors ({} here, on rank {}): run.input takes the GLOBAL batch, "
+               "the same on every rank, and keeps this rank's rows of it. A loader keyed by (seed, step) gives every "
+               "rank the same batch (docs/your_model.md); passing each rank's own rows would drop the others' data "
+               "(RunOptions::check_inputs = false turns this check off)",
+               full.desc(), comm::world()->rank());
+}
+
 namespace detail {
 
 RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, parallel::ParallelPlan plan,
@@ -295,21 +335,25 @@ parallel::DataParallel* RunBase::data_parallel() const { return state_->dp.get()
 parallel::pipeline::Pipeline* RunBase::pipeline() const { return state_->pipe.get(); }
 
 Tensor RunBase::input(const Tensor& full) const {
-  const RunState& s = *state_;
+  RunState& s = *state_;
   TESSEL_CHECK(full.defined(), kRun, "input: the tensor is undefined");
   TESSEL_CHECK(!full.is_distributed(), kRun, "input: {} is distributed already; pass the plain global batch",
                full.desc());
+  ++s.inputs;
   if (!s.mesh) return full;
+  s.check_same_on_every_rank(full);
   if (s.pipe) return s.pipe->layout(full);
   return parallel::distribute_batch(full, s.mesh, s.plan);
 }
 
 Tensor RunBase::input(const Tensor& full, const parallel::DimLayout& layout) const {
-  const RunState& s = *state_;
+  RunState& s = *state_;
   TESSEL_CHECK(full.defined(), kRun, "input: the tensor is undefined");
   TESSEL_CHECK(!full.is_distributed(), kRun, "input: {} is distributed already; pass the plain global batch",
                full.desc());
+  ++s.inputs;
   if (!s.mesh) return full;
+  s.check_same_on_every_rank(full);
   for (const auto& [name, p] : layout.dims)
     TESSEL_CHECK(has_dim(*s.mesh, name), kRun, "input: layout {} names dim '{}' that mesh {} lacks", layout.str(),
                  name, s.mesh->str());
@@ -327,6 +371,13 @@ StepReport RunBase::step_optimizer() {
                s.step + 1, s.model_type, s.options.micro_batches,
                s.micro == 0 ? " (no backward since the last step on the thread that called parallelize)" : "");
   s.check_parameters_unchanged();
+  if (s.dp && s.inputs == 0 && !s.warned_no_input && s.mesh->my_rank() == 0) {
+    spdlog::warn(
+        "tessel::Run: step {} of {} ran on mesh {} without run.input(): every data-parallel rank computed the whole "
+        "batch (the result is right, but data parallelism saves nothing); lay inputs out with run.input(batch)",
+        s.step + 1, s.model_type, s.mesh->str());
+    s.warned_no_input = true;
+  }
   if (s.dp) {
     profile::Timer timer("dp.finish");
     s.dp->finish();
@@ -348,6 +399,7 @@ StepReport RunBase::step_optimizer() {
   }
   ++s.step;
   s.micro = 0;
+  s.inputs = 0;
   s.set_step_context();
   r.step = s.step;
   return r;

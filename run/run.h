@@ -87,10 +87,15 @@ struct RunOptions {
   int64_t micro_batches = 1;  // backward passes per optimizer step (gradient accumulation)
   uint64_t seed = 0;          // dropout keys (nn/context.h); the initial values of a model built on Meta
   std::optional<nn::LrSchedule> lr_schedule;  // the rate of each step; unset: the optimizer's own
-  // FSDP units: a regex on module paths (whole match), e.g. "blocks\\.\\d+".
-  // Empty: an nn::StagedModel's blocks(), else one unit (the whole model).
+  // FSDP units (zero = 3; ignored otherwise): a regex on module paths (whole
+  // match), e.g. "blocks\\.\\d+". Empty: an nn::StagedModel's blocks(), else one
+  // unit (the whole model).
   std::string fsdp_units;
   double bucket_mb = 25;  // DDP/ZeRO bucket size
+  // input() checks that every rank passed the same global batch (one small
+  // all-reduce of a hash per call): a rank passing its own rows instead --
+  // the habit of other frameworks -- would silently drop data.
+  bool check_inputs = true;
   // forward_backward: autocast dtype of the forwards (Float32: none).
   DType compute = DType::Float32;
   // A "pp" mesh dim (the model must be an nn::StagedModel):
@@ -148,7 +153,8 @@ class RunBase {
   // `full` (the global batch, dim 0 = samples, identical on every rank) laid
   // out by the plan's data layout ("dp" and "ep": Shard(0), other dims
   // Replicate): each rank keeps its piece. Any dtype (token ids, floats,
-  // masks). On one device: `full` itself.
+  // masks). On one device: `full` itself. Ranks that pass different tensors
+  // get an error (RunOptions::check_inputs).
   Tensor input(const Tensor& full) const;
   // The same with an explicit layout, e.g. {{"dp", Shard(0)}, {"tp", Shard(1)}}.
   Tensor input(const Tensor& full, const parallel::DimLayout& layout) const;

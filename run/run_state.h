@@ -38,6 +38,8 @@ class RunState {
 
   int64_t step = 0;   // optimizer steps done
   int64_t micro = 0;  // backward passes begun in this step
+  int64_t inputs = 0;  // input() calls in this step (a data-parallel step without any is worth a warning)
+  bool warned_no_input = false;
   int observer = 0;   // backward observer handle (0: none)
   nn::ForwardContext caller_context;  // the thread's forward context before the Run set its own
   std::unique_ptr<checkpoint::Saver> saver;  // async checkpoints (checkpoint.cc), created on first use
@@ -48,6 +50,8 @@ class RunState {
   void set_step_context() const;
   // The parameters the model holds now, by path (to catch ones added after parallelize).
   void check_parameters_unchanged() const;
+  // Throws unless every rank passed the same `full` to input() (one all-reduce).
+  void check_same_on_every_rank(const Tensor& full) const;
 };
 
 }  // namespace tessel

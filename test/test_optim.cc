@@ -565,6 +565,10 @@ TEST_CASE("load_state_dict errors name the key and write nothing") {
   CHECK_THROWS_WITH(opt.load_state_dict(missing), Catch::Contains("missing key 'head.bias.exp_avg_sq'"));
   CHECK_THROWS_WITH(opt.load_state_dict(with("head.bias.step", scalar_tensor(1.5))),
                     Catch::Contains("head.bias.step") && Catch::Contains("integer"));
+  // check_state_dict throws exactly what load_state_dict would, and accepts what it accepts.
+  CHECK_THROWS_WITH(opt.check_state_dict(missing), Catch::Contains("missing key 'head.bias.exp_avg_sq'"));
+  CHECK_THROWS_WITH(opt.check_state_dict(bad_field), Catch::Contains("unexpected key 'layer.bias.momentum_buffer'"));
+  CHECK_NOTHROW(opt.check_state_dict(good));
   // The failed loads changed nothing.
   auto now = opt.state_dict();
   REQUIRE(now.size() == good.size());

@@ -296,9 +296,23 @@ TEST_CASE("run: a checkpoint of another model is refused whole; the run is left 
     const std::string e = error_of([&] { load(spec.save_dir, run); });
     INFO(e);
     CHECK(contains(e, spec.save_dir));
-    if (variant == 0) CHECK(contains(e, "'model.embed.weight' is float32 [16, 12] but the target is float32 [8, 12]"));
+    if (variant == 0) CHECK(contains(e, "'model.embed.weight' is float32 [16, 12] but this MlpClassifier's is float32 [8, 12]"));
     if (variant == 1) CHECK(contains(e, "has no tensor 'model.blocks.2.norm.weight' that this MlpClassifier has"));
     if (variant == 2) CHECK(contains(e, "holds tensor 'model.blocks.1.fc1.bias' that this MlpClassifier does not have"));
+    CHECK(bitwise_equal(model->embed->weight, before));
+    CHECK(run.step() == 0);
+  }
+  // Another optimizer: refused before anything is written.
+  {
+    auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+    model->reset_parameters(kSeed);
+    RunOptions o;
+    o.seed = kSeed;
+    auto run = parallelize(model, sgd(), o);
+    const Tensor before = model->embed->weight.clone();
+    const std::string e = error_of([&] { load(spec.save_dir, run); });
+    INFO(e);
+    CHECK(contains(e, "holds the state of a AdamW optimizer but this run's optimizer is SGD"));
     CHECK(bitwise_equal(model->embed->weight, before));
     CHECK(run.step() == 0);
   }
@@ -412,7 +426,7 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
          })) {
       INFO(e);
       CHECK(contains(e, "mesh (xp=2): dim 'xp' (size 2) means nothing to MlpClassifier's run"));
-      CHECK(contains(e, "(plan 'mlp-tp' lays things out on ep, tp"));
+      CHECK(contains(e, "plan 'mlp-tp' lays parameters or modules out on tp, its data layout cuts the batch over dp, ep"));
     }
   }
   SECTION("backward twice without a step; a step without a backward") {
@@ -427,6 +441,28 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
     const std::string e2 = error_of([&] { run.step_optimizer(); });
     INFO(e2);
     CHECK(contains(e2, "step_optimizer after 0 backward pass(es) in step 2"));
+  }
+  SECTION("each rank passing its own rows instead of the global batch") {
+    for (const std::string& e : errors_on_ranks(2, [](int rank) {
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           auto run = parallelize(model, Mesh::world({{"dp", 2}}), mlp_plan(), adamw(), {});
+           auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+           run.input(x.narrow(0, rank * 4, 4));  // a PyTorch-DDP habit: this rank's rows
+         })) {
+      INFO(e);
+      CHECK(contains(e, "input: the ranks passed different tensors"));
+      CHECK(contains(e, "run.input takes the GLOBAL batch"));
+    }
+    // Turned off, the same call goes through (the user vouches for the data).
+    RunOptions o;
+    o.check_inputs = false;
+    for (const std::string& e : errors_on_ranks(2, [&](int rank) {
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           auto run = parallelize(model, Mesh::world({{"dp", 2}}), mlp_plan(), adamw(), o);
+           auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+           run.input(x.narrow(0, rank * 4, 4));
+         }))
+      CHECK(e == "(no error)");
   }
   SECTION("a mesh of another size than the job") {
     for (const std::string& e : errors_on_ranks(2, [](int) {

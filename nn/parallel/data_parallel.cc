@@ -205,8 +205,13 @@ DataParallelMemory DataParallel::memory(const nn::Optimizer& opt) const {
 
 std::string DataParallel::describe() const {
   const std::string over = fmt::format(FMT_STRING("{} over {}={}"), stage_name(opts_.zero), opts_.dim, mesh_->size(dp_));
-  if (fsdp_) return fmt::format(FMT_STRING("{}: {} units (root + blocks)"), over, fsdp_->num_units());
-  return fmt::format(FMT_STRING("{}: {} buckets of <= {} MiB"), over, reducer_->num_buckets(), opts_.bucket_mb);
+  if (fsdp_) {
+    const int n = fsdp_->num_units();
+    return n == 1 ? fmt::format(FMT_STRING("{}: 1 unit (the whole model)"), over)
+                  : fmt::format(FMT_STRING("{}: {} units (root + blocks)"), over, n);
+  }
+  const int n = reducer_->num_buckets();
+  return fmt::format(FMT_STRING("{}: {} bucket{} of <= {} MiB"), over, n, n == 1 ? "" : "s", opts_.bucket_mb);
 }
 
 std::vector<std::vector<std::string>> DataParallel::buckets() const {

@@ -282,7 +282,10 @@ Tensor FsdpState::resolve(size_t i) {
     install(u);  // the unit's other parameters are read from their slots: no lookup for them
     U.on_use = true;
   }
-  if (!U.warned && log_rank) {
+  // The root unit stays gathered from its forward to its backward either way
+  // (backward needs it first): gathering it on use costs nothing, so only
+  // blocks are worth a warning.
+  if (!U.warned && log_rank && u != 0) {
     spdlog::warn(
         "fsdp: unit '{}' was gathered on first use (of '{}') because its module's forward hooks did not run (it was "
         "not called as (*module)(x)); it stays gathered until its backward (or the next after_step), so FSDP's "
