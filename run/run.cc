@@ -334,26 +334,27 @@ nn::Optimizer& RunBase::optimizer() const { return *state_->opt; }
 parallel::DataParallel* RunBase::data_parallel() const { return state_->dp.get(); }
 parallel::pipeline::Pipeline* RunBase::pipeline() const { return state_->pipe.get(); }
 
-Tensor RunBase::input(const Tensor& full) const {
-  RunState& s = *state_;
+// What both input() overloads check: a plain tensor, the same on every rank.
+void RunState::accept_input(const Tensor& full) {
   TESSEL_CHECK(full.defined(), kRun, "input: the tensor is undefined");
   TESSEL_CHECK(!full.is_distributed(), kRun, "input: {} is distributed already; pass the plain global batch",
                full.desc());
-  ++s.inputs;
+  ++inputs;
+  if (mesh) check_same_on_every_rank(full);
+}
+
+Tensor RunBase::input(const Tensor& full) const {
+  RunState& s = *state_;
+  s.accept_input(full);
   if (!s.mesh) return full;
-  s.check_same_on_every_rank(full);
   if (s.pipe) return s.pipe->layout(full);
   return parallel::distribute_batch(full, s.mesh, s.plan);
 }
 
 Tensor RunBase::input(const Tensor& full, const parallel::DimLayout& layout) const {
   RunState& s = *state_;
-  TESSEL_CHECK(full.defined(), kRun, "input: the tensor is undefined");
-  TESSEL_CHECK(!full.is_distributed(), kRun, "input: {} is distributed already; pass the plain global batch",
-               full.desc());
-  ++s.inputs;
+  s.accept_input(full);
   if (!s.mesh) return full;
-  s.check_same_on_every_rank(full);
   for (const auto& [name, p] : layout.dims)
     TESSEL_CHECK(has_dim(*s.mesh, name), kRun, "input: layout {} names dim '{}' that mesh {} lacks", layout.str(),
                  name, s.mesh->str());

@@ -52,6 +52,8 @@ class RunState {
   void check_parameters_unchanged() const;
   // Throws unless every rank passed the same `full` to input() (one all-reduce).
   void check_same_on_every_rank(const Tensor& full) const;
+  // input()'s checks and count.
+  void accept_input(const Tensor& full);
 };
 
 }  // namespace tessel
