@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <atomic>
 #include <map>
 #include <set>
 #include <tuple>
@@ -29,6 +30,7 @@
 #include "nn/parallel/pipeline/schedule.h"
 #include "runtime/comm/comm.h"
 #include "runtime/numerics.h"
+#include "test/util/dist.h"
 #include "test/util/runfiles.h"
 #include "test/util/util.h"
 #include "train/config.h"
@@ -204,7 +206,9 @@ TEST_CASE("partitions by layer count and by parameter count", "[pipeline][partit
 TEST_CASE("each rank holds only its stage's parameters; tied wte on the first and last", "[pipeline][stage]") {
   models::ModelConfig mc = models::model_config("nanogpt", "tiny");
   mc.n_layer = 4;
-  comm::run_local(2, [&](int rank) {
+  // Each rank reports what it found wrong (Catch2 must not assert on a rank).
+  const auto reports = testing::on_ranks(2, [&](int rank) {
+    testing::RankReport rep;
     MeshPtr mesh = Mesh::world({{"pp", 2}});
     std::shared_ptr<models::LanguageModel> model;
     {
@@ -215,25 +219,28 @@ TEST_CASE("each rank holds only its stage's parameters; tied wte on the first an
     std::set<std::string> held;
     for (const auto& p : stage.named_parameters()) {
       held.insert(p.name);
-      CHECK(p.tensor.device() == kCPU);
+      rep.expect(p.tensor.device() == kCPU, p.name + " is held but not on the CPU");
     }
-    CHECK(held.count("wte.weight") == 1);  // tied: embedding on rank 0, LM head on rank 1
-    CHECK(held.count("wpe.weight") == size_t(rank == 0));
-    CHECK(held.count("ln_f.weight") == size_t(rank == 1));
-    CHECK(held.count("layers.1.attn.wq.weight") == size_t(rank == 0));
-    CHECK(held.count("layers.2.attn.wq.weight") == size_t(rank == 1));
+    rep.expect(held.count("wte.weight") == 1, "wte.weight not held");  // tied: embedding on rank 0, LM head on rank 1
+    rep.expect(held.count("wpe.weight") == size_t(rank == 0), "wpe.weight held on the wrong rank");
+    rep.expect(held.count("ln_f.weight") == size_t(rank == 1), "ln_f.weight held on the wrong rank");
+    rep.expect(held.count("layers.1.attn.wq.weight") == size_t(rank == 0), "layers.1 held on the wrong rank");
+    rep.expect(held.count("layers.2.attn.wq.weight") == size_t(rank == 1), "layers.2 held on the wrong rank");
     for (const auto& p : stage.model().named_parameters())
-      if (!held.count(p.name)) CHECK(p.tensor.device().is_meta());  // never allocated
+      if (!held.count(p.name)) rep.expect(p.tensor.device().is_meta(), p.name + " allocated but not held");
     for (const ParamHome& h : stage.homes()) {
-      if (h.name == "wte.weight") CHECK((h.tied && h.primary == 0));
-      else CHECK_FALSE(h.tied);
+      if (h.name == "wte.weight") rep.expect(h.tied && h.primary == 0, "wte.weight not tied to rank 0");
+      else rep.expect(!h.tied, h.name + " tied");
     }
     // Values are the single-device ones: (seed, path) alone decide them.
     auto ref = models::make_language_model(mc, 1);
     for (const auto& p : stage.named_parameters())
       for (const auto& q : ref->named_parameters())
-        if (p.name == q.name) CHECK(testing::bitwise_equal(p.tensor.detach(), q.tensor.detach()));
+        if (p.name == q.name)
+          rep.expect(testing::bitwise_equal(p.tensor.detach(), q.tensor.detach()), p.name + " differs from one device");
+    return rep.str();
   });
+  CHECK(testing::first_failure(reports) == "");
 }
 
 // ---- a user's staged model: not a language model ----------------------------------------
@@ -396,6 +403,7 @@ ClassifierRun train_classifier_pipelined(const std::vector<Mesh::DimSpec>& dims,
   int world = 1;
   for (const auto& d : dims) world *= int(d.size);
   ClassifierRun r;
+  std::atomic<bool> no_aux_loss{false};  // checked after the ranks finish: Catch2 must not assert on a rank
   comm::run_local(world, [&](int rank) {
     numerics::BitwiseGuard bitwise(true);
     MeshPtr mesh = Mesh::world(dims);
@@ -410,7 +418,7 @@ ClassifierRun train_classifier_pipelined(const std::vector<Mesh::DimSpec>& dims,
       const double norm = pipe.clip_grad_norm_(1.0);
       opt.step();
       opt.zero_grad();
-      CHECK(res.aux_loss.has_value());  // the odd blocks' penalties, summed over the stages
+      if (!res.aux_loss.has_value()) no_aux_loss = true;  // the odd blocks' penalties, summed over the stages
       if (rank == 0) r.loss_sums.push_back(res.loss_sum), r.grad_norms.push_back(norm);
     }
     auto params = pipe.gather_parameters();
@@ -419,6 +427,7 @@ ClassifierRun train_classifier_pipelined(const std::vector<Mesh::DimSpec>& dims,
     Tensor full = out.is_distributed() ? full_tensor(out) : out;
     if (rank == 0) r.params = params, r.eval_output = full;
   });
+  CHECK_FALSE(no_aux_loss);
   return r;
 }
 
@@ -478,44 +487,51 @@ TEST_CASE("a user's staged model on pp2: each rank keeps the values of what it h
   for (bool on_meta : {false, true}) {
     INFO((on_meta ? "built on Meta" : "materialised"));
     const auto ref = reference(on_meta ? stage_seed : kSeed);
-    comm::run_local(2, [&](int rank) {
+    // Each rank reports what it found wrong (Catch2 must not assert on a rank).
+    const auto reports = testing::on_ranks(2, [&](int rank) {
+      testing::RankReport rep;
       auto model = classifier(on_meta);
       PipelineStage stage(model, Mesh::world({{"pp", 2}}), parallel::builtin_plan("none"), stage_seed,
                           StageOptions{});
-      CHECK(&stage.model() == model.get());
-      CHECK(model->is_training());  // tracing ran in eval mode and put the mode back
-      CHECK(stage.partition().str() == "[0, 2) [2, 4)");
+      rep.expect(&stage.model() == model.get(), "stage.model() is not the model passed");
+      rep.expect(model->is_training(), "tracing left the model in eval mode");
+      rep.expect(stage.partition().str() == "[0, 2) [2, 4)", "partition " + stage.partition().str());
       std::set<std::string> held;
       for (const auto& p : stage.named_parameters()) held.insert(p.name);
-      CHECK(held.count("proj_in.weight") == size_t(rank == 0));
-      CHECK(held.count("layers.1.fc.weight") == size_t(rank == 0));
-      CHECK(held.count("layers.2.fc.weight") == size_t(rank == 1));
-      CHECK(held.count("out.weight") == size_t(rank == 1));
+      for (const std::string name : {"proj_in.weight", "layers.1.fc.weight"})
+        rep.expect(held.count(name) == size_t(rank == 0), name + " held on the wrong rank");
+      for (const std::string name : {"layers.2.fc.weight", "out.weight"})
+        rep.expect(held.count(name) == size_t(rank == 1), name + " held on the wrong rank");
       const auto ref_params = ref->named_parameters();
       const auto params = model->named_parameters();
-      REQUIRE(params.size() == ref_params.size());
+      if (params.size() != ref_params.size()) return std::string("parameter counts differ from the reference");
       for (size_t i = 0; i < params.size(); ++i) {
-        INFO(params[i].name);
-        if (held.count(params[i].name)) {
-          CHECK(params[i].tensor.device() == kCPU);
-          CHECK(params[i].tensor.requires_grad());
-          CHECK(testing::bitwise_equal(params[i].tensor.detach(), ref_params[i].tensor.detach()));
+        const std::string& name = params[i].name;
+        if (held.count(name)) {
+          rep.expect(params[i].tensor.device() == kCPU, name + " held but not on the CPU");
+          rep.expect(params[i].tensor.requires_grad(), name + " held but does not require grad");
+          rep.expect(testing::bitwise_equal(params[i].tensor.detach(), ref_params[i].tensor.detach()),
+                     name + " differs from the reference");
         } else {
-          CHECK(params[i].tensor.device().is_meta());  // memory dropped
+          rep.expect(params[i].tensor.device().is_meta(), name + " not held but allocated");  // memory dropped
         }
       }
-      for (const ParamHome& h : stage.homes()) CHECK_FALSE(h.tied);
+      for (const ParamHome& h : stage.homes()) rep.expect(!h.tied, h.name + " tied");
       // Buffers: a block's where the block runs; the temperature (outside the
       // blocks) on the ranks that run embed or head: both here.
       for (size_t b = 0; b < 4; ++b) {
         const Tensor& scale = std::static_pointer_cast<ResidualMLP>(model->blocks()[b])->scale;
-        if ((b < 2) == (rank == 0)) CHECK(scale.item<double>() == 0.5);
-        else CHECK(scale.device().is_meta());
+        const std::string what = "block " + std::to_string(b) + "'s scale";
+        if ((b < 2) == (rank == 0)) rep.expect(scale.item<double>() == 0.5, what + " is not 0.5");
+        else rep.expect(scale.device().is_meta(), what + " allocated on a rank that does not run it");
       }
-      CHECK(model->temperature.item<double>() == 0.5);
-      CHECK(stage.describe() == (rank == 0 ? "pp rank 0 of 2: embed + stage 0 blocks [0, 2); 14 parameter tensors"
-                                           : "pp rank 1 of 2: stage 1 blocks [2, 4) + head; 16 parameter tensors"));
+      rep.expect(model->temperature.item<double>() == 0.5, "temperature is not 0.5");
+      const std::string expected = rank == 0 ? "pp rank 0 of 2: embed + stage 0 blocks [0, 2); 14 parameter tensors"
+                                             : "pp rank 1 of 2: stage 1 blocks [2, 4) + head; 16 parameter tensors";
+      rep.expect(stage.describe() == expected, "describe() gave '" + stage.describe() + "'");
+      return rep.str();
     });
+    CHECK(testing::first_failure(reports) == "");
   }
 }
 

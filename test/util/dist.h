@@ -29,6 +29,19 @@ inline std::string first_failure(const std::vector<std::string>& reports) {
   return "";
 }
 
+// What one rank found wrong, for on_ranks: expect(ok, what) records `what`
+// when !ok (a rank's stand-in for CHECK, which must not run on a rank).
+class RankReport {
+ public:
+  void expect(bool ok, const std::string& what) {
+    if (!ok) failures_ += (failures_.empty() ? "" : "; ") + what;
+  }
+  const std::string& str() const { return failures_; }
+
+ private:
+  std::string failures_;
+};
+
 // Mesh shapes the op tests sweep: 1-D, 2-D and 3-D, even and odd sizes.
 inline std::vector<std::vector<Mesh::DimSpec>> test_meshes() {
   return {
