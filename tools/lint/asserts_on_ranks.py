@@ -51,6 +51,8 @@ def main(paths):
     for o in found:
         print(o)
     print(f"asserts_on_ranks: {len(paths)} files, {len(found)} offences")
+    # One test case, counted by tools/run_tests.sh like a Catch2 binary's.
+    print(f"[tessel-summary] passed={0 if found else 1} failed={1 if found else 0} skipped=0")
     return 1 if found else 0
 
 
