@@ -137,6 +137,58 @@ std::vector<Tensor> DistCall::wrap(const std::vector<Tensor>& local_out) const {
   return out;
 }
 
+bool DistCall::pends_in_16bit() const {
+  for (size_t i = 0; i < ctx.out.size(); ++i) {
+    if (!ctx.out[i].defined || !is_half(ctx.out[i].dtype)) continue;
+    for (int m = 0; m < plan.out[i].size(); ++m)
+      if (plan.out[i][m].is_partial_sum() && mesh->size(m) > 1) return true;
+  }
+  if (!ctx.grad) return false;
+  // An input's gradient is Partial on a mesh dim where the input is
+  // Replicate and something else is not (on dims where everything is
+  // Replicate the gradient passes through as it comes).
+  for (int m = 0; m < mesh->ndim(); ++m) {
+    if (mesh->size(m) == 1) continue;
+    bool all_r = true;
+    for (size_t i = 0; i < ctx.in.size(); ++i)
+      if (ctx.in[i].defined && !plan.in[i][m].is_replicate()) all_r = false;
+    for (size_t i = 0; i < ctx.out.size(); ++i)
+      if (ctx.out[i].defined && !plan.out[i][m].is_replicate()) all_r = false;
+    if (all_r) continue;
+    for (size_t i = 0; i < ctx.in.size(); ++i)
+      if (ctx.in[i].defined && is_half(ctx.in[i].dtype) && inputs[i]->requires_grad() &&
+          plan.in[i][m].is_replicate())
+        return true;
+  }
+  return false;
+}
+
+void DistCall::refuse_16bit_pending_sum() const {
+  std::string ins, outs;
+  for (size_t i = 0; i < ctx.in.size(); ++i)
+    if (ctx.in[i].defined)
+      ins += TESSEL_FORMAT("{}{} {} as {}", ins.empty() ? "" : ", ", ctx.in[i].shape, dtype_name(ctx.in[i].dtype),
+                           plan.in[i]);
+  for (size_t i = 0; i < ctx.out.size(); ++i)
+    if (ctx.out[i].defined)
+      outs += TESSEL_FORMAT("{}{} {} as {}", outs.empty() ? "" : ", ", ctx.out[i].shape, dtype_name(ctx.out[i].dtype),
+                            plan.out[i]);
+  TESSEL_FAIL(ctx.op,
+              "bitwise mode does not cover this op in 16-bit floats on mesh {}: inputs {}; outputs {}. Its pieces "
+              "(or its inputs' gradient pieces) would be pending sums rounded to 16 bits before they are summed, "
+              "which one device never does, and the op is not marked exact when widened to float32 "
+              "(exact_widened, autograd/dist_call.h). Run it in float32 (no autocast) or outside bitwise mode",
+              mesh->str(), ins, outs);
+}
+
+Tensor widen_16bit(const Tensor& t) {
+  return t.defined() && is_half(t.dtype()) ? t.to(DType::Float32) : t;
+}
+
+Tensor round_to(const Tensor& t, const TensorSpec& s) {
+  return t.defined() && s.defined && t.dtype() != s.dtype ? t.to(s.dtype) : t;
+}
+
 DistGradInfo make_grad_info(const DistCall& c, const char* op) {
   DistGradInfo g;
   g.mesh = c.mesh;

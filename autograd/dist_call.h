@@ -32,6 +32,7 @@
 #include "autograd/node.h"
 #include "autograd/trace.h"
 #include "parallel/sharding.h"
+#include "runtime/numerics.h"
 
 namespace tessel {
 namespace detail {
@@ -53,6 +54,17 @@ template <class Op, class = void>
 struct has_partial_exact : std::false_type {};
 template <class Op>
 struct has_partial_exact<Op, std::void_t<decltype(std::declval<const Op&>().partial_exact())>> : std::true_type {};
+
+// `bool exact_widened() const`: the op on 16-bit floating inputs gives the
+// bits of the same op on their float32 values, rounded once to the 16-bit
+// output dtype, forward and backward (its kernels load 16-bit values into
+// float, compute in float and round once on store, with no 16-bit
+// intermediate). Bitwise mode then runs it widened when its pieces would be
+// rounded before they are summed (DistCall::pends_in_16bit).
+template <class Op, class = void>
+struct has_exact_widened : std::false_type {};
+template <class Op>
+struct has_exact_widened<Op, std::void_t<decltype(std::declval<const Op&>().exact_widened())>> : std::true_type {};
 
 template <class Op, class = void>
 struct has_sharding_rule : std::false_type {};
@@ -88,6 +100,13 @@ struct DistCall {
   void set_outputs(const std::vector<Tensor>& meta_out);
   void finish_plan(bool has_rule);  // validates the plan (or builds the fallback)
   void place_inputs();              // redistribution (recorded when grad mode is on)
+  // Bitwise mode: the plan leaves a pending sum (Partial) in a 16-bit
+  // floating tensor -- an output, or (when recording) an input's gradient.
+  // Each piece would be rounded to 16 bits before the pieces are summed,
+  // which one device never does: such a call runs widened to float32
+  // (call_widened) or is refused (refuse_16bit_pending_sum).
+  bool pends_in_16bit() const;
+  [[noreturn]] void refuse_16bit_pending_sum() const;
   Tensor wrap(const Tensor& local_out, size_t i) const;
   std::vector<Tensor> wrap(const std::vector<Tensor>& local_out) const;
 };
@@ -172,8 +191,39 @@ void trace_outputs(const char* name, const Out& out) {
   }
 }
 
+Tensor widen_16bit(const Tensor& t);  // a 16-bit floating tensor as float32 (differentiable); else t
+Tensor round_to(const Tensor& t, const TensorSpec& s);  // t cast to s's dtype when they differ
+
+// What an op's forward returns: Tensor or std::vector<Tensor>.
 template <class Op, class... Args>
-auto call_distributed(const char* name, Op op, const Args&... args) {
+using ForwardResult = std::decay_t<decltype(std::declval<Op&>().forward(std::declval<const Args&>()...))>;
+
+template <class Op, class... Args>
+ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&... args);
+
+// The op on the float32 values of its 16-bit inputs, its outputs rounded to
+// their 16-bit dtypes afterwards: the rounding (a narrowing cast) reduces a
+// pending sum first, and the widening casts' backward rounds each input's
+// gradient once it is complete. Same bits as the 16-bit op on one device
+// (has_exact_widened).
+template <class Op, class... Args>
+ForwardResult<Op, Args...> call_widened(const char* name, Op op, const DistCall& c, const Args&... args) {
+  std::vector<Tensor> wide;
+  wide.reserve(c.inputs.size());
+  for (const Tensor* t : c.inputs) wide.push_back(widen_16bit(*t));
+  size_t k = 0;
+  auto mapped = std::tuple{map_arg(args, wide, k)...};
+  auto out = std::apply([&](auto&... xs) { return call_distributed(name, std::move(op), unwrap_ref(xs)...); }, mapped);
+  if constexpr (std::is_same_v<ForwardResult<Op, Args...>, Tensor>) {
+    return round_to(out, c.ctx.out[0]);
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = round_to(out[i], c.ctx.out[i]);
+    return out;
+  }
+}
+
+template <class Op, class... Args>
+ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&... args) {
   const bool prof = dispatch_profiling();
   double t0 = prof ? now_seconds() : 0, t1 = 0, t2 = 0, t3 = 0;
   std::vector<const Tensor*> inputs;
@@ -184,12 +234,22 @@ auto call_distributed(const char* name, Op op, const Args&... args) {
     Op meta_op = op;
     c.set_outputs(run_forward(meta_op, c.meta_in, args...));
   }
+  std::optional<Op> unplanned;  // the op before its sharding rule localised it, for call_widened
+  if constexpr (has_exact_widened<Op>::value) {
+    if (numerics::bitwise()) unplanned.emplace(op);
+  }
   if constexpr (has_sharding_rule<Op>::value) {
     c.plan = op.sharding(c.ctx);
     c.finish_plan(true);
   } else {
     log_replicated_fallback(name);
     c.finish_plan(false);
+  }
+  if (numerics::bitwise() && c.pends_in_16bit()) {
+    if constexpr (has_exact_widened<Op>::value) {
+      if (unplanned->exact_widened()) return call_widened(name, std::move(*unplanned), c, args...);
+    }
+    c.refuse_16bit_pending_sum();
   }
   if (prof) t1 = now_seconds();
   c.place_inputs();

@@ -1,10 +1,13 @@
 #include "nn/grad_scaler.h"
 
+#include <algorithm>
 #include <map>
 
 #include "autograd/api.h"
 #include "autograd/grad_mode.h"
 #include "kernels/amp.h"
+#include "runtime/comm/comm.h"
+#include "runtime/mesh.h"
 
 namespace tessel::nn {
 
@@ -33,19 +36,35 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   NoGradGuard no_grad;
   const float inv = float(1.0 / scale_);
   std::map<std::pair<int, int>, Tensor> flags;  // one float32 flag per device
+  std::vector<MeshPtr> meshes;                   // of the distributed gradients, each once
   for (const ParamGroup& group : optimizer.param_groups()) {
     for (const NamedTensor& p : group.params) {
       Tensor g = p.tensor.grad();
       if (!g.defined()) continue;
-      const Device d = g.device();
+      // A distributed gradient: this rank's piece (a pending sum's pieces
+      // scale like the sum: the scale is a power of two).
+      const Tensor local = g.is_distributed() ? raw::local_of(g) : g;
+      if (g.is_distributed() && std::none_of(meshes.begin(), meshes.end(),
+                                             [&](const MeshPtr& m) { return same_mesh(m, g.mesh()); }))
+        meshes.push_back(g.mesh());
+      const Device d = local.device();
       Tensor& flag = flags[{int(d.type), d.index}];
       if (!flag.defined()) flag = zeros(Dims{}, TensorOptions(DType::Float32).with_device(d));
-      kernels::amp_unscale(d, g, flag, inv);
+      kernels::amp_unscale(d, local, flag, inv);
       g.bump_version();
     }
   }
   found_inf_ = false;
   for (const auto& [key, flag] : flags) found_inf_ = found_inf_ || flag.item<float>() != 0.0f;
+  // An inf in one rank's piece skips the step on every rank: the flag is
+  // combined (max) over every dim of each mesh the gradients live on, so the
+  // ranks never disagree about stepping.
+  for (const MeshPtr& mesh : meshes) {
+    Tensor any = full(Dims{}, found_inf_ ? 1.0 : 0.0, TensorOptions(DType::Float32));
+    for (int m = 0; m < mesh->ndim(); ++m)
+      if (mesh->comm(m)) mesh->comm(m)->all_reduce(any, comm::ReduceOp::Max)->wait();
+    found_inf_ = any.item<float>() != 0.0f;
+  }
   unscaled_ = true;
 }
 

@@ -35,9 +35,11 @@ int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, i
 }
 
 Tensor expert_swiglu(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& w3) {
-  // SwiGLU::forward is w2(swiglu(w1(x), w3(x))) with Linear's casts.
-  const Tensor cx = cast_to_compute(x);
-  Tensor h = swiglu(linear(cx, cast_to_compute(w1)), linear(cx, cast_to_compute(w3)));
+  // SwiGLU::forward is w2(swiglu(w1(x), w3(x))) with Linear's casts: each
+  // Linear casts x itself, so under autocast x's two 16-bit gradients are
+  // widened before they are added, as on one device (one shared cast would
+  // add them in 16 bits: other bits).
+  Tensor h = swiglu(linear(cast_to_compute(x), cast_to_compute(w1)), linear(cast_to_compute(x), cast_to_compute(w3)));
   return linear(cast_to_compute(h), cast_to_compute(w2));
 }
 

@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -55,11 +58,11 @@ struct Layout {
   const char* schedule = "1f1b";
 };
 
-void check_layouts(const std::string& model, const std::vector<Layout>& layouts, int64_t micro_batches = 2,
-                   int64_t n_layer = 0) {
-  TrainConfig r = base(model);
-  r.micro_batches = micro_batches;
-  if (n_layer > 0) r.n_layer = n_layer;
+// Runs `r` (the one-device reference) and then `r` on each layout.
+void check_layouts(const TrainConfig& r, const std::vector<Layout>& layouts) {
+  const std::string& model = r.model;
+  const std::string& dtype = r.dtype;
+  const int64_t micro_batches = r.micro_batches;
   const Trace ref = run(r);
   REQUIRE(ref.hashes.size() == size_t(steps()));
   for (const Layout& l : layouts) {
@@ -69,7 +72,7 @@ void check_layouts(const std::string& model, const std::vector<Layout>& layouts,
     c.zero = l.zero;
     c.pipeline_schedule = l.schedule;
     if (std::string(l.schedule) == "interleaved") c.virtual_stages = 2;
-    const std::string what = model + ", " + std::to_string(micro_batches) + " micro-batches, on " + l.mesh + (l.sp ? " + sp" : "") +
+    const std::string what = model + " (" + dtype + "), " + std::to_string(micro_batches) + " micro-batches, on " + l.mesh + (l.sp ? " + sp" : "") +
                              (l.zero ? " zero=" + std::to_string(l.zero) : "") +
                              (std::strstr(l.mesh, "pp") ? std::string(" ") + l.schedule : "");
     std::string diff;
@@ -81,6 +84,26 @@ void check_layouts(const std::string& model, const std::vector<Layout>& layouts,
     INFO(what);
     CHECK(diff == "");
   }
+}
+
+void check_layouts(const std::string& model, const std::vector<Layout>& layouts, int64_t micro_batches = 2,
+                   int64_t n_layer = 0, const std::string& dtype = "float32") {
+  TrainConfig r = base(model);
+  r.dtype = dtype;
+  r.micro_batches = micro_batches;
+  if (n_layer > 0) r.n_layer = n_layer;
+  check_layouts(r, layouts);
+}
+
+// The largest moe_dropped_tokens that run `c` wrote to its metrics.jsonl.
+double max_dropped_tokens(const TrainConfig& c) {
+  std::ifstream in(std::filesystem::path(c.out_dir) / "metrics.jsonl");
+  double most = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("moe_dropped_tokens")) most = std::max(most, j["moe_dropped_tokens"].get<double>());
+  }
+  return most;
 }
 
 }  // namespace
@@ -119,13 +142,74 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
                             {"dp=2", false, 3}});
 }
 
-TEST_CASE("bitwise: ep x tp is refused up front (not covered yet)", "[bitwise][train]") {
-  TrainConfig c = base("mixtral");
-  c.mesh = "ep=2,tp=2";
-  CHECK_THROWS_WITH(run(c), Catch::Contains("bitwise mode does not cover ep x tp"));
+// Meshes with a dim of 3, and batches that do not split evenly: the
+// training runs, not only the ops, give the one-device bits.
+TEST_CASE("bitwise: meshes with a dim of 3 (dp, tp, dp x tp, pp) and uneven batches", "[bitwise][train][odd]") {
+  for (std::string model : {"nanogpt", "llama"}) {
+    TrainConfig r = base(model);
+    r.batch_size = 12;  // 6 rows per micro-batch: 2 per dp rank
+    r.n_layer = 3;      // a block per stage on pp=3
+    check_layouts(r, {{"dp=3"}, {"dp=3,tp=2"}, {"pp=3", false, 0, "gpipe"}});
+    TrainConfig heads3 = base(model);  // 3 heads of 16, 3 key/value heads: whole heads on tp=3
+    heads3.dim = 48;
+    heads3.n_head = 3;
+    heads3.n_kv_head = 3;
+    check_layouts(heads3, {{"tp=3"}, {"dp=2,tp=3"}});
+    TrainConfig uneven = base(model);
+    uneven.batch_size = 10;  // 5 rows per micro-batch: 2, 2 and 1 on dp=3
+    check_layouts(uneven, {{"dp=3"}, {"dp=3", false, 2}});
+    TrainConfig seven = base(model);
+    seven.batch_size = 7;  // one micro-batch of 7 rows: 4 and 3 on dp=2
+    seven.micro_batches = 1;
+    check_layouts(seven, {{"dp=2"}, {"dp=2", false, 3}});
+  }
+}
+
+// With a capacity factor the experts drop slots; which ones is decided in
+// global token order, so every layout drops the one-device slots.
+TEST_CASE("bitwise: Mixtral with capacity drops on pp, dp, ep, dp x ep, ep x tp", "[bitwise][train]") {
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    TrainConfig r = base("mixtral");
+    r.capacity_factor = 0.5;
+    r.dtype = dtype;
+    check_layouts(r, {{"pp=2"}, {"dp=2"}, {"ep=2"}, {"dp=2,ep=2"}, {"ep=2,tp=2"}});  // pp first: it reports no drop count
+    INFO(dtype);
+    CHECK(max_dropped_tokens(r) > 0);  // the last layout's metrics (all drop the same slots): drops happened
+  }
+}
+
+// The experts run whole in bitwise mode (their tp pieces gathered), so ep x tp
+// gives the one-device bits too.
+TEST_CASE("bitwise: Mixtral on ep x tp and dp x ep x tp", "[bitwise][train]") {
+  check_layouts("mixtral", {{"ep=2,tp=2"}, {"ep=2,tp=2", true}, {"dp=2,ep=2,tp=2"}});
 }
 
 TEST_CASE("bitwise: interleaved 1F1B (4 blocks, 2 virtual stages per rank)", "[bitwise][train]") {
   for (std::string model : {"nanogpt", "llama"})
     check_layouts(model, {{"pp=2", false, 0, "interleaved"}, {"dp=2,pp=2", false, 0, "interleaved"}}, 4, 4);
+}
+
+// bfloat16 autocast (float32 master weights): the same layouts give the
+// one-device bfloat16 run's bits. Ops whose pieces would be rounded to 16
+// bits before they are summed run widened to float32 (autograd/dist_call.h).
+TEST_CASE("bitwise: bfloat16 autocast on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP", "[bitwise][train][bf16]") {
+  for (std::string model : {"nanogpt", "llama"}) {
+    check_layouts(model, {{"dp=2"},
+                          {"tp=2"},
+                          {"tp=2", true},
+                          {"dp=2,tp=2"},
+                          {"dp=2,tp=2", true},
+                          {"dp=2", false, 1},
+                          {"dp=2", false, 2},
+                          {"dp=2", false, 3}}, 2, 0, "bfloat16");
+  }
+}
+
+TEST_CASE("bitwise: bfloat16 autocast on pipelines, Mixtral and 1 or 4 micro-batches", "[bitwise][train][bf16]") {
+  for (std::string model : {"nanogpt", "llama"})
+    check_layouts(model, {{"pp=2", false, 0, "gpipe"}, {"dp=2,pp=2"}, {"tp=2,pp=2", true}}, 2, 0, "bfloat16");
+  check_layouts("mixtral", {{"dp=2"}, {"tp=2"}, {"ep=2"}, {"dp=2,ep=2"}, {"ep=2,tp=2"}, {"dp=2,ep=2,tp=2"}, {"pp=2"},
+                            {"dp=2", false, 3}},
+                2, 0, "bfloat16");
+  for (int64_t m : {1, 4}) check_layouts("nanogpt", {{"dp=2"}, {"tp=2", true}, {"dp=2", false, 2}}, m, 0, "bfloat16");
 }

@@ -114,12 +114,15 @@ nn::MoEConfig moe_config(int64_t E, int64_t k, double capacity = 0) { return moe
 using Layout = EpLayout;
 
 // The single-device outcome, then the same model parallelized on each layout.
-void check_layouts(const nn::MoEConfig& cfg, const Dims& xshape, const std::vector<Layout>& layouts) {
-  const EpOutcome ref = ep_reference(cfg, xshape);
-  for (const Layout& l : layouts) {
+void check_layouts(const nn::MoEConfig& cfg, const Dims& xshape, const std::vector<Layout>& layouts,
+                   const EpNumerics& numerics = {}) {
+  const EpOutcome ref = ep_reference(cfg, xshape, numerics);
+  for (Layout l : layouts) {
+    l.numerics = numerics;
     auto reports = on_ranks(mesh_size(l.mesh), [&](int) { return ep_case(cfg, xshape, l, ref); });
     INFO(mesh_name(l.mesh) << (l.shard_input ? " tokens sharded" : " tokens replicated") << ", capacity factor "
-                           << cfg.capacity_factor << ", top-" << cfg.top_k);
+                           << cfg.capacity_factor << ", top-" << cfg.top_k << (numerics.bitwise ? ", bitwise" : "")
+                           << (numerics.compute ? std::string(", autocast ") + dtype_name(*numerics.compute) : ""));
     CHECK(first_failure(reports) == "");
   }
 }
@@ -277,4 +280,22 @@ TEST_CASE("Plans: the experts rules in JSON, and mixtral's") {
   CHECK(mix.experts[0].dim == "ep");
   CHECK(parallel::builtin_plan("llama").experts.empty());
   CHECK(parallel::ParallelPlan().data.str() == "{dp: S(0), ep: S(0)}");
+}
+
+TEST_CASE("bitwise: expert-parallel MoE gives the single-device bits, float32 and bfloat16, with drops", "[bitwise]") {
+  const std::vector<Layout> layouts = {
+      {{{"ep", 2}}, false, true},
+      {{{"ep", 4}}, false, true},
+      {{{"ep", 2}}, false, false},
+      {{{"dp", 2}, {"ep", 2}}, false, true},
+      {{{"ep", 2}, {"dp", 2}}, false, true},
+      {{{"ep", 2}, {"tp", 2}}, true, true},
+      {{{"dp", 2}, {"ep", 2}, {"tp", 2}}, true, true},
+  };
+  for (std::optional<DType> compute : {std::optional<DType>(), std::optional<DType>(DType::BFloat16)}) {
+    const EpNumerics numerics{true, compute};
+    check_layouts(moe_config(4, 2), {4, 6, 8}, layouts, numerics);
+    check_layouts(moe_config(8, 1), {2, 3, 8}, layouts, numerics);
+    check_layouts(moe_config(4, 2, 0.5), {4, 6, 8}, layouts, numerics);  // capacity: drops happen
+  }
 }

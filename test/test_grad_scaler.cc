@@ -8,6 +8,8 @@
 #include "kernels/amp.h"
 #include "nn/grad_scaler.h"
 #include "nn/optim.h"
+#include "autograd/ops/dist.h"
+#include "test/util/dist.h"
 #include "test/util/util.h"
 
 using namespace tessel;
@@ -112,4 +114,32 @@ TEST_CASE("GradScaler: an inf gradient skips the step and backs off; growth afte
   w.set_grad(full({3}, 1.0));
   CHECK(none.step(opt));
   CHECK_THROWS_WITH(nn::GradScaler(nn::GradScalerOptions{0.0}), Catch::Contains("init_scale"));
+}
+
+// A gradient sharded over tp=2 with an inf in rank 1's piece only: both
+// ranks skip the step (the flag is combined over the mesh); a clean step
+// unscales each piece and steps on both.
+TEST_CASE("GradScaler: an inf in one rank's piece of a sharded gradient skips the step on every rank") {
+  const auto reports = on_ranks(2, [](int rank) {
+    RankReport rep;
+    MeshPtr mesh = Mesh::world({{"tp", 2}});
+    Tensor w = distribute_tensor(ones({4}), mesh, {Shard(0)}).requires_grad_();
+    nn::SGDOptions so;
+    so.lr = 1.0;
+    nn::SGD opt(std::vector<Tensor>{w}, so);
+    nn::GradScalerOptions o;
+    o.init_scale = 4.0;
+    nn::GradScaler scaler(o);
+    w.set_grad(distribute_tensor(tensor(std::vector<float>{4, 4, 4, INFINITY}, Dims{4}), mesh, {Shard(0)}));
+    rep.expect(!scaler.step(opt), "rank " + std::to_string(rank) + " stepped despite the inf on rank 1");
+    scaler.update();
+    rep.expect(scaler.get_scale() == 2.0, "the scale did not back off");
+    rep.expect(raw::local_of(w).to_vector<float>() == std::vector<float>{1, 1}, "parameters changed");
+    w.set_grad(distribute_tensor(full({4}, 2.0), mesh, {Shard(0)}));
+    rep.expect(scaler.step(opt), "a clean step was skipped");
+    scaler.update();
+    rep.expect(raw::local_of(w).to_vector<float>() == std::vector<float>{0, 0}, "the clean step is not lr * 2 / 2");
+    return rep.str();
+  });
+  CHECK(first_failure(reports) == "");
 }

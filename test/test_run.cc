@@ -172,6 +172,31 @@ TEST_CASE("run: the same loop on dp x tp with DDP, ZeRO-1, ZeRO-2 gives the one-
   }
 }
 
+// Autocast (RunOptions::compute): the matmuls in 16 bits, float32 master
+// weights. Bitwise mode runs the ops whose pieces would be rounded before
+// they are summed (row-parallel products, weight and bias gradients over dp)
+// widened to float32, so every layout keeps the one-device 16-bit bits.
+TEST_CASE("run: bfloat16 and float16 autocast on dp, tp, dp x tp, ZeRO-2 and FSDP give the one-device bits",
+          "[run][autocast]") {
+  TrainSpec spec;
+  for (DType compute : {DType::BFloat16, DType::Float16}) {
+    Layout ref{{}, {}};
+    ref.options.compute = compute;
+    ref.options.clip = 0.5;
+    const Trace one = train(ref, spec);
+    REQUIRE(one.loss.size() == size_t(spec.steps));
+    CHECK(one.loss.back() < one.loss.front());
+    for (const auto& [mesh, zero] : std::vector<std::pair<std::vector<Mesh::DimSpec>, int>>{
+             {{{"dp", 2}}, 0}, {{{"tp", 2}}, 0}, {{{"dp", 2}, {"tp", 2}}, 0}, {{{"dp", 2}, {"tp", 2}}, 2},
+             {{{"dp", 2}}, 3}}) {
+      Layout l{mesh, ref.options};
+      l.options.zero = zero;
+      INFO(dtype_name(compute) << " on " << l.ranks() << " ranks, zero " << zero);
+      require_same_bits(one, train(l, spec));
+    }
+  }
+}
+
 TEST_CASE("run: a staged model on pipelines (pp=2, dp=2 x pp=2, tp=2 x pp=2) gives the one-device bits", "[run][pp]") {
   TrainSpec spec;
   spec.staged = true;

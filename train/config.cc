@@ -254,18 +254,6 @@ void TrainConfig::validate() const {
   TESSEL_CHECK(virtual_stages >= 0, kOp, "virtual_stages must be >= 0 (0: automatic), got {}", virtual_stages);
   one_of("pipeline_split", pipeline_split, {"layers", "params"});
   const auto dims = parse_mesh(mesh);  // throws naming the malformed part
-  if (bitwise) {
-    int64_t ep = 1, tp = 1;
-    for (const auto& d : dims) {
-      if (d.first == "ep") ep = d.second;
-      if (d.first == "tp") tp = d.second;
-    }
-    // The expert dispatch runs the experts on tp pieces of their weights
-    // outside the sharding rules, so their row-parallel sums are not split
-    // on the canonical tree (docs/numerics.md "Bitwise mode").
-    TESSEL_CHECK(ep == 1 || tp == 1, kOp,
-                 "bitwise mode does not cover ep x tp yet (mesh '{}'): use ep or tp for the experts, not both", mesh);
-  }
   TESSEL_CHECK(zero >= 0 && zero <= 3, kOp, "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got {}", zero);
   non_negative("ddp_bucket_mb", ddp_bucket_mb);
   if (zero > 0) {

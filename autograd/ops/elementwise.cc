@@ -39,6 +39,10 @@ struct BinaryArithOp {
   Dims a_shape, b_shape;
   SavedTensor a, b, out;
   int a_chunks = 0, b_chunks = 0;  // of the backward's sum_to (0: V); set by the bitwise rule
+  // add/sub: the 16-bit kernel rounds a float sum once, and the backward only
+  // sums (sum_to) gradients. mul/div's backward rounds a product before
+  // sum_to sums it, which float32 would not.
+  bool exact_widened() const { return op == BinaryOp::Add || op == BinaryOp::Sub; }
 
   Tensor forward(const Tensor& x, const Tensor& y) {
     DType t = arithmetic_dtype(op, x.dtype(), y.dtype());

@@ -33,6 +33,8 @@ struct MatmulOp {
   int chunks;              // the forward's reduction over K
   int chunks_n = 0;        // a's gradient, over N (0: chunks)
   int chunks_m = 0;        // b's gradient, over M (all rows for a shared b) (0: chunks)
+  // 16-bit GEMMs widen to float32 and round the result once (kernels/cpu/matmul.cc).
+  bool exact_widened() const { return true; }
   SavedTensor a3, b3;  // [Bt, M, K] / [Bt, K, N] (shared b: [1, rows, K] / [1, K, N])
   Dims a_shape, b_shape, out3_shape;
 

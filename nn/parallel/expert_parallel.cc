@@ -7,6 +7,7 @@
 #include "autograd/function.h"
 #include "autograd/ops/dist.h"
 #include "nn/autocast.h"
+#include "runtime/numerics.h"
 #include "runtime/comm/comm.h"
 
 namespace tessel::parallel {
@@ -153,11 +154,20 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
                moe.path(), x2d.desc(), mesh.name(ep));
   const TokenOrder order = token_order(mesh, xp, ep);
 
+  // Bitwise mode runs every expert on its whole weights: a tp piece's
+  // products would be summed in the local GEMM's order and then across the
+  // pieces, not in the one-device canonical order. So the pieces are
+  // gathered over the dims that shard the experts (tp) -- every tp rank then
+  // computes the same whole output, and the weight gradients go back to the
+  // pieces exactly (a slice of identical values) -- at the cost of that
+  // gather and of tp computing each expert in full.
+  const bool gather_experts = numerics::bitwise();
   // Placements of the output (and of the token gradients): tokens as they
-  // are, pending sums over dims that shard the experts, replicated elsewhere.
+  // are, pending sums over dims that shard the experts (replicated when they
+  // are gathered), replicated elsewhere.
   Placements out_p = xp;
   for (int m = 0; m < mesh.ndim(); ++m)
-    if (!xp[m].is_shard(0)) out_p[m] = sharded[size_t(m)] ? Partial() : Replicate();
+    if (!xp[m].is_shard(0)) out_p[m] = sharded[size_t(m)] && !gather_experts ? Partial() : Replicate();
 
   // The router's rules may have laid its outputs out otherwise (a single
   // token is not worth sharding): this rank's tokens' routing, as x2d.
@@ -243,10 +253,17 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   for (int64_t e = 0; e < E; ++e) {
     std::array<Tensor*, 3> ws = expert_weights(moe, e);
     for (size_t j = 0; j < 3; ++j) {
-      Placements gp = ws[j]->placements();
+      Tensor w = *ws[j];
+      if (gather_experts) {
+        Placements whole = w.placements();
+        for (int m = 0; m < mesh.ndim(); ++m)
+          if (sharded[size_t(m)]) whole[m] = Replicate();
+        w = redistribute(w, whole);  // its backward gives the pieces their slices
+      }
+      Placements gp = w.placements();
       for (int m : order.dims)
         if (m != ep) gp[m] = Partial();  // summed over the other token ranks (the dp all-reduce)
-      pieces[size_t(e)][j] = to_local(*ws[j], gp);
+      pieces[size_t(e)][j] = to_local(w, gp);
     }
   }
   std::vector<Tensor> ys, anchors;

@@ -30,7 +30,9 @@
 //
 // With tensor parallelism the expert weights keep their tp shards; tokens are
 // replicated over tp and the expert outputs are Partial over tp (the
-// row-parallel sum, reduced where the output is next needed).
+// row-parallel sum, reduced where the output is next needed). Bitwise mode
+// gathers each expert's pieces over tp instead and runs it whole (the
+// one-device sums): outputs Replicate over tp, weight gradients sliced back.
 #include <memory>
 #include <string>
 

@@ -9,6 +9,7 @@
 #include "nn/parallel/expert_parallel.h"
 #include "nn/parallel/parallelize.h"
 #include "runtime/comm/comm.h"
+#include "runtime/numerics.h"
 #include "test/util/util.h"
 
 namespace tessel::testing {
@@ -42,9 +43,14 @@ parallel::ParallelPlan ep_test_plan(bool tp) {
 
 namespace {
 
-EpOutcome run_moe(MoEHolder& m, const Tensor& x, const Tensor& g) {
+EpOutcome run_moe(MoEHolder& m, const Tensor& x, const Tensor& g, const EpNumerics& numerics) {
+  numerics::BitwiseGuard bitwise(numerics.bitwise);
   EpOutcome o;
-  o.y = m.forward(x);
+  {
+    std::optional<nn::AutocastScope> autocast;
+    if (numerics.compute) autocast.emplace(*numerics.compute);
+    o.y = m.forward(x);
+  }
   add(sum(mul(o.y, g)), m.ffn->last_aux_loss()).backward();
   o.y = full_tensor(o.y.detach());
   o.aux = m.ffn->last_aux_loss().item<double>();
@@ -55,21 +61,23 @@ EpOutcome run_moe(MoEHolder& m, const Tensor& x, const Tensor& g) {
   return o;
 }
 
-std::string compare(const EpOutcome& ref, const EpOutcome& got, bool bitwise_forward) {
+std::string compare(const EpOutcome& ref, const EpOutcome& got, bool bitwise_forward, bool bitwise_all) {
   std::string bad;
-  if (bitwise_forward ? !bitwise_equal(got.y, ref.y) : !allclose(got.y, ref.y, 1e-5, 1e-6))
+  // Tolerances in fast mode; bit for bit in bitwise mode.
+  auto close = [&](const Tensor& a, const Tensor& b) { return bitwise_all ? bitwise_equal(a, b) : allclose(a, b, 1e-5, 1e-6); };
+  if (bitwise_forward || bitwise_all ? !bitwise_equal(got.y, ref.y) : !allclose(got.y, ref.y, 1e-5, 1e-6))
     bad += fmt::format(FMT_STRING("output differs by {}; "), max_abs_diff(got.y, ref.y));
-  if (!allclose(got.x_grad, ref.x_grad, 1e-5, 1e-6))
+  if (!close(got.x_grad, ref.x_grad))
     bad += fmt::format(FMT_STRING("input gradient differs by {}; "), max_abs_diff(got.x_grad, ref.x_grad));
   if (got.counts != ref.counts) bad += "expert counts; ";
   if (got.dropped != ref.dropped) bad += "dropped counts; ";
-  if (std::fabs(got.aux - ref.aux) > 1e-6 * std::max(1.0, std::fabs(ref.aux)))
+  if (bitwise_all ? got.aux != ref.aux : std::fabs(got.aux - ref.aux) > 1e-6 * std::max(1.0, std::fabs(ref.aux)))
     bad += fmt::format(FMT_STRING("aux {} vs {}; "), got.aux, ref.aux);
   if (got.grads.size() != ref.grads.size()) return bad + "parameter count";
   for (size_t i = 0; i < ref.grads.size(); ++i) {
     const Tensor &a = ref.grads[i].second, &b = got.grads[i].second;
     if (a.defined() != b.defined()) bad += ref.grads[i].first + " gradient defined differs; ";
-    else if (a.defined() && !allclose(b, a, 1e-5, 1e-6))
+    else if (a.defined() && !close(b, a))
       bad += fmt::format(FMT_STRING("{} gradient differs by {}; "), ref.grads[i].first, max_abs_diff(a, b));
   }
   return bad;
@@ -77,11 +85,11 @@ std::string compare(const EpOutcome& ref, const EpOutcome& got, bool bitwise_for
 
 }  // namespace
 
-EpOutcome ep_reference(const nn::MoEConfig& cfg, const Dims& xshape) {
+EpOutcome ep_reference(const nn::MoEConfig& cfg, const Dims& xshape, const EpNumerics& numerics) {
   auto m = nn::make_model<MoEHolder>(cfg);
   m->reset_parameters(5);
   Tensor x = uniform(xshape, 21).requires_grad_();
-  EpOutcome ref = run_moe(*m, x, uniform(xshape, 22));
+  EpOutcome ref = run_moe(*m, x, uniform(xshape, 22), numerics);
   ref.x_grad = x.grad();
   return ref;
 }
@@ -102,9 +110,9 @@ std::string ep_case(const nn::MoEConfig& cfg, const Dims& xshape, const EpLayout
   for (int d = 0; d < mesh->ndim(); ++d)
     if (layout.shard_input && mesh->name(d) != "tp") xp[d] = Shard(0);
   Tensor x = uniform(xshape, 21).requires_grad_();
-  EpOutcome got = run_moe(*m, distribute_tensor(x, mesh, xp), uniform(xshape, 22));
+  EpOutcome got = run_moe(*m, distribute_tensor(x, mesh, xp), uniform(xshape, 22), layout.numerics);
   got.x_grad = x.grad();
-  return compare(ref, got, /*bitwise_forward=*/!layout.tp);
+  return compare(ref, got, /*bitwise_forward=*/!layout.tp, layout.numerics.bitwise);
 }
 
 std::string all_to_all_case(int r, int n) {

@@ -3,6 +3,7 @@
 // ranks as threads) and test_expert_parallel_mpi (MPI backend under
 // mpirun -np 4): an nn::MoE laid out over an "ep" mesh dim (with dp, tp)
 // against the single-device MoE.
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,10 +26,18 @@ nn::MoEConfig moe_test_config(int64_t experts, int64_t top_k, double capacity_fa
 // Experts over "ep"; with tp, Megatron shards inside each expert.
 parallel::ParallelPlan ep_test_plan(bool tp);
 
+// How the reference and the layouts compute: bitwise mode (then everything
+// must match bit for bit) and an autocast dtype.
+struct EpNumerics {
+  bool bitwise = false;
+  std::optional<DType> compute;
+};
+
 struct EpLayout {
   std::vector<Mesh::DimSpec> mesh;
   bool tp = false;
   bool shard_input = true;  // x arrives sharded over dp and ep (else replicated: the MoE slices it)
+  EpNumerics numerics;      // must be the reference's
 };
 
 // What one forward + backward (loss = sum(y * g) + aux) gives, gathered.
@@ -40,12 +49,12 @@ struct EpOutcome {
 };
 
 // The single-device outcome for x, g = uniform(xshape, 21 / 22), parameters from seed 5.
-EpOutcome ep_reference(const nn::MoEConfig& cfg, const Dims& xshape);
+EpOutcome ep_reference(const nn::MoEConfig& cfg, const Dims& xshape, const EpNumerics& numerics = {});
 
 // On this rank of a running world whose size is the layout's: the same model
 // parallelized on the layout. "" when it matches `ref` (outputs bit for bit
-// without tp, gradients within 1e-5, counts and drops exactly), else what
-// differs.
+// without tp, gradients within 1e-5, counts and drops exactly; in bitwise
+// mode everything bit for bit), else what differs.
 std::string ep_case(const nn::MoEConfig& cfg, const Dims& xshape, const EpLayout& layout, const EpOutcome& ref);
 
 // all_to_all_v on this rank of a world of n ranks: values, the reverse
