@@ -88,3 +88,53 @@ TEST_CASE("bitwise mode: a dp weight gradient stays pending through a view, no e
     CHECK(bit[size_t(r)] == fast[size_t(r)]);  // same communication, and no failure
   }
 }
+
+// 16-bit ops whose pieces would be pending sums: matmul and add run widened
+// to float32 and give the one-device 16-bit bits; an op not marked exact
+// when widened (mul with a broadcast operand: its backward rounds each
+// product before summing them) is refused, naming the op, dtypes and
+// placements.
+TEST_CASE("bitwise mode: 16-bit pending sums run widened, or are refused by name", "[dtensor][bitwise]") {
+  const Tensor x = uniform({8, 16}, 51).to(DType::BFloat16), w = uniform({16, 6}, 52).to(DType::BFloat16),
+               b = uniform({6}, 53).to(DType::BFloat16);
+  Tensor ref_y, ref_gw, ref_gb;
+  {
+    numerics::BitwiseGuard on(true);
+    Tensor wl = w.detach().clone().requires_grad_(), bl = b.detach().clone().requires_grad_();
+    Tensor y = add(matmul(x, wl), bl);
+    sum(y.to(DType::Float32)).backward();
+    ref_y = y.detach(), ref_gw = wl.grad(), ref_gb = bl.grad();
+  }
+  const auto reports = on_ranks(2, [&](int) -> std::string {
+    RankReport rep;
+    numerics::BitwiseGuard on(true);
+    MeshPtr mesh = Mesh::world({{"dp", 2}});
+    // Rows over dp: the weight and bias gradients are sums over both ranks' rows.
+    Tensor wd = distribute_tensor(w, mesh, {Replicate()}).detach().requires_grad_();
+    Tensor bd = distribute_tensor(b, mesh, {Replicate()}).detach().requires_grad_();
+    Tensor y = add(matmul(distribute_tensor(x, mesh, {Shard(0)}), wd), bd);
+    sum(y.to(DType::Float32)).backward();
+    rep.expect(y.dtype() == DType::BFloat16, "the output is not bfloat16");
+    rep.expect(bitwise_equal(full_tensor(y.detach()), ref_y), "output bits differ");
+    rep.expect(wd.grad().dtype() == DType::BFloat16 && bitwise_equal(full_tensor(wd.grad()), ref_gw),
+               "weight gradient bits differ");
+    rep.expect(bitwise_equal(full_tensor(bd.grad()), ref_gb), "bias gradient bits differ");
+    // K over tp (row parallel): the output's pieces are pending sums.
+    MeshPtr tp = Mesh::world({{"tp", 2}});
+    Tensor yk = matmul(distribute_tensor(x, tp, {Shard(1)}), distribute_tensor(w, tp, {Shard(0)}));
+    rep.expect(bitwise_equal(full_tensor(yk), matmul(x, w)), "row-parallel output bits differ");
+    // Refused: mul's backward rounds each product before sum_to sums them.
+    Tensor sd = distribute_tensor(b, mesh, {Replicate()}).detach().requires_grad_();
+    try {
+      mul(distribute_tensor(x.narrow(1, 0, 6).contiguous(), mesh, {Shard(0)}), sd);
+      rep.expect(false, "no error for mul with a 16-bit pending gradient");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      for (const char* part : {"mul", "bitwise mode does not cover", "bfloat16", "[8, 6] bfloat16 as [S(0)]",
+                               "[6] bfloat16 as [R]", "exact_widened"})
+        rep.expect(m.find(part) != std::string::npos, std::string("the error lacks '") + part + "': " + m);
+    }
+    return rep.str();
+  });
+  CHECK(first_failure(reports) == "");
+}
