@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <vector>
 
@@ -44,15 +45,26 @@ double median(std::vector<double> v) {
 // `bench step --bitwise`: the same training steps on a mesh (ranks as
 // threads) in bitwise mode and in fast mode, rounds interleaved so drift hits
 // both; medians of the per-step times after warm-up.
+// The 1-minute load average (/proc/loadavg), -1 where unreadable.
+double load_1min() {
+  std::ifstream in("/proc/loadavg");
+  double l = -1;
+  in >> l;
+  return in ? l : -1;
+}
+
 int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& mesh, int64_t micro_batches,
-                           int rounds) {
+                           int rounds, const std::string& dtype) {
   const std::string out = (std::filesystem::temp_directory_path() / "tessel_bench_bitwise").string();
+  const std::string compute = dtype.empty() || dtype == "fp32" || dtype == "float32" ? "float32" : "bfloat16";
+  const double load_start = load_1min();
   std::vector<double> times[2];  // [fast, bitwise]
   double loss[2] = {0, 0};
   for (int r = 0; r < rounds; ++r) {
     for (int mode = 0; mode < 2; ++mode) {
       train::TrainConfig c = bench_config(o, mesh, micro_batches, out);
       c.bitwise = mode == 1;
+      c.dtype = compute;
       train::TrainHooks h;
       h.quiet = true;
       int64_t step = 0;
@@ -65,17 +77,22 @@ int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& 
     }
   }
   const double fast = median(times[0]), bit = median(times[1]);
-  std::printf("bench step --bitwise: %s %s, batch %lld, %lld micro-batches, mesh %s, %d rounds x %d timed steps\n",
-              o.model.c_str(), o.config.c_str(), (long long)o.batch, (long long)micro_batches, mesh.c_str(), rounds,
-              o.steps);
+  const double load_end = load_1min();
+  std::printf("bench step --bitwise: %s %s (%s), batch %lld, %lld micro-batches, mesh %s, %d rounds x %d timed steps\n",
+              o.model.c_str(), o.config.c_str(), compute.c_str(), (long long)o.batch, (long long)micro_batches,
+              mesh.c_str(), rounds, o.steps);
+  std::printf("  1-minute load: %.2f at start, %.2f at end%s\n", load_start, load_end,
+              std::max(load_start, load_end) > 1.3 ? " (loaded: not a quiet-machine figure)" : "");
   std::printf("  fast mode:    %.3f ms per 1k tokens (last loss %.6f)\n", fast * 1e6, loss[0]);
   std::printf("  bitwise mode: %.3f ms per 1k tokens (last loss %.6f)\n", bit * 1e6, loss[1]);
   std::printf("  bitwise / fast = %.3f (goal <= 1.15)\n", bit / fast);
   std::printf("%s\n", fmt::format(FMT_STRING("{{\"bench\": \"step_bitwise\", \"model\": \"{}\", \"config\": \"{}\", "
-                                   "\"mesh\": \"{}\", \"micro_batches\": {}, \"ours_s\": {:.6g}, "
+                                   "\"dtype\": \"{}\", \"mesh\": \"{}\", \"micro_batches\": {}, \"ours_s\": {:.6g}, "
                                    "\"reference\": \"tessel fast mode (same mesh, same run)\", "
-                                   "\"reference_s\": {:.6g}, \"speedup\": {:.4f}, \"unit\": \"seconds per token\"}}"),
-                                   o.model, o.config, mesh, micro_batches, bit, fast, fast / bit)
+                                   "\"reference_s\": {:.6g}, \"speedup\": {:.4f}, \"unit\": \"seconds per token\", "
+                                   "\"load_start\": {:.2f}, \"load_end\": {:.2f}, \"loaded\": {}}}"),
+                                   o.model, o.config, compute, mesh, micro_batches, bit, fast, fast / bit, load_start,
+                                   load_end, std::max(load_start, load_end) > 1.3)
                            .c_str());
   return 0;
 }
@@ -185,11 +202,14 @@ void register_bench_step(CLI::App& app) {
                                   return run_cuda_step_bench(o, *step_cmd(), bitwise, dtype, no_reference);
                                 if (device != "cpu")
                                   throw Error(fmt::format(FMT_STRING("bench step: --device must be cpu or cuda, got '{}'"), device));
-                                if (!dtype.empty())
-                                  throw Error("bench step: --dtype applies to --device cuda only (the CPU step is float32)");
+                                if (!dtype.empty() && !bitwise)
+                                  throw Error("bench step: --dtype applies to --device cuda and to --bitwise only "
+                                              "(the CPU step against PyTorch is float32)");
+                                if (!dtype.empty() && dtype != "bf16" && dtype != "fp32")
+                                  throw Error(fmt::format(FMT_STRING("bench step: --dtype must be bf16 or fp32, got '{}'"), dtype));
                                 if (bitwise)
                                   return run_bitwise_step_bench(o, meshes.empty() ? "dp=2,tp=2" : meshes[0],
-                                                                micro_batches, rounds);
+                                                                micro_batches, rounds, dtype);
                                 if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
                                 o.reference = !no_reference;
                                 return tools::run_step_bench(o, std::cout);
@@ -198,7 +218,8 @@ void register_bench_step(CLI::App& app) {
   cmd->add_option("--device", device,
                   "cpu | cuda (cuda runs bench step_cuda: tokens/s and MFU against PyTorch eager and torch.compile)")
       ->capture_default_str();
-  cmd->add_option("--dtype", dtype, "with --device cuda: bf16 (autocast, default) | fp32");
+  cmd->add_option("--dtype", dtype, "with --device cuda: bf16 (autocast, default) | fp32; with --bitwise: bf16 | fp32 "
+                                    "(default) for both modes");
   cmd->add_flag("--bitwise", bitwise, "time bitwise mode against fast mode on --mesh (ranks as threads)");
   cmd->add_option("--mesh", meshes,
                   "layouts to time against one device (repeatable: --mesh dp=2 --mesh tp=2,pp=2); with --bitwise "
