@@ -17,7 +17,8 @@ namespace {
 constexpr const char* kOp = "checkpoint";
 constexpr const char* kModel = "model.";
 constexpr const char* kOptim = "optim.";
-const std::set<std::string> kReserved = {"step", "rng", "optimizer", "mesh", "model_type", "lr_schedule"};
+const std::set<std::string> kReserved = {"step",       "rng",         "optimizer", "mesh", "model_type",
+                                         "lr_schedule", "loss_scaling"};
 
 // A pipeline stage's model holds the other stages' parameters as Meta
 // tensors: each rank saves and loads what it holds; the checkpoint's plan
@@ -58,6 +59,7 @@ void save_run(const std::string& dir, RunBase& run, const nlohmann::json& extra,
   state["mesh"] = s.mesh ? s.mesh->str() : "one device";
   state["model_type"] = s.model_type;
   if (s.options.lr_schedule) state["lr_schedule"] = schedule_json(*s.options.lr_schedule);
+  if (s.scaler) state["loss_scaling"] = {{"scale", s.scaler->get_scale()}, {"growth_tracker", s.scaler->growth_tracker()}};
   if (!s.saver) s.saver = std::make_unique<checkpoint::Saver>();
   s.saver->save(dir, tensors, state, async, options);
 }
@@ -164,8 +166,19 @@ nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check
   // Everything is checked before anything is written: the optimizer's keys
   // here, every target's presence, shape and dtype in checkpoint::load.
   s.opt->check_state_dict(opt_state);
+  // Loss scaling resumes where it was (the scale and its clean-step count),
+  // so the resumed run skips and scales exactly as the uninterrupted one.
+  const bool saved_scaling = st.contains("loss_scaling");
+  TESSEL_CHECK(saved_scaling == bool(s.scaler), kOp,
+               "'{}' was saved {} loss scaling but this run has {} (RunOptions::loss_scaling): resuming needs the "
+               "same setting",
+               dir, saved_scaling ? "with" : "without", s.scaler ? "it" : "none");
   checkpoint::load(reader, targets);
   s.opt->load_state_dict(opt_state);
+  if (s.scaler) {
+    s.scaler->set_scale(st["loss_scaling"]["scale"].get<double>());
+    s.scaler->set_growth_tracker(st["loss_scaling"]["growth_tracker"].get<int64_t>());
+  }
   s.step = st["step"].get<int64_t>();
   s.micro = 0;
   s.set_step_context();

@@ -159,6 +159,11 @@ void RunState::on_backward() {
                "step's backward passes (or raise RunOptions::micro_batches for gradient accumulation)",
                micro + 1, step + 1, model_type, options.micro_batches);
   ++micro;
+  TESSEL_CHECK(!scaler || scaled >= micro, kRun,
+               "backward pass {} of step {} of {} without run.scale_loss: loss scaling is on "
+               "(RunOptions::loss_scaling), so backpropagate run.scale_loss(loss) (forward_backward does it); an "
+               "unscaled backward would be divided by the scale ({}) at the step",
+               micro, step + 1, model_type, scaler->get_scale());
   if (dp) {
     profile::Timer timer("dp.begin_micro_batch");
     dp->begin_micro_batch(micro == options.micro_batches);
@@ -264,6 +269,11 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
                  "RunOptions::zero = {} with a 'pp' dim (mesh {}): a pipeline reduces its dp gradients itself "
                  "(DDP); ZeRO and FSDP do not combine with pipeline stages yet",
                  opts.zero, s->mesh->str());
+    TESSEL_CHECK(!opts.loss_scaling, kOp,
+                 "RunOptions::loss_scaling with a 'pp' dim (mesh {}): the pipeline's schedule runs the backward "
+                 "passes and does not scale them yet; train float16 without a pipeline, or bfloat16 (no scaling "
+                 "needed)",
+                 s->mesh->str());
     parallel::pipeline::PipelineOptions po;
     po.schedule = opts.pipeline_schedule;
     po.virtual_stages = opts.virtual_stages > 0 ? opts.virtual_stages : opts.pipeline_schedule == "interleaved" ? 2 : 1;
@@ -300,6 +310,7 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   TESSEL_CHECK(s->opt != nullptr, kOp, "the OptimizerSpec '{}' made no optimizer", s->spec.name);
   s->params = s->dp ? s->dp->parameters() : s->pipe ? s->pipe->stage().parameters() : m.parameters();
 
+  if (opts.loss_scaling) s->scaler.emplace(*opts.loss_scaling);
   s->caller_context = nn::forward_context();
   s->set_step_context();
   RunState* raw_state = s.get();
@@ -384,20 +395,31 @@ StepReport RunBase::step_optimizer() {
     s.dp->finish();
   }
   StepReport r;
+  if (s.scaler) {
+    // Unscale first: the norm, the clipping and the update see the true
+    // gradients. The inf/NaN flag is combined over the mesh, so every rank
+    // skips or steps alike.
+    profile::Timer timer("loss_scaling.unscale");
+    r.loss_scale = s.scaler->get_scale();
+    s.scaler->unscale_(*s.opt);
+    r.skipped = s.scaler->found_inf();
+  }
   {
     profile::Timer timer("clip_grad_norm");
-    r.grad_norm = s.pipe             ? s.pipe->clip_grad_norm_(s.options.clip)
-                  : s.options.clip > 0 ? nn::clip_grad_norm_(s.params, s.options.clip)
-                                       : nn::grad_norm(s.params);
+    r.grad_norm = s.pipe                             ? s.pipe->clip_grad_norm_(s.options.clip)
+                  : s.options.clip > 0 && !r.skipped ? nn::clip_grad_norm_(s.params, s.options.clip)
+                                                     : nn::grad_norm(s.params);
   }
   if (s.options.lr_schedule) s.opt->set_lr(s.options.lr_schedule->lr(s.step));
   r.lr = s.opt->lr();
   {
     profile::Timer timer("optimizer.step");
-    s.opt->step();
+    if (!r.skipped) s.opt->step();  // a skipped step leaves parameters and optimizer state as they were
     if (s.dp) s.dp->after_step();
     s.opt->zero_grad();
   }
+  if (s.scaler) s.scaler->update();
+  s.scaled = 0;
   ++s.step;
   s.micro = 0;
   s.inputs = 0;
@@ -405,6 +427,15 @@ StepReport RunBase::step_optimizer() {
   r.step = s.step;
   return r;
 }
+
+Tensor RunBase::scale_loss(const Tensor& loss) {
+  RunState& s = *state_;
+  if (!s.scaler) return loss;
+  ++s.scaled;
+  return s.scaler->scale(loss);
+}
+
+double RunBase::loss_scale() const { return state_->scaler ? state_->scaler->get_scale() : 1.0; }
 
 StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) {
   RunState& s = *state_;
@@ -453,7 +484,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
       out.loss_sum += loss.item<double>();
     }
     if (moe) dropped += nn::dropped_tokens(*s.model);
-    (m == 1 ? loss : loss / double(m)).backward();
+    scale_loss(m == 1 ? loss : loss / double(m)).backward();
   }
   out.loss = out.loss_sum / double(m);
   if (moe) out.moe_dropped_tokens = dropped;

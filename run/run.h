@@ -52,6 +52,7 @@
 
 #include "nn/context.h"
 #include "nn/module.h"
+#include "nn/grad_scaler.h"
 #include "nn/optim.h"
 #include "nn/parallel/data_parallel.h"
 #include "nn/parallel/plan.h"
@@ -98,6 +99,14 @@ struct RunOptions {
   bool check_inputs = true;
   // forward_backward: autocast dtype of the forwards (Float32: none).
   DType compute = DType::Float32;
+  // Dynamic loss scaling (nn::GradScaler), for float16 compute: the loss is
+  // multiplied by the scale before backward (forward_backward does it; a
+  // loop of your own backpropagates run.scale_loss(loss)), step_optimizer
+  // divides the gradients by it and skips the step -- parameters and
+  // optimizer state untouched, step() still advances -- when any rank's
+  // gradients hold an inf or NaN, then updates the scale. Unset: none.
+  // Not with a pipeline (refused).
+  std::optional<nn::GradScalerOptions> loss_scaling;
   // A "pp" mesh dim (the model must be an nn::StagedModel):
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   int virtual_stages = 0;                  // 0: 2 for interleaved, else 1
@@ -107,8 +116,12 @@ struct RunOptions {
 // What step_optimizer did.
 struct StepReport {
   int64_t step = 0;      // steps done, this one included
-  double grad_norm = 0;  // global L2 norm of the gradients before clipping
+  double grad_norm = 0;  // global L2 norm of the gradients before clipping (unscaled)
   double lr = 0;         // the rate this step used
+  // Loss scaling only: the scale this step's backward used, and whether
+  // the step was skipped (an inf or NaN gradient on some rank).
+  double loss_scale = 1;
+  bool skipped = false;
 };
 
 // What forward_backward computed.
@@ -168,6 +181,12 @@ class RunBase {
   // sets the rate, steps the optimizer, re-gathers (ZeRO), zeroes the
   // gradients, and advances step().
   StepReport step_optimizer();
+
+  // `loss` times the loss scale (RunOptions::loss_scaling), to backpropagate
+  // in a loop of your own; `loss` itself without loss scaling.
+  Tensor scale_loss(const Tensor& loss);
+  // The current loss scale (1 without loss scaling).
+  double loss_scale() const;
 
   // One step's forwards and backwards for any layout: `inputs` / `targets`
   // are the global batch (plain, identical on every rank); it is cut into

@@ -3,6 +3,7 @@
 // step's bookkeeping. Internal to run/ (run.cc, checkpoint.cc); users see
 // RunBase's methods.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ class RunState {
   std::unique_ptr<nn::Optimizer> opt;
   std::vector<Tensor> params;  // what the gradient norm covers (dp: what this rank updates)
   std::vector<std::string> param_paths;  // the model's parameter paths after layout
+
+  std::optional<nn::GradScaler> scaler;  // RunOptions::loss_scaling
+  int64_t scaled = 0;  // scale_loss() calls in this step (loss scaling: each backward needs one)
 
   int64_t step = 0;   // optimizer steps done
   int64_t micro = 0;  // backward passes begun in this step

@@ -6,10 +6,13 @@
 // error naming what is wrong.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
 #include "test/run/mlp_classifier.h"
 #include "test/util/util.h"
@@ -32,6 +35,8 @@ uint32_t bits(float f) {
 struct Trace {
   std::vector<double> loss;       // per step (the loss of rank 0's forward)
   std::vector<double> grad_norm;  // per step
+  std::vector<bool> skipped;      // per step (loss scaling: an inf/NaN gradient)
+  std::vector<double> loss_scale; // per step (1 without loss scaling)
   std::vector<std::pair<std::string, Tensor>> params;  // final, full
 };
 
@@ -78,12 +83,18 @@ Trace loop(Run<M> run, const TrainSpec& spec) {
     if (spec.use_forward_backward || spec.staged) {
       loss = run.forward_backward(xs, ys).loss;
     } else if constexpr (std::is_same_v<M, MlpClassifier>) {
+      // A loop of one's own opens its autocast scope (forward_backward does it from RunOptions::compute).
+      std::optional<nn::AutocastScope> autocast;
+      if (run.options().compute != DType::Float32) autocast.emplace(run.options().compute);
       Tensor l = run.model().loss(run.input(xs), run.input(ys));
       loss = l.item<double>();
-      l.backward();
+      run.scale_loss(l).backward();  // l itself without loss scaling
     }
     t.loss.push_back(loss);
-    t.grad_norm.push_back(run.step_optimizer().grad_norm);
+    const StepReport report = run.step_optimizer();
+    t.grad_norm.push_back(report.grad_norm);
+    t.skipped.push_back(report.skipped);
+    t.loss_scale.push_back(report.loss_scale);
     if (run.step() == spec.save_at) save(spec.save_dir, run);
   }
   t.params = run.full_parameters();
@@ -114,7 +125,9 @@ void require_same_bits(const Trace& a, const Trace& b, size_t a_from = 0) {
     INFO("step " << a_from + i + 1);
     REQUIRE(bits(float(a.loss[a_from + i])) == bits(float(b.loss[i])));
     REQUIRE(a.loss[a_from + i] == b.loss[i]);
-    REQUIRE(a.grad_norm[a_from + i] == b.grad_norm[i]);
+    REQUIRE((a.grad_norm[a_from + i] == b.grad_norm[i] || (std::isnan(a.grad_norm[a_from + i]) && std::isnan(b.grad_norm[i]))));
+    REQUIRE(a.skipped[a_from + i] == b.skipped[i]);
+    REQUIRE(a.loss_scale[a_from + i] == b.loss_scale[i]);
   }
   REQUIRE(a.params.size() == b.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) {
@@ -195,6 +208,60 @@ TEST_CASE("run: bfloat16 and float16 autocast on dp, tp, dp x tp, ZeRO-2 and FSD
       require_same_bits(one, train(l, spec));
     }
   }
+}
+
+// float16 with dynamic loss scaling: an initial scale of 2^20 overflows the
+// first steps' float16 gradients, which are skipped on every rank and every
+// layout alike (the inf flag is combined over the mesh); a checkpoint keeps
+// the scale, so a resumed run skips and scales as the uninterrupted one.
+TEST_CASE("run: float16 loss scaling skips the same steps on every layout, and resumes its scale", "[run][autocast]") {
+  TrainSpec spec;
+  Layout ref{{}, {}};
+  ref.options.compute = DType::Float16;
+  nn::GradScalerOptions scaling;
+  scaling.init_scale = 1 << 20;
+  ref.options.loss_scaling = scaling;
+  const Trace one = train(ref, spec);
+  REQUIRE(one.skipped.size() == size_t(spec.steps));
+  CHECK(one.skipped.front());   // 2^20 overflows float16
+  CHECK_FALSE(one.skipped.back());  // the scale came down; training goes on
+  CHECK(one.loss_scale.back() < one.loss_scale.front());
+  CHECK(one.loss.back() < one.loss.front());
+  for (const auto& [mesh, zero] : std::vector<std::pair<std::vector<Mesh::DimSpec>, int>>{
+           {{{"dp", 2}}, 0}, {{{"tp", 2}}, 0}, {{{"dp", 2}, {"tp", 2}}, 2}, {{{"dp", 2}}, 3}}) {
+    Layout l{mesh, ref.options};
+    l.options.zero = zero;
+    INFO(l.ranks() << " ranks, zero " << zero);
+    require_same_bits(one, train(l, spec));
+  }
+  // Saved at step 6 on dp=2, resumed on one device: the same steps from 7 on.
+  TrainSpec first = spec;
+  first.save_dir = fresh_dir("loss_scaling");
+  first.save_at = 6;
+  require_same_bits(one, train(Layout{{{"dp", 2}}, ref.options}, first));
+  TrainSpec second = spec;
+  second.load_dir = first.save_dir;
+  require_same_bits(one, train(ref, second), 6);
+  // A checkpoint saved with loss scaling does not load into a run without it.
+  Layout plain{{}, {}};
+  plain.options.compute = DType::Float16;
+  CHECK_THROWS_WITH(train(plain, second), Catch::Contains("was saved with loss scaling but this run has none"));
+}
+
+TEST_CASE("run: loss scaling refuses an unscaled backward and a pipeline", "[run][autocast][errors]") {
+  RunOptions o;
+  o.compute = DType::Float16;
+  o.loss_scaling = nn::GradScalerOptions{};
+  const MlpConfig cfg;
+  auto run = parallelize(nn::make_model<MlpClassifier>(cfg), nullptr, mlp_plan(), adamw({1e-2}), o);
+  auto [xs, ys] = mlp_batch(cfg, kBatch, kSeed, 0);
+  const std::string e = error_of([&] { run.model().loss(xs, ys).backward(); });
+  CHECK(contains(e, "without run.scale_loss"));
+  CHECK(contains(e, "RunOptions::loss_scaling"));
+  for (const std::string& err : errors_on_ranks(2, [&](int) {
+         parallelize(nn::make_model<StagedMlp>(cfg), Mesh::world({{"pp", 2}}), mlp_plan(), adamw({1e-2}), o);
+       }))
+    CHECK(contains(err, "RunOptions::loss_scaling with a 'pp' dim"));
 }
 
 TEST_CASE("run: a staged model on pipelines (pp=2, dp=2 x pp=2, tp=2 x pp=2) gives the one-device bits", "[run][pp]") {

@@ -41,7 +41,9 @@ const std::vector<Field>& fields() {
       {"dropout", &C::dropout, "override the preset's dropout (-1: preset)"},
       {"capacity_factor", &C::capacity_factor,
        "MoE expert capacity as a multiple of tokens * top_k / experts; slots beyond it are dropped (0: no limit)"},
-      {"dtype", &C::dtype, "compute dtype: float32 | bfloat16 (master weights stay float32)"},
+      {"dtype", &C::dtype,
+       "compute dtype: float32 | bfloat16 | float16 (master weights stay float32; float16 scales the loss)"},
+      {"loss_scale", &C::loss_scale, "float16: the initial dynamic loss scale (halved after an inf/NaN step)"},
       {"steps", &C::steps, "training steps"},
       {"batch_size", &C::batch_size, "sequences per step (global batch)"},
       {"seq_len", &C::seq_len, "tokens per sequence"},
@@ -213,7 +215,9 @@ void TrainConfig::validate() const {
   non_negative("capacity_factor", capacity_factor);
   non_empty("model", model);
   non_empty("model_config", model_config);
-  one_of("dtype", dtype, {"float32", "bfloat16"});
+  one_of("dtype", dtype, {"float32", "bfloat16", "float16"});
+  TESSEL_CHECK(loss_scale > 0 && std::isfinite(loss_scale), kOp, "loss_scale must be a finite number > 0, got {}",
+               loss_scale);
   positive("steps", steps);
   positive("batch_size", batch_size);
   positive("seq_len", seq_len);
@@ -307,7 +311,8 @@ std::string TrainConfig::checkpoint_root() const {
 
 DType TrainConfig::param_dtype() const {
   if (dtype == "bfloat16") return DType::BFloat16;
-  TESSEL_CHECK(dtype == "float32", kOp, "dtype must be one of float32 | bfloat16, got '{}'", dtype);
+  if (dtype == "float16") return DType::Float16;
+  TESSEL_CHECK(dtype == "float32", kOp, "dtype must be one of float32 | bfloat16 | float16, got '{}'", dtype);
   return DType::Float32;
 }
 

@@ -34,7 +34,8 @@ struct TrainConfig {
   int64_t hidden = 0;
   double dropout = -1;
   double capacity_factor = 0;         // MoE: token-slots an expert takes, x (tokens * top_k / experts); 0 = no limit
-  std::string dtype = "float32";      // compute dtype: float32 | bfloat16 (master weights stay float32)
+  std::string dtype = "float32";      // compute dtype: float32 | bfloat16 | float16 (master weights stay float32)
+  double loss_scale = 65536;          // float16: the initial dynamic loss scale (nn::GradScaler)
   // schedule and optimiser
   int64_t steps = 1000;
   int64_t batch_size = 32;     // sequences per step (the global batch)

@@ -46,6 +46,9 @@ struct ClassLossOp {
   LossReduction reduction;
   double label_smoothing;
   int chunks;
+  // Reduction "none": per-token losses in the accumulation dtype (float32 for
+  // 16-bit scores) instead of the scores' dtype, for class_loss_bitwise.
+  bool accumulate_out = false;
   Dims scores_shape, lead;
   int64_t m = 0, k = 0;
   DType scores_dtype = DType::Float32;
@@ -79,7 +82,7 @@ struct ClassLossOp {
     count = cnt;
     Tensor out;
     if (reduction == LossReduction::None) {
-      out = raw::try_view(detail::cast_raw(losses, scores.dtype()), lead);
+      out = raw::try_view(accumulate_out ? losses : detail::cast_raw(losses, scores.dtype()), lead);
     } else {
       out = raw::empty(Dims{}, scores.dtype(), scores.device());
       kernels::loss_reduce(scores.device(), losses, cnt, reduction == LossReduction::Mean, out, chunks);
@@ -121,16 +124,23 @@ struct ClassLossOp {
 // are row-local (class dim gathered if sharded); "sum" is the canonical sum
 // over tokens (each piece its subtree of chunks, finished by the all-reduce,
 // or gathered), "mean" that sum divided by the global count — the bits of
-// loss_reduce on one device, and the same backward (scale g / count).
+// loss_reduce on one device, and the same backward (scale g / count). For
+// 16-bit scores all of it stays in float32, as in loss_reduce, and only the
+// result is rounded to the scores' dtype (rounding each token's loss first
+// would give other bits).
 Tensor class_loss_bitwise(const Tensor& scores, const Tensor& targets, int64_t ignore_index, LossReduction red,
                           double label_smoothing, bool fused) {
-  Tensor losses =
-      call(ClassLossOp{fused, ignore_index, LossReduction::None, label_smoothing, numerics::reduction_chunks()},
-           scores, targets);
-  if (red == LossReduction::None) return losses;
-  Tensor total = sum(losses);
-  if (red == LossReduction::Sum) return total;
-  return total / sum(ne(targets, Scalar(ignore_index)).to(scores.dtype()));
+  ClassLossOp op{fused, ignore_index, LossReduction::None, label_smoothing, numerics::reduction_chunks()};
+  op.accumulate_out = true;
+  Tensor losses = call(op, scores, targets);
+  Tensor out;
+  if (red == LossReduction::None) {
+    out = losses;
+  } else {
+    Tensor total = sum(losses);
+    out = red == LossReduction::Sum ? total : total / sum(ne(targets, Scalar(ignore_index)).to(losses.dtype()));
+  }
+  return out.to(scores.dtype());
 }
 
 // The losses of distributed scores, from ops that know how to shard: with

@@ -101,6 +101,9 @@ struct SumOp {
   bool keepdim;
   int chunks = 0;  // 0: numerics::reduction_chunks()
   Dims in_shape;
+  // A 16-bit sum accumulates in float32 in the canonical order and rounds
+  // once (kernels/cpu/reduce.cc); the backward only expands.
+  bool exact_widened() const { return true; }
 
   Tensor forward(const Tensor& x) {
     in_shape = x.shape();

@@ -131,6 +131,11 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.lr_schedule = nn::LrSchedule::cosine(cfg.lr, cfg.min_lr, std::min(cfg.warmup_steps, cfg.steps), cfg.steps);
   o.bucket_mb = cfg.ddp_bucket_mb;
   o.compute = cfg.param_dtype();
+  if (o.compute == DType::Float16) {
+    nn::GradScalerOptions scaling;
+    scaling.init_scale = cfg.loss_scale;
+    o.loss_scaling = scaling;
+  }
   o.pipeline_schedule = cfg.pipeline_schedule;
   o.virtual_stages = int(cfg.virtual_stages);
   o.pipeline_split = cfg.pipeline_split;
@@ -206,6 +211,10 @@ StepMetrics step_metrics(const TrainConfig& cfg, Run<models::LanguageModel>& run
   sm.grad_norm = report.grad_norm;
   sm.tokens_per_s = double(cfg.batch_size * cfg.seq_len) / secs;
   sm.param_hash = run.param_hash();
+  if (run.options().loss_scaling) {
+    sm.extras.emplace_back("loss_scale", report.loss_scale);
+    sm.extras.emplace_back("skipped", report.skipped ? 1.0 : 0.0);
+  }
   if (run.pipeline()) {
     if (loss.aux_loss) sm.extras.emplace_back("aux_loss", *loss.aux_loss);
     sm.extras.emplace_back("comm_wait_s", loss.comm_wait_s);
