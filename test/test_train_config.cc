@@ -233,8 +233,11 @@ TEST_CASE("validate names the offending field", "[config]") {
   CHECK_THAT(validation_error([](TrainConfig& c) { c.lr = NAN; }), Catch::Contains("lr must be"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.min_lr = 1; }), Catch::Contains("min_lr (1) must not exceed lr"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.betas[1] = 1.0; }), Catch::Contains("betas[1] must be in [0, 1)"));
-  CHECK_THAT(validation_error([](TrainConfig& c) { c.dtype = "float16"; }),
-             Catch::Contains("dtype must be one of float32 | bfloat16, got 'float16'"));
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.dtype = "float64"; }),
+             Catch::Contains("dtype must be one of float32 | bfloat16 | float16, got 'float64'"));
+  CHECK(validation_error([](TrainConfig& c) { c.dtype = "float16"; }) == "(valid)");
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.loss_scale = 0; }),
+             Catch::Contains("loss_scale must be a finite number > 0, got 0"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.tokenizer = "gpt2"; }), Catch::Contains("vocab must name"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.heldout_percent = 0; }),
              Catch::Contains("heldout_percent must be > 0 when eval_every > 0"));
@@ -256,7 +259,7 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
   c.model_config = "m";
   auto j = nlohmann::json::parse(c.to_json());
   const std::vector<std::string> keys = {
-      "model", "model_config", "n_layer", "dim", "n_head", "n_kv_head", "hidden", "dropout", "dtype",
+      "model", "model_config", "n_layer", "dim", "n_head", "n_kv_head", "hidden", "dropout", "dtype", "loss_scale",
       "steps", "batch_size", "seq_len", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay",
       "betas", "grad_clip", "seed", "eval_every", "eval_batches", "log_every", "data", "heldout_percent",
       "tokenizer", "vocab", "merges", "out_dir", "metrics", "sample_length", "temperature", "top_k",
