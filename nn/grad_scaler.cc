@@ -59,13 +59,15 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   // An inf in one rank's piece skips the step on every rank: the flag is
   // combined (max) over every dim of each mesh the gradients live on, so the
   // ranks never disagree about stepping.
-  for (const MeshPtr& mesh : meshes) {
-    Tensor any = full(Dims{}, found_inf_ ? 1.0 : 0.0, TensorOptions(DType::Float32));
-    for (int m = 0; m < mesh->ndim(); ++m)
-      if (mesh->comm(m)) mesh->comm(m)->all_reduce(any, comm::ReduceOp::Max)->wait();
-    found_inf_ = any.item<float>() != 0.0f;
-  }
+  for (const MeshPtr& mesh : meshes) combine_found_inf(*mesh);
   unscaled_ = true;
+}
+
+void GradScaler::combine_found_inf(const Mesh& mesh) {
+  Tensor any = full(Dims{}, found_inf_ ? 1.0 : 0.0, TensorOptions(DType::Float32));
+  for (int m = 0; m < mesh.ndim(); ++m)
+    if (mesh.comm(m)) mesh.comm(m)->all_reduce(any, comm::ReduceOp::Max)->wait();
+  found_inf_ = any.item<float>() != 0.0f;
 }
 
 bool GradScaler::step(Optimizer& optimizer) {

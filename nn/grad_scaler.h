@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "nn/optim.h"
+#include "runtime/mesh.h"
 #include "runtime/tensor.h"
 
 namespace tessel::nn {
@@ -50,6 +51,10 @@ class GradScaler {
   double get_scale() const { return scale_; }
   void set_scale(double scale);
   bool found_inf() const { return found_inf_; }  // of the current (or last updated) step
+  // After unscale_: combines found_inf (max) over every dim of `mesh`, for
+  // ranks whose gradients live on different meshes (pipeline stages).
+  // Collective over the mesh.
+  void combine_found_inf(const Mesh& mesh);
   int64_t growth_tracker() const { return growth_tracker_; }
   void set_growth_tracker(int64_t t) { growth_tracker_ = t; }
   bool enabled() const { return opts_.enabled; }

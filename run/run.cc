@@ -269,11 +269,6 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
                  "RunOptions::zero = {} with a 'pp' dim (mesh {}): a pipeline reduces its dp gradients itself "
                  "(DDP); ZeRO and FSDP do not combine with pipeline stages yet",
                  opts.zero, s->mesh->str());
-    TESSEL_CHECK(!opts.loss_scaling, kOp,
-                 "RunOptions::loss_scaling with a 'pp' dim (mesh {}): the pipeline's schedule runs the backward "
-                 "passes and does not scale them yet; train float16 without a pipeline, or bfloat16 (no scaling "
-                 "needed)",
-                 s->mesh->str());
     parallel::pipeline::PipelineOptions po;
     po.schedule = opts.pipeline_schedule;
     po.virtual_stages = opts.virtual_stages > 0 ? opts.virtual_stages : opts.pipeline_schedule == "interleaved" ? 2 : 1;
@@ -401,7 +396,9 @@ StepReport RunBase::step_optimizer() {
     // skips or steps alike.
     profile::Timer timer("loss_scaling.unscale");
     r.loss_scale = s.scaler->get_scale();
+    if (s.pipe) s.pipe->finish_gradients();  // tied gradients complete before they are unscaled
     s.scaler->unscale_(*s.opt);
+    if (s.mesh) s.scaler->combine_found_inf(*s.mesh);  // every rank, across pipeline stages too
     r.skipped = s.scaler->found_inf();
   }
   {
@@ -460,6 +457,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
       mbs.push_back({m == 1 ? inputs : inputs.narrow(0, r.begin, r.size()),
                      m == 1 ? targets : targets.narrow(0, r.begin, r.size()), r.begin});
     }
+    if (s.scaler) s.pipe->set_loss_scale(s.scaler->get_scale());
     const auto r = s.pipe->train_step(s.options.seed, uint64_t(s.step), batch, mbs);
     out.loss = r.loss;
     out.loss_sum = r.loss_sum;

@@ -105,7 +105,6 @@ struct RunOptions {
   // divides the gradients by it and skips the step -- parameters and
   // optimizer state untouched, step() still advances -- when any rank's
   // gradients hold an inf or NaN, then updates the scale. Unset: none.
-  // Not with a pipeline (refused).
   std::optional<nn::GradScalerOptions> loss_scaling;
   // A "pp" mesh dim (the model must be an nn::StagedModel):
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved

@@ -149,13 +149,19 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
 // 2^20 overflows the first steps' float16 gradients; those steps are skipped
 // on every layout alike (the inf flag is combined over the mesh), the scale
 // halves each time, then training goes on.
-TEST_CASE("bitwise: float16 with loss scaling, skipped steps included, on dp, tp, dp x tp + sp, ZeRO-2, FSDP",
+TEST_CASE("bitwise: float16 with loss scaling, skipped steps included, on pp, dp x pp, dp, tp, dp x tp + sp, ZeRO-2, FSDP",
           "[bitwise][train][f16]") {
   for (std::string model : {"nanogpt", "llama"}) {
     TrainConfig r = base(model);
     r.dtype = "float16";
     r.loss_scale = 1 << 20;
-    check_layouts(r, {{"dp=2"}, {"tp=2"}, {"dp=2,tp=2", true}, {"dp=2", false, 2}, {"dp=2", false, 3}});
+    check_layouts(r, {{"pp=2", false, 0, "gpipe"},
+                      {"dp=2,pp=2"},
+                      {"dp=2"},
+                      {"tp=2"},
+                      {"dp=2,tp=2", true},
+                      {"dp=2", false, 2},
+                      {"dp=2", false, 3}});
     const std::vector<double> skipped = metric(r, "skipped"), scale = metric(r, "loss_scale");
     INFO(model);
     REQUIRE(skipped.size() == size_t(steps()));

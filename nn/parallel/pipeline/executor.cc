@@ -95,6 +95,7 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
       st.loss_sum += aux.item<double>() * coef;
       Tensor a = aux * coef;
       sl.aux_root = m == 1 ? a : a / double(m);
+      if (loss_scale_) sl.aux_root = sl.aux_root * *loss_scale_;  // as GradScaler::scale(loss / M) on one device
     }
     return;
   }
@@ -110,6 +111,7 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
   if (aux.defined()) l = l + aux * coef;
   st.loss_sum += l.item<double>();
   sl.root = m == 1 ? l : l / double(m);
+  if (loss_scale_) sl.root = sl.root * *loss_scale_;  // as GradScaler::scale(loss / M) on one device
 }
 
 void Executor::backward_chunk(int vs, Slot& sl) {

@@ -56,6 +56,10 @@ class Executor {
   // this rank's parameter gradients accumulated (tied ones not yet summed).
   StepStats run(const Schedule& s, const std::vector<LaidOutMicroBatch>& micro_batches);
 
+  // Loss scaling (nn::GradScaler, float16): the backward roots are the
+  // micro-batch losses / M times this scale; nullopt: none.
+  void set_loss_scale(std::optional<double> scale) { loss_scale_ = scale; }
+
   // The head's output for `inputs` (laid out) on every pp rank, no grad: the
   // forward-only schedule, then a broadcast from the last stage (collective
   // over the mesh).
@@ -78,6 +82,7 @@ class Executor {
 
   const PipelineStage& stage_;
   DType compute_;
+  std::optional<double> loss_scale_;
   P2P p2p_;
   std::vector<Slot> slots_;  // [chunk * M + mb], reused across steps
 };

@@ -104,6 +104,7 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
   mbs.reserve(micro_batches.size());
   for (const MicroBatch& b : micro_batches)
     mbs.push_back({stage_->layout(b.inputs), stage_->layout(b.targets), {seed, step, b.first_sample, global_batch}});
+  tied_synced_ = false;
   const StepStats st = executor_->run(schedule_, mbs);
   // The step's loss and aux loss are spread over the stages: sum them over pp.
   Tensor sums = raw::empty({4}, DType::Float64);
@@ -123,9 +124,17 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
   return r;
 }
 
+void Pipeline::set_loss_scale(std::optional<double> scale) { executor_->set_loss_scale(scale); }
+
+void Pipeline::finish_gradients() {
+  if (tied_synced_) return;
+  stage_->sync_tied_grads();
+  tied_synced_ = true;
+}
+
 double Pipeline::clip_grad_norm_(double max_norm) {
   TESSEL_CHECK(max_norm >= 0, kOp, "invalid max_norm = {} (must be >= 0)", max_norm);
-  stage_->sync_tied_grads();
+  finish_gradients();
   // The norm of nn::clip_grad_norm_ over the whole model, bit for bit: each
   // rank computes the per-parameter sums of squares of the parameters it
   // counts, the list is completed over pp (each entry comes from one rank, the

@@ -79,6 +79,14 @@ class Pipeline {
   // accumulated in this rank's parameters (scaled by 1 / M).
   PipelineStepResult train_step(uint64_t seed, uint64_t step, int64_t global_batch,
                                 const std::vector<MicroBatch>& micro_batches);
+  // Sums the tied parameters' gradients over their holders (once per
+  // step: later calls do nothing until the next train_step). clip_grad_norm_
+  // calls it; call it first to touch the complete gradients before that
+  // (GradScaler::unscale_).
+  void finish_gradients();
+  // Loss scaling for the following train_steps: the backward starts from
+  // each micro-batch's loss / M times `scale` (nullopt: none).
+  void set_loss_scale(std::optional<double> scale);
   // Sums tied gradients over their holders, then the global L2 norm of all
   // stages' gradients (each parameter counted once), combined in the order of
   // nn::clip_grad_norm_ over the whole model (the same bits for the same
@@ -105,6 +113,7 @@ class Pipeline {
   PipelineOptions opts_;
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<Executor> executor_;
+  bool tied_synced_ = false;  // finish_gradients ran since the last train_step
 };
 
 }  // namespace tessel::parallel::pipeline
