@@ -464,6 +464,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
     out.aux_loss = r.aux_loss;
     out.comm_wait_s = r.comm_wait_s;
     out.comm_wait_mean_s = r.comm_wait_mean_s;
+    out.moe_dropped_tokens = r.moe_dropped_tokens;
     s.micro = m;  // the schedule ran every micro-batch's backward
     return out;
   }

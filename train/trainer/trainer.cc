@@ -219,6 +219,7 @@ StepMetrics step_metrics(const TrainConfig& cfg, Run<models::LanguageModel>& run
     if (loss.aux_loss) sm.extras.emplace_back("aux_loss", *loss.aux_loss);
     sm.extras.emplace_back("comm_wait_s", loss.comm_wait_s);
     sm.extras.emplace_back("comm_wait_mean_s", loss.comm_wait_mean_s);
+    if (loss.moe_dropped_tokens) sm.extras.emplace_back("moe_dropped_tokens", double(*loss.moe_dropped_tokens));
     return sm;
   }
   if (run.mesh()) sm.extras.emplace_back("comm_wait_s", comm_wait_s);

@@ -2,6 +2,7 @@
 
 #include "autograd/api.h"
 #include "nn/autocast.h"
+#include "nn/moe.h"
 
 namespace tessel::parallel::pipeline {
 namespace {
@@ -76,6 +77,12 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
   Tensor aux;
   for (int64_t i = stage_.partition().begin(vs); i < stage_.partition().end(vs); ++i) {
     x = (*blocks[size_t(i)])(x);
+    if (training) {
+      for (const nn::MoE* moe : nn::moe_layers(*blocks[size_t(i)])) {
+        st.moe_dropped += moe->last_dropped_tokens();
+        st.has_moe = true;
+      }
+    }
     Tensor a = model.block_aux_loss(size_t(i));
     if (a.defined()) aux = aux.defined() ? aux + a : a;
     if (a.defined() && training) {

@@ -39,6 +39,8 @@ struct StepStats {
   double aux_last = 0;     // sum over this rank's blocks of the last micro-batch's aux loss (unscaled)
   bool has_aux = false;
   double comm_wait_s = 0;  // time blocked in point-to-point transfers
+  int64_t moe_dropped = 0;  // token slots over capacity in this rank's MoE layers, all micro-batches
+  bool has_moe = false;     // this rank ran an MoE layer
   // Per micro-batch pieces of the loss for bitwise mode, each with its dtype
   // (DType + 1; 0 where another rank computes the piece or a block produced
   // no aux loss, whose value is then -0.0): the stage loss [m] and the block

@@ -107,12 +107,14 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
   tied_synced_ = false;
   const StepStats st = executor_->run(schedule_, mbs);
   // The step's loss and aux loss are spread over the stages: sum them over pp.
-  Tensor sums = raw::empty({4}, DType::Float64);
+  Tensor sums = raw::empty({6}, DType::Float64);
   double* s = sums.data<double>();
   s[0] = st.loss_sum;
   s[1] = st.aux_last;
   s[2] = st.has_aux ? 1.0 : 0.0;
   s[3] = st.comm_wait_s;
+  s[4] = double(st.moe_dropped);  // exact in double
+  s[5] = st.has_moe ? 1.0 : 0.0;
   if (const auto& c = stage_->pp_comm()) c->all_reduce(sums, comm::ReduceOp::Sum)->wait();
   PipelineStepResult r;
   r.loss_sum = s[0];
@@ -121,6 +123,7 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
   if (s[2] > 0) r.aux_loss = s[1];
   r.comm_wait_s = st.comm_wait_s;
   r.comm_wait_mean_s = s[3] / double(stage_->pp_size());
+  if (s[5] > 0) r.moe_dropped_tokens = int64_t(s[4]);
   return r;
 }
 

@@ -54,6 +54,7 @@ struct PipelineStepResult {
   std::optional<double> aux_loss;  // the last micro-batch's aux loss summed over all blocks (when blocks produce one)
   double comm_wait_s = 0;          // this rank's time blocked in point-to-point transfers
   double comm_wait_mean_s = 0;     // the same, averaged over the ranks of this rank's pp group
+  std::optional<int64_t> moe_dropped_tokens;  // models with MoE layers: slots over capacity, all stages and micro-batches
 };
 
 class Pipeline {
