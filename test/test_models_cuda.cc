@@ -9,9 +9,11 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <optional>
 
 #include "autograd/api.h"
 #include "models/language_model.h"
+#include "nn/autocast.h"
 #include "nn/clip.h"
 #include "nn/module.h"
 #include "nn/optim.h"
@@ -35,7 +37,7 @@ std::shared_ptr<models::LanguageModel> build_on(const std::string& arch, Device 
   return m;
 }
 
-std::vector<float> train(models::LanguageModel& m, Device d, int steps) {
+std::vector<float> train(models::LanguageModel& m, Device d, int steps, std::optional<DType> compute = {}) {
   std::vector<float> losses;
   nn::AdamWOptions o;
   o.lr = 3e-3;
@@ -44,8 +46,11 @@ std::vector<float> train(models::LanguageModel& m, Device d, int steps) {
   Tensor x = ids.narrow(1, 0, 32), y = ids.narrow(1, 1, 32);
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
+    std::optional<nn::AutocastScope> autocast;
+    if (compute) autocast.emplace(*compute);
     Tensor loss = m.loss(m.forward(x), y);
     loss.backward();
+    autocast.reset();
     nn::clip_grad_norm_(m.parameters(), 1.0);
     opt.step();
     losses.push_back(loss.item<float>());
@@ -67,6 +72,25 @@ TEST_CASE("tiny NanoGPT and LLaMA train to the same bits on CPU and GPU") {
     for (size_t i = 0; i < pc.size(); ++i) CHECK_SAME_BITS(pg[i].tensor, pc[i].tensor);  // initialisation
     const auto lc = train(*cpu, kCPU, 4), lg = train(*gpu, kCuda, 4);
     CHECK(lc == lg);
+    for (size_t i = 0; i < pc.size(); ++i) {
+      INFO(pc[i].name);
+      CHECK_SAME_BITS(pg[i].tensor, pc[i].tensor);
+    }
+  }
+}
+
+// The same under bfloat16 autocast (float32 master weights): the 16-bit
+// kernels widen, compute in float and round once on both devices.
+TEST_CASE("tiny NanoGPT and LLaMA under bfloat16 autocast train to the same bits on CPU and GPU") {
+  TESSEL_REQUIRE_GPU();
+  setenv("TESSEL_ATTENTION", "composite", 1);
+  numerics::GemmModeGuard mode(numerics::GemmMode::Bitwise);
+  for (std::string arch : {"nanogpt", "llama"}) {
+    INFO(arch);
+    auto cpu = build_on(arch, kCPU), gpu = build_on(arch, kCuda);
+    const auto lc = train(*cpu, kCPU, 4, DType::BFloat16), lg = train(*gpu, kCuda, 4, DType::BFloat16);
+    CHECK(lc == lg);
+    const auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
     for (size_t i = 0; i < pc.size(); ++i) {
       INFO(pc[i].name);
       CHECK_SAME_BITS(pg[i].tensor, pc[i].tensor);
