@@ -268,11 +268,16 @@ TEST_CASE("run: loss scaling refuses an unscaled backward", "[run][autocast][err
   o.compute = DType::Float16;
   o.loss_scaling = nn::GradScalerOptions{};
   const MlpConfig cfg;
-  auto run = parallelize(nn::make_model<MlpClassifier>(cfg), nullptr, mlp_plan(), adamw({1e-2}), o);
+  auto model = nn::make_model<MlpClassifier>(cfg);
+  model->reset_parameters(kSeed);
+  auto run = parallelize(model, nullptr, mlp_plan(), adamw({1e-2}), o);
+  CHECK(run.loss_scale() == 65536.0);  // GradScalerOptions' default
   auto [xs, ys] = mlp_batch(cfg, kBatch, kSeed, 0);
   const std::string e = error_of([&] { run.model().loss(xs, ys).backward(); });
   CHECK(contains(e, "without run.scale_loss"));
   CHECK(contains(e, "RunOptions::loss_scaling"));
+  const Tensor l = run.model().loss(xs, ys);
+  CHECK(run.scale_loss(l).item<double>() == l.item<double>() * 65536.0);
 }
 
 TEST_CASE("run: a staged model on pipelines (pp=2, dp=2 x pp=2, tp=2 x pp=2) gives the one-device bits", "[run][pp]") {
