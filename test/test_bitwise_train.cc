@@ -111,17 +111,12 @@ double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max
 
 }  // namespace
 
+// Data and tensor parallelism, sequence parallelism, ZeRO-1/2 and FSDP.
+const std::vector<Layout> kDpTpLayouts = {{"dp=2"},      {"tp=2"},           {"tp=2", true},     {"dp=2,tp=2"},
+                                          {"dp=2,tp=2", true}, {"dp=2", false, 1}, {"dp=2", false, 2}, {"dp=2", false, 3}};
+
 TEST_CASE("bitwise: dp, tp, sp, dp x tp, ZeRO-1/2, FSDP give the one-device bits every step", "[bitwise][train]") {
-  for (std::string model : {"nanogpt", "llama"}) {
-    check_layouts(model, {{"dp=2"},
-                          {"tp=2"},
-                          {"tp=2", true},
-                          {"dp=2,tp=2"},
-                          {"dp=2,tp=2", true},
-                          {"dp=2", false, 1},
-                          {"dp=2", false, 2},
-                          {"dp=2", false, 3}});
-  }
+  for (std::string model : {"nanogpt", "llama"}) check_layouts(model, kDpTpLayouts);
 }
 
 TEST_CASE("bitwise: pipeline (GPipe, 1F1B; with dp and tp) gives the one-device bits every step", "[bitwise][train]") {
@@ -227,16 +222,7 @@ TEST_CASE("bitwise: interleaved 1F1B (4 blocks, 2 virtual stages per rank)", "[b
 // one-device bfloat16 run's bits. Ops whose pieces would be rounded to 16
 // bits before they are summed run widened to float32 (autograd/dist_call.h).
 TEST_CASE("bitwise: bfloat16 autocast on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP", "[bitwise][train][bf16]") {
-  for (std::string model : {"nanogpt", "llama"}) {
-    check_layouts(model, {{"dp=2"},
-                          {"tp=2"},
-                          {"tp=2", true},
-                          {"dp=2,tp=2"},
-                          {"dp=2,tp=2", true},
-                          {"dp=2", false, 1},
-                          {"dp=2", false, 2},
-                          {"dp=2", false, 3}}, 2, 0, "bfloat16");
-  }
+  for (std::string model : {"nanogpt", "llama"}) check_layouts(model, kDpTpLayouts, 2, 0, "bfloat16");
 }
 
 TEST_CASE("bitwise: bfloat16 autocast on pipelines, Mixtral and 1 or 4 micro-batches", "[bitwise][train][bf16]") {
