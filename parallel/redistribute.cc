@@ -119,11 +119,23 @@ std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Placements& fr
     // canonical tree combines the innermost first: with more than one
     // Partial dim being reduced, all-reduce them innermost first (the
     // nesting rules below could otherwise reduce an outer dim first).
-    int reducing = 0;
-    for (int m = 0; m < mesh.ndim(); ++m) reducing += from[m].is_partial() && !to[m].is_partial();
-    if (reducing > 1)
+    // Reducing an outer Partial dim while an inner one stays Partial (a
+    // gradient pending over ep x dp with ep outer, whose dp sum the DDP
+    // buckets finish) would sum across the outer dim first: reduce the inner
+    // one too, innermost first, and make it Partial again afterwards (the
+    // other coordinates hold -0.0, so the later sum gives the same bits).
+    int reducing = 0, outermost = -1;
+    for (int m = 0; m < mesh.ndim(); ++m) {
+      if (!from[m].is_partial() || to[m].is_partial()) continue;
+      ++reducing;
+      if (outermost < 0) outermost = m;
+    }
+    bool inner_kept = false;
+    for (int m = outermost + 1; outermost >= 0 && m < mesh.ndim(); ++m)
+      inner_kept = inner_kept || (from[m].is_partial() && to[m].is_partial());
+    if (reducing > 1 || inner_kept)
       for (int m = mesh.ndim() - 1; m >= 0; --m)
-        if (cur[m].is_partial() && !to[m].is_partial()) push(m, Replicate());
+        if (cur[m].is_partial() && (!to[m].is_partial() || (inner_kept && m > outermost))) push(m, Replicate());
   }
   for (int guard = 0; cur != to; ++guard) {
     TESSEL_ASSERT(guard < 4 * kMaxMeshDims + 4);

@@ -138,3 +138,29 @@ TEST_CASE("bitwise mode: 16-bit pending sums run widened, or are refused by name
   });
   CHECK(first_failure(reports) == "");
 }
+
+// A pending sum over two mesh dims, reduced over the outer one while the
+// inner one stays pending (a gradient over ep x dp with ep outer, whose dp
+// sum the DDP buckets finish): the pieces must still combine innermost
+// first. Rows 1e8, 1, -1e8, 1 sum to 0 in the canonical tree ((r0 + r1) +
+// (r2 + r3)) and to 2 outer-first ((r0 + r2) + (r1 + r3)).
+TEST_CASE("bitwise mode: reducing an outer pending dim keeps the inner one's order", "[dtensor][bitwise]") {
+  const Tensor x = tensor(std::vector<float>{1e8f, 1.0f, -1e8f, 1.0f}, Dims{4});
+  Tensor ref;
+  {
+    numerics::BitwiseGuard on(true);
+    ref = sum(x);
+  }
+  REQUIRE(ref.item<float>() == 0.0f);
+  const auto reports = on_ranks(4, [&](int) -> std::string {
+    numerics::BitwiseGuard on(true);
+    MeshPtr mesh = Mesh::world({{"ep", 2}, {"dp", 2}});
+    Tensor s = sum(distribute_tensor(x, mesh, {Shard(0), Shard(0)}));
+    if (!(s.placements()[0].is_partial_sum() && s.placements()[1].is_partial_sum()))
+      return "the sum is not pending over both dims: " + s.desc();
+    Tensor half = redistribute(s, {Replicate(), Partial()});  // ep reduced, dp still pending
+    const float got = full_tensor(half).item<float>();
+    return got == ref.item<float>() ? "" : fmt::format(FMT_STRING("got {} instead of {}"), got, ref.item<float>());
+  });
+  CHECK(first_failure(reports) == "");
+}
