@@ -198,11 +198,13 @@ TEST_CASE("bitwise: Mixtral with capacity drops on dp, ep, dp x ep, ep x tp, pp"
     r.dtype = dtype;
     check_layouts(r, {{"dp=2"}, {"ep=2"}, {"dp=2,ep=2"}, {"ep=2,tp=2"}, {"pp=2"}});
     INFO(dtype);
-    // pp=2's drop counts (the last run's metrics) are one device's, and not zero.
+    // pp=2's drop counts and aux losses (the last run's metrics) are one
+    // device's, and drops happened.
     TrainConfig one = r;
     one.out_dir += "_one_device";
     run(one);
     CHECK(metric(r, "moe_dropped_tokens") == metric(one, "moe_dropped_tokens"));
+    CHECK(metric(r, "aux_loss") == metric(one, "aux_loss"));  // a float sum over the blocks, as one device
     CHECK(max_of(metric(one, "moe_dropped_tokens")) > 0);
   }
 }

@@ -21,7 +21,14 @@ constexpr const char* kOp = "pipeline";
 // evaluates the one-device expression with the same ops:
 // sum_m (stage_m + (aux_m0 + aux_m1 + ...) * coef), blocks without an aux
 // loss skipped.
-double bitwise_loss_sum(const StepStats& st, const PipelineStage& stage) {
+// The step's loss sum with one device's arithmetic, and the last
+// micro-batch's aux loss as one device's StagedModel::aux_loss() gives it.
+struct BitwiseLoss {
+  double loss_sum = 0;
+  std::optional<double> aux_last;
+};
+
+BitwiseLoss bitwise_loss_sum(const StepStats& st, const PipelineStage& stage) {
   NoGradGuard ng;
   const size_t m = st.stage_loss.size(), nb = m ? st.block_aux.size() / m : 0;
   Tensor buf = raw::empty({int64_t(2 * (m + m * nb))}, DType::Float64);
@@ -42,7 +49,8 @@ double bitwise_loss_sum(const StepStats& st, const PipelineStage& stage) {
     return t.to(DType(int(code) - 1));
   };
   const double coef = stage.model().aux_loss_coef();
-  double sum = 0;
+  BitwiseLoss out;
+  double& sum = out.loss_sum;
   for (size_t k = 0; k < m; ++k) {
     TESSEL_CHECK(stage_dt[k] > 0, kOp, "micro-batch {}: no pp rank computed the loss", k);
     Tensor l = scalar(stage_val[k], stage_dt[k]);
@@ -54,9 +62,10 @@ double bitwise_loss_sum(const StepStats& st, const PipelineStage& stage) {
       aux = aux.defined() ? aux + a : a;
     }
     if (aux.defined()) l = l + aux * coef;
+    if (aux.defined() && k + 1 == m) out.aux_last = aux.item<double>();
     sum += l.item<double>();
   }
-  return sum;
+  return out;
 }
 }  // namespace
 
@@ -118,9 +127,13 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
   if (const auto& c = stage_->pp_comm()) c->all_reduce(sums, comm::ReduceOp::Sum)->wait();
   PipelineStepResult r;
   r.loss_sum = s[0];
-  if (numerics::bitwise()) r.loss_sum = bitwise_loss_sum(st, *stage_);
-  r.loss = r.loss_sum / double(micro_batches.size());
   if (s[2] > 0) r.aux_loss = s[1];
+  if (numerics::bitwise()) {
+    const BitwiseLoss b = bitwise_loss_sum(st, *stage_);
+    r.loss_sum = b.loss_sum;
+    if (b.aux_last) r.aux_loss = b.aux_last;  // one device's float sum over the blocks, not a double one
+  }
+  r.loss = r.loss_sum / double(micro_batches.size());
   r.comm_wait_s = st.comm_wait_s;
   r.comm_wait_mean_s = s[3] / double(stage_->pp_size());
   if (s[5] > 0) r.moe_dropped_tokens = int64_t(s[4]);
