@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <ostream>
 #include <vector>
@@ -30,7 +31,11 @@ double median(std::vector<double> v) {
 
 // Runs the PyTorch reference script; returns its JSON line (null when absent).
 nlohmann::json torch_reference(const StepCudaBenchOptions& o, std::ostream& out) {
-  std::string script = o.torch_script.empty() ? "tools/bench/step_cuda_torch.py" : o.torch_script;
+  // Default: the repository's copy (TESSEL_ROOT, set by ./tessel; else the working directory).
+  const char* root = std::getenv("TESSEL_ROOT");
+  std::string script = !o.torch_script.empty() ? o.torch_script
+                       : root && *root          ? std::string(root) + "/tools/bench/step_cuda_torch.py"
+                                                : "tools/bench/step_cuda_torch.py";
   std::string probe = o.python + " -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null";
   if (std::system(probe.c_str()) != 0) {
     out << "reference: PyTorch with CUDA is not importable by '" << o.python << "': skipped\n";
