@@ -428,6 +428,11 @@ StepReport RunBase::step_optimizer() {
 Tensor RunBase::scale_loss(const Tensor& loss) {
   RunState& s = *state_;
   if (!s.scaler) return loss;
+  TESSEL_CHECK(loss.dtype() != DType::Float16, kRun,
+               "scale_loss: the loss {} is float16, so loss x {} overflows float16 (max 65504) and the scale would be "
+               "set by the loss, not by the gradients; compute the loss in float32, e.g. "
+               "cross_entropy(nn::cast_up(logits), targets)",
+               loss.desc(), s.scaler->get_scale());
   ++s.scaled;
   return s.scaler->scale(loss);
 }

@@ -123,6 +123,25 @@ TEST_CASE("bitwise mode: 16-bit pending sums run widened, or are refused by name
     MeshPtr tp = Mesh::world({{"tp", 2}});
     Tensor yk = matmul(distribute_tensor(x, tp, {Shard(1)}), distribute_tensor(w, tp, {Shard(0)}));
     rep.expect(bitwise_equal(full_tensor(yk), matmul(x, w)), "row-parallel output bits differ");
+    // cross_entropy of bfloat16 logits over dp: one device sums the tokens'
+    // losses in float32 and rounds once (not each token's loss first).
+    for (uint64_t seed = 54; seed < 60; ++seed) {
+      const Tensor logits = mul(uniform({60, 7}, seed), 8.0).to(DType::BFloat16);  // 1/60: not a bfloat16
+      const Tensor targets = randint({60}, seed + 100, 0, 7);
+      Tensor ref_l, ref_g;
+      {
+        Tensor lg = logits.detach().clone().requires_grad_();
+        ref_l = cross_entropy(lg, targets);
+        ref_l.backward();
+        ref_g = lg.grad();
+      }
+      Tensor ld = distribute_tensor(logits, mesh, {Shard(0)}).detach().requires_grad_();
+      Tensor l = cross_entropy(ld, distribute_tensor(targets, mesh, {Shard(0)}));
+      l.backward();
+      rep.expect(l.dtype() == DType::BFloat16, "the loss is not bfloat16");
+      rep.expect(bitwise_equal(full_tensor(l.detach()), ref_l), "cross_entropy bits differ");
+      rep.expect(bitwise_equal(full_tensor(ld.grad()), ref_g), "cross_entropy gradient bits differ");
+    }
     // Refused: mul's backward rounds each product before sum_to sums them.
     Tensor sd = distribute_tensor(b, mesh, {Replicate()}).detach().requires_grad_();
     try {

@@ -278,6 +278,10 @@ TEST_CASE("run: loss scaling refuses an unscaled backward", "[run][autocast][err
   CHECK(contains(e, "RunOptions::loss_scaling"));
   const Tensor l = run.model().loss(xs, ys);
   CHECK(run.scale_loss(l).item<double>() == l.item<double>() * 65536.0);
+  // A float16 loss would overflow once scaled: refused, with the fix.
+  const std::string e16 = error_of([&] { run.scale_loss(l.to(DType::Float16)); });
+  CHECK(contains(e16, "is float16"));
+  CHECK(contains(e16, "cast_up(logits)"));
 }
 
 TEST_CASE("run: a staged model on pipelines (pp=2, dp=2 x pp=2, tp=2 x pp=2) gives the one-device bits", "[run][pp]") {

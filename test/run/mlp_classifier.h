@@ -52,7 +52,7 @@ class MlpClassifier : public nn::Module {
     for (auto& b : blocks) h = cfg.call_blocks_through_hooks ? (*b)(h) : b->forward(h);
     return head->forward(norm->forward(h));
   }
-  Tensor loss(const Tensor& x, const Tensor& y) { return cross_entropy(logits(x), y); }
+  Tensor loss(const Tensor& x, const Tensor& y) { return cross_entropy(nn::cast_up(logits(x)), y); }  // float32 loss under autocast
 
   MlpConfig cfg;
   std::shared_ptr<nn::Linear> embed, head;
@@ -77,7 +77,7 @@ class StagedMlp : public nn::StagedModel {
   Tensor embed(const Tensor& x) override { return (*embed_)(x); }
   const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return blocks_; }
   Tensor head(const Tensor& h) override { return (*head_)((*norm)(h)); }
-  Tensor stage_loss(const Tensor& logits, const Tensor& y) override { return cross_entropy(logits, y); }
+  Tensor stage_loss(const Tensor& logits, const Tensor& y) override { return cross_entropy(nn::cast_up(logits), y); }
   Tensor example_input() const override { return empty({1, cfg.in}, TensorOptions().with_device(kMeta)); }
 
   MlpConfig cfg;
