@@ -164,7 +164,7 @@ bool DistCall::pends_in_16bit() const {
 }
 
 void DistCall::refuse_16bit_pending_sum() const {
-  std::string ins, outs;
+  std::string ins, outs, pending;
   for (size_t i = 0; i < ctx.in.size(); ++i)
     if (ctx.in[i].defined)
       ins += TESSEL_FORMAT("{}{} {} as {}", ins.empty() ? "" : ", ", ctx.in[i].shape, dtype_name(ctx.in[i].dtype),
@@ -173,12 +173,31 @@ void DistCall::refuse_16bit_pending_sum() const {
     if (ctx.out[i].defined)
       outs += TESSEL_FORMAT("{}{} {} as {}", outs.empty() ? "" : ", ", ctx.out[i].shape, dtype_name(ctx.out[i].dtype),
                             plan.out[i]);
+  // What would be pending: 16-bit outputs planned Partial, and 16-bit inputs
+  // that need a gradient and are Replicate where something else is cut.
+  for (size_t i = 0; i < ctx.out.size(); ++i)
+    for (int m = 0; ctx.out[i].defined && is_half(ctx.out[i].dtype) && m < mesh->ndim(); ++m)
+      if (plan.out[i][m].is_partial_sum() && mesh->size(m) > 1)
+        pending += TESSEL_FORMAT("{}output {} over '{}'", pending.empty() ? "" : ", ", i, mesh->name(m));
+  for (size_t i = 0; i < ctx.in.size(); ++i) {
+    if (!ctx.in[i].defined || !is_half(ctx.in[i].dtype) || !inputs[i]->requires_grad()) continue;
+    for (int m = 0; m < mesh->ndim(); ++m) {
+      if (mesh->size(m) == 1 || !plan.in[i][m].is_replicate()) continue;
+      bool cut = false;
+      for (size_t k = 0; k < ctx.in.size(); ++k) cut = cut || (ctx.in[k].defined && !plan.in[k][m].is_replicate());
+      for (size_t k = 0; k < ctx.out.size(); ++k) cut = cut || (ctx.out[k].defined && !plan.out[k][m].is_replicate());
+      if (cut)
+        pending += TESSEL_FORMAT("{}the gradient of input {} ({} {}, replicated) over '{}'", pending.empty() ? "" : ", ",
+                                 i, ctx.in[i].shape, dtype_name(ctx.in[i].dtype), mesh->name(m));
+    }
+  }
   TESSEL_FAIL(ctx.op,
-              "bitwise mode does not cover this op in 16-bit floats on mesh {}: inputs {}; outputs {}. Its pieces "
-              "(or its inputs' gradient pieces) would be pending sums rounded to 16 bits before they are summed, "
-              "which one device never does, and the op is not marked exact when widened to float32 "
-              "(exact_widened, autograd/dist_call.h). Run it in float32 (no autocast) or outside bitwise mode",
-              mesh->str(), ins, outs);
+              "bitwise mode cannot give one device's bits for this op in 16-bit floats on mesh {}: inputs {}; "
+              "outputs {}. Pending sums in 16 bits: {} -- each rank's piece would be rounded before the pieces are "
+              "summed, which one device never does, and this op has no exact float32 form (exact_widened, "
+              "autograd/dist_call.h). Fix: keep that operand in float32 (a float32 operand makes the op compute in "
+              "float32: e.g. a learned scale kept float32, not cast to 16 bits), or run without bitwise mode",
+              mesh->str(), ins, outs, pending);
 }
 
 Tensor widen_16bit(const Tensor& t) {

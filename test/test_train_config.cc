@@ -238,6 +238,9 @@ TEST_CASE("validate names the offending field", "[config]") {
   CHECK(validation_error([](TrainConfig& c) { c.dtype = "float16"; }) == "(valid)");
   CHECK_THAT(validation_error([](TrainConfig& c) { c.loss_scale = 0; }),
              Catch::Contains("loss_scale must be a finite number > 0, got 0"));
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.loss_scale = 1024; }),
+             Catch::Contains("loss_scale = 1024 applies to dtype float16 only (loss scaling), got dtype float32"));
+  CHECK(validation_error([](TrainConfig& c) { c.dtype = "float16", c.loss_scale = 1024; }) == "(valid)");
   CHECK_THAT(validation_error([](TrainConfig& c) { c.tokenizer = "gpt2"; }), Catch::Contains("vocab must name"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.heldout_percent = 0; }),
              Catch::Contains("heldout_percent must be > 0 when eval_every > 0"));

@@ -218,6 +218,8 @@ void TrainConfig::validate() const {
   one_of("dtype", dtype, {"float32", "bfloat16", "float16"});
   TESSEL_CHECK(loss_scale > 0 && std::isfinite(loss_scale), kOp, "loss_scale must be a finite number > 0, got {}",
                loss_scale);
+  TESSEL_CHECK(dtype == "float16" || loss_scale == TrainConfig{}.loss_scale, kOp,
+               "loss_scale = {} applies to dtype float16 only (loss scaling), got dtype {}", loss_scale, dtype);
   positive("steps", steps);
   positive("batch_size", batch_size);
   positive("seq_len", seq_len);

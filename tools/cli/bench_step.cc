@@ -205,8 +205,11 @@ void register_bench_step(CLI::App& app) {
                                 if (!dtype.empty() && !bitwise)
                                   throw Error("bench step: --dtype applies to --device cuda and to --bitwise only "
                                               "(the CPU step against PyTorch is float32)");
-                                if (!dtype.empty() && dtype != "bf16" && dtype != "fp32")
-                                  throw Error(fmt::format(FMT_STRING("bench step: --dtype must be bf16 or fp32, got '{}'"), dtype));
+                                if (!dtype.empty() && dtype != "bf16" && dtype != "fp32" && dtype != "bfloat16" &&
+                                    dtype != "float32")
+                                  throw Error(fmt::format(
+                                      FMT_STRING("bench step: --dtype must be bf16 (bfloat16) or fp32 (float32), got '{}'"),
+                                      dtype));
                                 if (bitwise)
                                   return run_bitwise_step_bench(o, meshes.empty() ? "dp=2,tp=2" : meshes[0],
                                                                 micro_batches, rounds, dtype);

@@ -85,7 +85,11 @@ Setup prepare(const TrainConfig& cfg) {
     mc.dim = cfg.dim;
     if (cfg.hidden == 0) mc.hidden = 0;  // recomputed from the new width
   }
-  if (cfg.n_head > 0) mc.n_head = cfg.n_head;
+  if (cfg.n_head > 0) {
+    // A preset without grouped key/value heads (NanoGPT) keeps them equal.
+    if (cfg.n_kv_head == 0 && mc.n_kv_head == mc.n_head) mc.n_kv_head = cfg.n_head;
+    mc.n_head = cfg.n_head;
+  }
   if (cfg.n_kv_head > 0) mc.n_kv_head = cfg.n_kv_head;
   if (cfg.hidden > 0) mc.hidden = cfg.hidden;
   if (cfg.dropout >= 0) mc.dropout = cfg.dropout;
@@ -346,6 +350,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     train_seconds += secs;
 
     StepMetrics sm = step_metrics(cfg, run, report, loss, secs, comm::thread_wait_seconds() - wait0);
+    if (report.skipped && bar) {  // the main rank only (the others have no bar)
+      bar->finish();
+      std::printf("  step %lld skipped: an inf/NaN gradient at loss scale %g (now %g)\n", (long long)report.step,
+                  report.loss_scale, run.loss_scale());
+    }
     const bool last = report.step == cfg.steps;
     if (cfg.eval_every > 0 && (report.step % cfg.eval_every == 0 || last))
       sm.extras.emplace_back("eval_loss", evaluate(run, heldout, cfg.eval_batches, cfg.seed));
