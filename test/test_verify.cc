@@ -53,7 +53,16 @@ TEST_CASE("verify: metrics files, first differing step and field; timings ignore
   REQUIRE(d.has_value());
   CHECK_THAT(*d, Catch::Contains("step 2") && Catch::Contains("param_hash"));
   write(c, "{\"step\":1,\"loss\":2.5,\"tokens_per_s\":10,\"param_hash\":\"aa\"}\n");
-  CHECK_THAT(*first_divergence(a, c), Catch::Contains("ends at line 2"));
+  CHECK_THAT(*first_divergence(a, c), Catch::Contains("every step both have (1) agrees, but " + a + " alone has steps 2"));
+  // A resumed run (steps 2 on) lines up by step, not by line.
+  write(c, "{\"step\":2,\"loss\":2.25,\"tokens_per_s\":5,\"param_hash\":\"bb\"}\n");
+  CHECK_THAT(*first_divergence(a, c), Catch::Contains("every step both have (2) agrees"));
+  write(c, "{\"step\":2,\"loss\":2.5,\"tokens_per_s\":5,\"param_hash\":\"bb\"}\n");
+  CHECK_THAT(*first_divergence(a, c), Catch::Contains("step 2") && Catch::Contains("loss 2.25 vs 2.5"));
+  write(c, "{\"step\":7,\"loss\":2.5}\n");
+  CHECK_THAT(*first_divergence(a, c), Catch::Contains("no step in common"));
+  write(c, "");
+  CHECK_THROWS_WITH(first_divergence(a, c), Catch::Contains("has no metrics rows"));
   CHECK_THROWS_WITH(first_divergence(a, dir() + "/missing.jsonl"), Catch::Contains("cannot open"));
 }
 

@@ -3,6 +3,10 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/logging.h"
@@ -97,34 +101,60 @@ std::optional<std::string> first_divergence(const std::string& a, const std::str
     if (first.find("\"phase\"") != std::string::npos) return first_dump_divergence(a, b);
     fa.seekg(0);
   }
-  std::string la, lb;
-  int64_t line = 0;
-  while (true) {
-    const bool ha = bool(std::getline(fa, la)), hb = bool(std::getline(fb, lb));
-    ++line;
-    if (!ha && !hb) return std::nullopt;
-    if (ha != hb)
-      return "'" + (ha ? b : a) + "' ends at line " + std::to_string(line) + " (" + (ha ? a : b) +
-             " goes on); everything before agrees";
-    nlohmann::json ja, jb;
-    try {
-      ja = nlohmann::json::parse(la);
-      jb = nlohmann::json::parse(lb);
-    } catch (const std::exception& e) {
-      TESSEL_FAIL("verify", "line {} is not JSON: {}", line, e.what());
+  // Rows by step: a resumed run (steps 7-10) lines up with the whole run's
+  // steps 7-10, not with its first lines.
+  auto read_rows = [](const std::string& path) {
+    std::ifstream f(path);
+    std::map<int64_t, nlohmann::json> rows;
+    std::string l;
+    for (int64_t line = 1; std::getline(f, l); ++line) {
+      if (l.empty()) continue;
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(l);
+      } catch (const std::exception& e) {
+        TESSEL_FAIL("verify", "'{}' line {} is not JSON: {}", path, line, e.what());
+      }
+      TESSEL_CHECK(j.contains("step") && j["step"].is_number_integer(), "verify", "'{}' line {} has no step: {}", path,
+                   line, l.substr(0, 200));
+      TESSEL_CHECK(rows.emplace(j["step"].get<int64_t>(), j).second, "verify", "'{}' holds step {} twice", path,
+                   j["step"].get<int64_t>());
     }
+    TESSEL_CHECK(!rows.empty(), "verify", "'{}' has no metrics rows", path);
+    return rows;
+  };
+  const auto ra = read_rows(a), rb = read_rows(b);
+  std::vector<int64_t> common, only_a, only_b;
+  for (const auto& [step, row] : ra) (rb.count(step) ? common : only_a).push_back(step);
+  for (const auto& [step, row] : rb)
+    if (!ra.count(step)) only_b.push_back(step);
+  auto steps_str = [](const std::vector<int64_t>& v) {
+    if (v.empty()) return std::string("none");
+    const bool run = v.back() - v.front() + 1 == int64_t(v.size());
+    return run && v.size() > 1 ? std::to_string(v.front()) + "-" + std::to_string(v.back())
+                               : fmt::format(FMT_STRING("{}"), fmt::join(v, ", "));
+  };
+  if (common.empty())
+    return "no step in common: " + a + " has steps " + steps_str(only_a) + ", " + b + " has steps " + steps_str(only_b);
+  for (int64_t step : common) {
+    const nlohmann::json &ja = ra.at(step), &jb = rb.at(step);
     for (auto it = ja.begin(); it != ja.end(); ++it) {
       if (timing(it.key()) || it.key() == "i") continue;
-      if (!jb.contains(it.key()))
-        return where(ja) + ": '" + it.key() + "' is in " + a + " only";
+      if (!jb.contains(it.key())) return where(ja) + ": '" + it.key() + "' is in " + a + " only";
       if (jb[it.key()] != it.value())
         return "first difference at " + where(ja) + ": " + it.key() + " " + it.value().dump() + " vs " +
-               jb[it.key()].dump() + (ja.contains("phase") ? "" : " (line " + std::to_string(line) + ")");
+               jb[it.key()].dump();
     }
     for (auto it = jb.begin(); it != jb.end(); ++it)
       if (!timing(it.key()) && it.key() != "i" && !ja.contains(it.key()))
         return where(jb) + ": '" + it.key() + "' is in " + b + " only";
   }
+  if (!only_a.empty() || !only_b.empty())
+    return "every step both have (" + steps_str(common) + ") agrees, but " +
+           (only_a.empty() ? b + " alone has steps " + steps_str(only_b)
+                           : a + " alone has steps " + steps_str(only_a) +
+                                 (only_b.empty() ? "" : " and " + b + " alone has steps " + steps_str(only_b)));
+  return std::nullopt;
 }
 
 }  // namespace tessel::train
