@@ -55,7 +55,8 @@ const std::vector<Field>& fields() {
       {"betas", &C::betas, "AdamW betas: b1,b2"},
       {"grad_clip", &C::grad_clip, "max global gradient norm (0: off)"},
       {"seed", &C::seed, "seed for initialisation, data and sampling"},
-      {"eval_every", &C::eval_every, "steps between held-out evaluations (0: never)"},
+      {"eval_every", &C::eval_every,
+       "steps between held-out evaluations during training (0: none; the final one after training always runs)"},
       {"eval_batches", &C::eval_batches, "batches per evaluation"},
       {"log_every", &C::log_every, "steps between log lines"},
       {"data", &C::data, "a text file or a folder of text files"},
@@ -347,12 +348,15 @@ void add_train_options(CLI::App& app, TrainConfig& cfg) {
                      app.add_option_function<std::vector<double>>(
                             flag, [&cfg, m](const std::vector<double>& v) { (cfg.*m) = {v[0], v[1]}; }, f.help)
                          ->expected(2)
-                         ->delimiter(',');
+                         ->delimiter(',')
+                         ->default_str(fmt::format(FMT_STRING("{},{}"), (cfg.*m)[0], (cfg.*m)[1]));
                    },
                    [&](auto m) {
                      using T = std::remove_reference_t<decltype(cfg.*m)>;
+                     // --help shows each flag's default (cfg's value when the flags are registered).
                      app.add_option_function<T>(
-                         flag, [&cfg, m](const T& v) { cfg.*m = v; }, f.help);
+                            flag, [&cfg, m](const T& v) { cfg.*m = v; }, f.help)
+                         ->default_str(fmt::format(FMT_STRING("{}"), cfg.*m));
                    },
                },
                f.member);
