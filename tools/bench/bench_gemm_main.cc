@@ -14,5 +14,6 @@ int main(int argc, char** argv) {
   app.add_option("--isa", opts.isa, "auto | avx2 | avx512");
   app.add_option("--filter", opts.filter, "only shapes whose label contains this text");
   CLI11_PARSE(app, argc, argv);
+  tessel::tools::use_best_openblas_core(argv);  // may restart this process
   return tessel::tools::run_gemm_bench(opts, std::cout);
 }

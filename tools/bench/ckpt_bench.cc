@@ -21,6 +21,7 @@
 #include "checkpoint/save.h"
 #include "runtime/comm/comm.h"
 #include "runtime/mesh.h"
+#include "tools/bench/machine.h"
 
 namespace tessel::tools {
 namespace {
@@ -72,6 +73,7 @@ checkpoint::NamedTensors make_globals(int64_t size_mb) {
 }  // namespace
 
 int run_ckpt_bench(const CkptBenchOptions& o, std::ostream& out) {
+  BenchMachine machine = begin_bench(out);
   const std::string base = o.dir.empty() ? (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") : o.dir;
   const std::string root = base + fmt::format(FMT_STRING("/tessel-bench-ckpt-{}"), getpid());
   checkpoint::io::remove_tree(root);
@@ -176,6 +178,9 @@ int run_ckpt_bench(const CkptBenchOptions& o, std::ostream& out) {
   j["reshard_load_s"] = r;
   j["reshard_vs_same_layout"] = r / l;
   if (o.async) j["async_blocked_s"] = median(stage_s);
+  end_bench(machine);
+  add_machine(j, machine);
+  out << machine_summary(machine);
   out << j.dump() << "\n";
   return 0;
 }

@@ -16,6 +16,7 @@
 
 #include "runtime/comm/comm.h"
 #include "runtime/error.h"
+#include "tools/bench/machine.h"
 
 namespace tessel::tools {
 namespace {
@@ -58,6 +59,7 @@ void fill_small_ints(float* p, int64_t n, int rank) {
 }  // namespace
 
 int run_collectives_bench(const CollectivesBenchOptions& opts, std::ostream& out) {
+  BenchMachine machine = begin_bench(out);
   auto comm = comm::world();
   const int n = comm->size(), me = comm->rank();
   MPI_Comm ref;
@@ -216,6 +218,9 @@ int run_collectives_bench(const CollectivesBenchOptions& opts, std::ostream& out
     j["cross_rank_check"] = !(check && std::string(check) == "0");
     j["result_mismatches"] = mismatches;
     j["rows"] = table;
+    end_bench(machine);
+    add_machine(j, machine);
+    out << machine_summary(machine);
     out << j.dump() << "\n";
     out.flush();
   }

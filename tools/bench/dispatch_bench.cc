@@ -13,6 +13,7 @@
 #include "autograd/dist_call.h"
 #include "autograd/ops/dist.h"
 #include "runtime/threadpool.h"
+#include "tools/bench/machine.h"
 
 namespace tessel::tools {
 namespace {
@@ -46,6 +47,7 @@ struct OpBench {
 }  // namespace
 
 int run_dispatch_bench(const DispatchBenchOptions& opts, std::ostream& out) {
+  BenchMachine machine = begin_bench(out);
   set_num_threads(opts.threads);
   NoGradGuard ng;  // forward dispatch only (recording is timed separately below)
   MeshPtr mesh = Mesh::single();
@@ -116,6 +118,9 @@ int run_dispatch_bench(const DispatchBenchOptions& opts, std::ostream& out) {
       {"threads", opts.threads},
       {"ops", rows},
   };
+  end_bench(machine);
+  add_machine(j, machine);
+  out << machine_summary(machine);
   out << j.dump() << "\n";
   return 0;
 }

@@ -1,12 +1,17 @@
 #include "tools/bench/gemm_bench.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
@@ -17,6 +22,7 @@
 #include "kernels/gemm.h"
 #include "runtime/error.h"
 #include "runtime/threadpool.h"
+#include "tools/bench/machine.h"
 
 namespace tessel::tools {
 namespace {
@@ -82,6 +88,23 @@ void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
 
 }  // namespace
 
+void use_best_openblas_core(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the caller chose
+  const std::string isa = cpu_isa();
+  const char* want = isa == "avx512" ? "SkylakeX" : isa == "avx2" ? "Haswell" : nullptr;
+  if (want == nullptr) return;
+  std::string have = openblas_get_corename(), lower_want = want;
+  for (char& c : have) c = char(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : lower_want) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (have == lower_want) return;
+  std::fprintf(stderr, "bench gemm: OpenBLAS chose its %s kernels on this %s CPU; restarting with OPENBLAS_CORETYPE=%s\n",
+               openblas_get_corename(), isa.c_str(), want);
+  setenv("OPENBLAS_CORETYPE", want, 1);
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "bench gemm: could not restart (%s); OpenBLAS keeps its %s kernels\n", std::strerror(errno),
+               openblas_get_corename());
+}
+
 int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
   TESSEL_CHECK(opts.threads >= 1, "bench gemm", "--threads must be >= 1");
   TESSEL_CHECK(opts.reps >= 1, "bench gemm", "--reps must be >= 1");
@@ -95,6 +118,7 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
     TESSEL_CHECK(opts.isa == "auto", "bench gemm", "--isa must be auto, avx2 or avx512, got '{}'", opts.isa);
   }
   const char* isa = kernels::cpu::gemm_isa_name(kernels::cpu::gemm_active_isa());
+  BenchMachine machine = begin_bench(out);
 
   char line[256];
   std::snprintf(line, sizeof line, "bench gemm: float32, threads=%d, V=%d, reps=%d (median), isa=%s, openblas %s\n",
@@ -197,10 +221,13 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
   j["threads"] = opts.threads;
   j["chunks"] = opts.chunks;
   j["isa"] = isa;
+  j["reference_kernel"] = std::string("openblas ") + openblas_get_corename();
   j["shapes"] = rows;
+  end_bench(machine);
+  add_machine(j, machine);
   std::snprintf(line, sizeof line, "total over %s: ours %.3f s, openblas %.3f s, speedup %.3f\n", summed, ours_sum,
                 ref_sum, ours_sum > 0 ? ref_sum / ours_sum : 0.0);
-  out << line;
+  out << line << machine_summary(machine);
   out << j.dump() << std::endl;
   return status;
 }

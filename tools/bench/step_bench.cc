@@ -26,6 +26,7 @@
 #include "models/language_model.h"
 #include "nn/optim.h"
 #include "runtime/threadpool.h"
+#include "tools/bench/machine.h"
 #include "tools/bench/torch_reference.h"
 
 namespace tessel::tools {
@@ -172,6 +173,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   out << fmt::format(FMT_STRING("bench step: {}; batch {} x {} tokens, {} threads, fp32, AdamW; {} warm-up + {} timed steps\n"),
                      mc.describe(), B, T, threads, o.warmup, o.steps);
   out.flush();
+  BenchMachine machine = begin_bench(out);
   std::unique_ptr<Reference> ref;
   std::string ref_name;
   int rc = 0;
@@ -181,7 +183,8 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     nlohmann::json hello = ref->ask("");
     TESSEL_CHECK(hello.is_object() && hello.value("ready", false), op,
                  "the PyTorch side ({} {}) did not start; its errors are above", python, script);
-    ref_name = fmt::format(FMT_STRING("pytorch {} (CPU, {} threads)"), hello["torch"].get<std::string>(), hello["threads"].get<int>());
+    ref_name = fmt::format(FMT_STRING("pytorch {} (CPU, {} threads, {})"), hello["torch"].get<std::string>(),
+                           hello["threads"].get<int>(), hello.value("cpu_capability", std::string("ISA unknown")));
   }
 
   // Steps alternate between the two sides (who goes first alternates too),
@@ -293,6 +296,9 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   j["steps"] = o.steps;
   j["first_loss"] = have_ref ? nlohmann::ordered_json{{"ours", first_loss}, {"reference", ref_loss}}
                              : nlohmann::ordered_json{{"ours", first_loss}};
+  end_bench(machine);
+  add_machine(j, machine);
+  out << machine_summary(machine);
   out << j.dump() << std::endl;
   return rc;
 }

@@ -60,7 +60,10 @@ def main():
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    say({"ready": True, "torch": torch.__version__.split("+")[0], "threads": torch.get_num_threads()})
+    # The ISA PyTorch's CPU kernels (and oneDNN/MKL) dispatch to, e.g. "AVX512".
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
+    say({"ready": True, "torch": torch.__version__.split("+")[0], "threads": torch.get_num_threads(),
+         "cpu_capability": "torch ISA " + str(capability)})
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "step":

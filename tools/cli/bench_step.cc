@@ -8,7 +8,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include "tools/bench/machine.h"
 #include "tools/bench/step_bench.h"
 #include "runtime/error.h"
 #include "tools/cli/commands.h"
@@ -45,19 +47,11 @@ double median(std::vector<double> v) {
 // `bench step --bitwise`: the same training steps on a mesh (ranks as
 // threads) in bitwise mode and in fast mode, rounds interleaved so drift hits
 // both; medians of the per-step times after warm-up.
-// The 1-minute load average (/proc/loadavg), -1 where unreadable.
-double load_1min() {
-  std::ifstream in("/proc/loadavg");
-  double l = -1;
-  in >> l;
-  return in ? l : -1;
-}
-
 int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& mesh, int64_t micro_batches,
                            int rounds, const std::string& dtype) {
   const std::string out = (std::filesystem::temp_directory_path() / "tessel_bench_bitwise").string();
   const std::string compute = dtype.empty() || dtype == "fp32" || dtype == "float32" ? "float32" : "bfloat16";
-  const double load_start = load_1min();
+  tools::BenchMachine machine = tools::begin_bench(std::cout);
   std::vector<double> times[2];  // [fast, bitwise]
   double loss[2] = {0, 0};
   for (int r = 0; r < rounds; ++r) {
@@ -77,23 +71,27 @@ int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& 
     }
   }
   const double fast = median(times[0]), bit = median(times[1]);
-  const double load_end = load_1min();
+  tools::end_bench(machine);
   std::printf("bench step --bitwise: %s %s (%s), batch %lld, %lld micro-batches, mesh %s, %d rounds x %d timed steps\n",
               o.model.c_str(), o.config.c_str(), compute.c_str(), (long long)o.batch, (long long)micro_batches,
               mesh.c_str(), rounds, o.steps);
-  std::printf("  1-minute load: %.2f at start, %.2f at end%s\n", load_start, load_end,
-              load_start > 1.3 ? " (loaded at start: not a quiet-machine figure)" : "");
   std::printf("  fast mode:    %.3f ms per 1k tokens (last loss %.6f)\n", fast * 1e6, loss[0]);
   std::printf("  bitwise mode: %.3f ms per 1k tokens (last loss %.6f)\n", bit * 1e6, loss[1]);
   std::printf("  bitwise / fast = %.3f (goal <= 1.15)\n", bit / fast);
-  std::printf("%s\n", fmt::format(FMT_STRING("{{\"bench\": \"step_bitwise\", \"model\": \"{}\", \"config\": \"{}\", "
-                                   "\"dtype\": \"{}\", \"mesh\": \"{}\", \"micro_batches\": {}, \"ours_s\": {:.6g}, "
-                                   "\"reference\": \"tessel fast mode (same mesh, same run)\", "
-                                   "\"reference_s\": {:.6g}, \"speedup\": {:.4f}, \"unit\": \"seconds per token\", "
-                                   "\"load_start\": {:.2f}, \"load_end\": {:.2f}, \"loaded\": {}}}"),
-                                   o.model, o.config, compute, mesh, micro_batches, bit, fast, fast / bit, load_start,
-                                   load_end, load_start > 1.3)
-                           .c_str());
+  std::printf("%s", tools::machine_summary(machine).c_str());
+  nlohmann::ordered_json j = {{"bench", "step_bitwise"},
+                              {"model", o.model},
+                              {"config", o.config},
+                              {"dtype", compute},
+                              {"mesh", mesh},
+                              {"micro_batches", micro_batches},
+                              {"ours_s", bit},
+                              {"reference", "tessel fast mode (same mesh, same run)"},
+                              {"reference_s", fast},
+                              {"speedup", fast / bit},
+                              {"unit", "seconds per token"}};
+  tools::add_machine(j, machine);
+  std::printf("%s\n", j.dump().c_str());
   return 0;
 }
 
@@ -108,6 +106,7 @@ int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std:
     std::string mesh;
     double tokens_per_s = 0, wait_share = -1;
   };
+  tools::BenchMachine machine = tools::begin_bench(std::cout);
   std::vector<Row> rows;
   std::vector<std::string> all = {""};
   all.insert(all.end(), meshes.begin(), meshes.end());
@@ -141,20 +140,27 @@ int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std:
   for (const Row& r : rows)
     std::printf("  %-22s %12.1f %13.2fx %10s\n", r.mesh.c_str(), r.tokens_per_s, r.tokens_per_s / rows[0].tokens_per_s,
                 r.wait_share < 0 ? "-" : fmt::format(FMT_STRING("{:.1f}%"), 100 * r.wait_share).c_str());
-  std::string layouts;
+  tools::end_bench(machine);
+  std::printf("%s", tools::machine_summary(machine).c_str());
+  nlohmann::ordered_json layouts = nlohmann::ordered_json::array();
   for (size_t i = 1; i < rows.size(); ++i) {
-    layouts += fmt::format(FMT_STRING("{}{{\"mesh\": \"{}\", \"tokens_per_s\": {:.6g}, \"comm_wait_share\": {}}}"),
-                           i > 1 ? ", " : "", rows[i].mesh, rows[i].tokens_per_s,
-                           rows[i].wait_share < 0 ? std::string("null") : fmt::format(FMT_STRING("{:.4f}"), rows[i].wait_share));
+    nlohmann::ordered_json row = {{"mesh", rows[i].mesh}, {"tokens_per_s", rows[i].tokens_per_s}};
+    row["comm_wait_share"] = rows[i].wait_share < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(rows[i].wait_share);
+    layouts.push_back(row);
   }
   const Row& first = rows.size() > 1 ? rows[1] : rows[0];
-  std::printf("%s\n", fmt::format(FMT_STRING("{{\"bench\": \"step_mesh\", \"model\": \"{}\", \"config\": \"{}\", "
-                                   "\"mesh\": \"{}\", \"ours_s\": {:.6g}, \"reference\": \"tessel on one device "
-                                   "(same run)\", \"reference_s\": {:.6g}, \"speedup\": {:.4f}, "
-                                   "\"unit\": \"seconds per token\", \"layouts\": [{}]}}"),
-                                   o.model, o.config, first.mesh, 1.0 / first.tokens_per_s,
-                                   1.0 / rows[0].tokens_per_s, first.tokens_per_s / rows[0].tokens_per_s, layouts)
-                           .c_str());
+  nlohmann::ordered_json j = {{"bench", "step_mesh"},
+                              {"model", o.model},
+                              {"config", o.config},
+                              {"mesh", first.mesh},
+                              {"ours_s", 1.0 / first.tokens_per_s},
+                              {"reference", "tessel on one device (same run)"},
+                              {"reference_s", 1.0 / rows[0].tokens_per_s},
+                              {"speedup", first.tokens_per_s / rows[0].tokens_per_s},
+                              {"unit", "seconds per token"},
+                              {"layouts", layouts}};
+  tools::add_machine(j, machine);
+  std::printf("%s\n", j.dump().c_str());
   return 0;
 }
 
