@@ -1,5 +1,5 @@
 #pragma once
-// How call() runs an op when an argument is a distributed tensor (DESIGN.md
+// How call() runs an op when an argument is a distributed tensor (docs/design.md
 // §2): every tensor op stays single-device code, and this wrapper makes it
 // work on a mesh.
 //

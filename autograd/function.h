@@ -1,7 +1,7 @@
 #pragma once
 // call(Op{attrs...}, inputs...): runs a differentiable op and records it.
 //
-// An op is one struct holding everything about it (DESIGN.md §1 "one op
+// An op is one struct holding everything about it (docs/design.md §1 "one op
 // lives in one place"):
 //
 //   struct SoftmaxOp {

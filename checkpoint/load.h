@@ -1,5 +1,5 @@
 #pragma once
-// Loading a distributed checkpoint into any layout (DESIGN.md §5; docs/checkpoint.md).
+// Loading a distributed checkpoint into any layout (docs/design.md §5; docs/checkpoint.md).
 //
 //   auto r = checkpoint::load("run/checkpoints/step-00000100", targets);   // targets: name -> tensor
 //

@@ -1,5 +1,5 @@
 #pragma once
-// Saving a distributed checkpoint (DESIGN.md §5; docs/checkpoint.md).
+// Saving a distributed checkpoint (docs/design.md §5; docs/checkpoint.md).
 //
 //   checkpoint::save("run/checkpoints/step-00000100", tensors, state);   // every rank calls it
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The canonical reduction order (DESIGN.md §4 level 3; docs/numerics.md).
+// The canonical reduction order (docs/design.md §4 level 3; docs/numerics.md).
 //
 // Reference definitions, written once for host and device. Optimised kernels
 // (SIMD on CPU, warps on CUDA) must reproduce these bits exactly; each has a

@@ -1,5 +1,5 @@
 #pragma once
-// General matrix multiply with the canonical K-order (DESIGN.md §4, level 3).
+// General matrix multiply with the canonical K-order (docs/design.md §4, level 3).
 //
 //   C[i,j] (+)= sum_k A[i,k] * B[k,j]
 //

@@ -7,7 +7,7 @@
 // element's value is a function of (key, distribution, its global row-major
 // linear index) alone (runtime/philox.h, kernels/random_math.h), so any
 // decomposition into blocks, any thread count and CPU or CUDA give the same
-// bits (DESIGN.md §4 level 1).
+// bits (docs/design.md §4 level 1).
 #include <cstdint>
 
 #include "kernels/random_math.h"

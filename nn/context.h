@@ -1,6 +1,6 @@
 #pragma once
 // The forward context: what random layers need to know about the step being
-// computed, so that their randomness is shard-invariant (DESIGN.md §4 level 1).
+// computed, so that their randomness is shard-invariant (docs/design.md §4 level 1).
 //
 // A random layer (Dropout, attention-probability dropout) draws with
 //   key   = {seed, stream_for(site, {step})}        site = the module's path

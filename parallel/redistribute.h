@@ -1,5 +1,5 @@
 #pragma once
-// Redistribution between any two placements of a global tensor (DESIGN.md §2),
+// Redistribution between any two placements of a global tensor (docs/design.md §2),
 // on local pieces: no autograd here (autograd/ops/dist.h wraps it in a
 // differentiable op whose backward is the dual collective).
 //

@@ -1,5 +1,5 @@
 #pragma once
-// Sharding propagation (DESIGN.md §2, §6 "sharding rules in a registry keyed
+// Sharding propagation (docs/design.md §2, §6 "sharding rules in a registry keyed
 // by op"): the vocabulary an op's rule speaks.
 //
 // An op struct (autograd/function.h) may define

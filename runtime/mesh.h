@@ -1,6 +1,6 @@
 #pragma once
 // Mesh: the devices of a job arranged as an nD grid with named dimensions
-// (DESIGN.md §2), e.g. Mesh::world({{"dp", 2}, {"tp", 2}}) over 4 ranks.
+// (docs/design.md §2), e.g. Mesh::world({{"dp", 2}, {"tp", 2}}) over 4 ranks.
 //
 // Ranks sit in row-major order over the dims: with (dp=2, tp=2) world ranks
 // 0,1 are dp=0 and 2,3 are dp=1. Each mesh dim has a communicator over the

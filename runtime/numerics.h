@@ -1,5 +1,5 @@
 #pragma once
-// The numerics contract's knobs (DESIGN.md §4, docs/numerics.md).
+// The numerics contract's knobs (docs/design.md §4, docs/numerics.md).
 //
 // Canonical reductions: a reduction of length n is split into V contiguous
 // chunks of ceil(n / V) elements (trailing chunks may be short or empty).
@@ -34,7 +34,7 @@ class ChunksGuard {
   int prev_;
 };
 
-// Bitwise mode (DESIGN.md §4 levels 2-3 for distributed runs): a computation
+// Bitwise mode (docs/design.md §4 levels 2-3 for distributed runs): a computation
 // on any mesh, split into any micro-batches, gives the bits of the
 // single-device computation. Sharded reductions then keep the canonical tree
 // (each piece computes its subtree, the collectives finish it) or gather;
@@ -69,7 +69,7 @@ inline constexpr int kLanes = 8;
 // Which GEMM a matmul on a GPU uses (docs/cuda.md). CPU matmuls always follow
 // the canonical K-order; the mode only changes what CUDA does:
 //   Bitwise: tessel's own GEMM in the canonical K-order (docs/gemm.md): the
-//            same bits as the CPU for float32 (DESIGN.md §4 level 4).
+//            same bits as the CPU for float32 (docs/design.md §4 level 4).
 //   Fast:    cuBLASLt (tensor cores for bfloat16/float16, float32 accumulate)
 //            with one algorithm fixed per problem shape and no split-K
 //            atomics: run-to-run deterministic (levels 1 and 2), not

@@ -2,7 +2,7 @@
 // Philox4x32-10 (Salmon et al., "Parallel Random Numbers: As Easy as 1, 2, 3",
 // SC'11; the Random123 library), and the mapping from (seed, stream, element)
 // to random values that makes every random op shard-invariant
-// (DESIGN.md §4 level 1). Host/device code: CPU and CUDA draw the same bits.
+// (docs/design.md §4 level 1). Host/device code: CPU and CUDA draw the same bits.
 //
 // The contract, for an op with key (seed, stream) producing a tensor whose
 // *global* row-major linear element index is e:

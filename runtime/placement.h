@@ -1,5 +1,5 @@
 #pragma once
-// Placements (DESIGN.md §2): how a global tensor lives on one mesh dimension.
+// Placements (docs/design.md §2): how a global tensor lives on one mesh dimension.
 //
 //   Shard(d)     the tensor is cut along its dim d into ceil-division chunks,
 //                one per coordinate of the mesh dimension (last chunks may be
@@ -132,7 +132,7 @@ inline Range shard_range(const Placement& p, int64_t size, int64_t n, int64_t c)
 struct LocalGeometry {
   Dims shape;
   Dims offset;
-  // The block for random ops and initialisers (DESIGN.md §4 level 1).
+  // The block for random ops and initialisers (docs/design.md §4 level 1).
   GlobalBlock block(const Dims& global_shape) const { return {global_shape, offset}; }
 };
 LocalGeometry local_geometry(const Dims& global_shape, const Dims& mesh_shape, const Placements& placements,

@@ -49,7 +49,7 @@ struct TensorImpl {
   DType dtype = DType::Float32;
   Device device;
   std::shared_ptr<AutogradMeta> autograd;  // null: no grad, no history
-  // Distributed tensors (DESIGN.md §2): shape is the *global* shape, storage
+  // Distributed tensors (docs/design.md §2): shape is the *global* shape, storage
   // is the local piece's (so version counters are shared with it), and dist
   // holds the mesh, the placements and the local piece. Null: a plain tensor.
   std::shared_ptr<const DistInfo> dist;
@@ -101,7 +101,7 @@ class Tensor {
   // All elements in row-major order converted to T (CPU tensors).
   template <class T> std::vector<T> to_vector() const;
 
-  // ---- distribution (DESIGN.md §2) ---------------------------------------------
+  // ---- distribution (docs/design.md §2) ---------------------------------------------
   // A distributed tensor's metadata (shape, dtype, device) is global; its
   // values live in `dist().local` pieces, one per rank. Ops dispatch through
   // their sharding rules; raw_data() refuses distributed tensors.

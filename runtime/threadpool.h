@@ -1,7 +1,7 @@
 #pragma once
 // A fixed pool of worker threads and parallel_for.
 //
-// Determinism rule (DESIGN.md §4 levels 2-3): kernels only ever partition work
+// Determinism rule (docs/design.md §4 levels 2-3): kernels only ever partition work
 // over *independent* outputs, so the thread count and the split never change
 // a result. parallel_for splits [0, n) into contiguous ranges; nested calls
 // from inside a worker run inline.

@@ -1,7 +1,7 @@
 #pragma once
 // tessel::tmath — the project's own float math functions.
 //
-// Why: the fp32 bitwise contract (DESIGN.md §4, level 4) needs CPU and CUDA to
+// Why: the fp32 bitwise contract (docs/design.md §4, level 4) needs CPU and CUDA to
 // produce the same bits, and glibc's expf/logf/tanhf differ from CUDA's. These
 // functions are written once and compiled for both; they use only + - * /,
 // explicit fmaf, sqrtf, float<->bits reinterpretation, integer ops, compares

@@ -1,6 +1,6 @@
 // CUDA fused causal attention against the CPU's fused kernel, forward and
 // backward: the bitwise-mode kernel (kernels/cuda/attention.cu) bit for bit
-// for float32 (DESIGN.md §4 level 4) and 16-bit inputs (GQA, dropout,
+// for float32 (docs/design.md §4 level 4) and 16-bit inputs (GQA, dropout,
 // head-transposed operands, V = 1, 16, 64, a sequence longer than a block);
 // fast mode's cuDNN flash attention (kernels/cuda/cudnn_attention.cc) within
 // 16-bit rounding. Skips without a GPU.

@@ -1,7 +1,7 @@
 // CUDA elementwise kernels (binary ops, copy with conversion, fill, where,
 // unary ops and their backward) against the CPU kernels on random inputs,
 // with broadcast and strided operands. float32 and 16-bit results are
-// compared bit for bit (DESIGN.md §4 level 4); float64 transcendentals and
+// compared bit for bit (docs/design.md §4 level 4); float64 transcendentals and
 // pow use the platform's math library and get a tolerance. Skips without a GPU.
 #include <catch2/catch.hpp>
 

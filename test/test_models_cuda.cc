@@ -1,4 +1,4 @@
-// DESIGN.md §4 level 4 end to end: a NanoGPT and a LLaMA trained for a few
+// docs/design.md §4 level 4 end to end: a NanoGPT and a LLaMA trained for a few
 // AdamW steps on the CPU and on the GPU in float32 bitwise mode produce the
 // same losses and the same parameter bits. Skips without a GPU.
 //

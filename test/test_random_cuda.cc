@@ -1,4 +1,4 @@
-// CUDA random kernels against the CPU ones, bit for bit (DESIGN.md §4 level 1:
+// CUDA random kernels against the CPU ones, bit for bit (docs/design.md §4 level 1:
 // CPU or CUDA -> identical bits). Skips without a GPU.
 #include <catch2/catch.hpp>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Distributed tensors: the user-facing API (DESIGN.md §2).
+// Distributed tensors: the user-facing API (docs/design.md §2).
 //
 //   auto mesh = Mesh::world({{"dp", 2}, {"tp", 2}});
 //   Tensor w = distribute_tensor(full_w, mesh, {Replicate(), Shard(0)});
@@ -49,7 +49,7 @@ void set_grad_placements(const Tensor& t, const std::optional<Placements>& place
 
 // Factories that create only this rank's piece. Random values depend on
 // (key, global coordinates) only: every mesh and placement gives the same
-// global tensor (DESIGN.md §4 level 1). Partial placements are allowed for
+// global tensor (docs/design.md §4 level 1). Partial placements are allowed for
 // zeros/empty only.
 Tensor empty(const Dims& shape, const MeshPtr& mesh, const Placements& placements, TensorOptions opts = {});
 Tensor zeros(const Dims& shape, const MeshPtr& mesh, const Placements& placements, TensorOptions opts = {});

@@ -127,7 +127,7 @@ struct DropoutOp {
   }
 
   // Pointwise and linear; a piece draws the mask of its own global
-  // coordinates (DESIGN.md §4 level 1), so every layout gives the same mask.
+  // coordinates (docs/design.md §4 level 1), so every layout gives the same mask.
   ShardingPlan sharding(const ShardingContext& ctx) {
     ShardingPlan plan = sharding::pointwise_exact(ctx, {0b1}, false);  // x * scale: not exact on a pending sum
     const Dims& shape = ctx.in[0].shape;

@@ -1,5 +1,5 @@
 #pragma once
-// Random tensors and dropout, shard-invariant (DESIGN.md §4 level 1).
+// Random tensors and dropout, shard-invariant (docs/design.md §4 level 1).
 //
 // Every function takes an explicit PhiloxKey {seed, stream}: there is no
 // hidden global generator state. An element's value depends only on the key,

@@ -1,6 +1,6 @@
 // CUDA fused causal attention, forward and backward, in the order of
 // operations of kernels/attention.h (the CPU kernel's bits for float32:
-// DESIGN.md §4 level 4). This is the bitwise-mode kernel: exact two-pass
+// docs/design.md §4 level 4). This is the bitwise-mode kernel: exact two-pass
 // softmax, every sum over keys or queries the canonical one over the global
 // length, no atomics. Mapping:
 //

@@ -1,7 +1,7 @@
 #pragma once
 // Launchers of the CUDA fused causal attention kernels (attention.cu);
 // adapter in attention.cc. The order of operations is kernels/attention.h's,
-// so float32 results equal the CPU kernel's bit for bit (DESIGN.md §4 level 4).
+// so float32 results equal the CPU kernel's bit for bit (docs/design.md §4 level 4).
 #include <cstdint>
 
 #include <cuda_runtime.h>

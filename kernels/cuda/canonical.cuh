@@ -1,6 +1,6 @@
 #pragma once
 // The canonical reduction order of kernels/canonical.h on the GPU, bit for
-// bit (DESIGN.md §4 levels 3-4). Two mappings of the same definition:
+// bit (docs/design.md §4 levels 3-4). Two mappings of the same definition:
 //
 //   block_canonical_reduce: one block reduces one sequence. Thread 8s + l is
 //     lane l of chunk slot s: it adds elements b + l, b + l + 8, ... of its

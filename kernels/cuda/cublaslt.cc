@@ -1,4 +1,4 @@
-// cuBLASLt matmuls (fast mode). Determinism (DESIGN.md §4 levels 1-2):
+// cuBLASLt matmuls (fast mode). Determinism (docs/design.md §4 levels 1-2):
 // float32 compute without TF32, a fixed 32 MiB workspace per (device, stream),
 // the in-place split-K reduction (counter-ordered) excluded, and the
 // heuristic's first algorithm cached per problem for the life of the process,

@@ -10,7 +10,7 @@
 // through op T; any other layout (or a leading dimension cuBLASLt rejects)
 // makes the plan "not ok" and the caller uses the bitwise kernel.
 //
-// Determinism (DESIGN.md §4 levels 1-2 in fast mode): float32 accumulation
+// Determinism (docs/design.md §4 levels 1-2 in fast mode): float32 accumulation
 // (CUBLAS_COMPUTE_32F, no TF32), a user-owned workspace of fixed size, one
 // algorithm chosen per problem and cached for the process, and no in-place
 // split-K reduction (its ordering uses counters in the workspace).

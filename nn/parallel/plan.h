@@ -1,5 +1,5 @@
 #pragma once
-// Parallel plans: how a model is laid out on a mesh, as plain data (DESIGN.md
+// Parallel plans: how a model is laid out on a mesh, as plain data (docs/design.md
 // §6, veScale-style). Model code never changes; a plan says
 //
 //   params:  regex on parameter paths -> placements per mesh dim name

@@ -1,5 +1,5 @@
 #pragma once
-// Collectives: one interface, three backends (DESIGN.md §3).
+// Collectives: one interface, three backends (docs/design.md §3).
 //
 //   local : N ranks as threads of one process (tests; an N-rank job on one
 //           machine without a launcher). Started by run_local().
@@ -14,7 +14,7 @@
 // arrived within the timeout) throws tessel::CommError naming the rank, the
 // op and the communicator: no hangs.
 //
-// Determinism (DESIGN.md §4 levels 2-3): Sum/Avg/Max/Min are never left to
+// Determinism (docs/design.md §4 levels 2-3): Sum/Avg/Max/Min are never left to
 // the transport's own reduction order. For every element, the ranks'
 // contributions v[0..n) (in communicator rank order) are combined with the
 // balanced tree of kernels/canonical.h's tree_combine:

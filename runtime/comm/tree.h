@@ -13,7 +13,7 @@
 namespace tessel::comm {
 
 // Slices of an n-element buffer over `parts` ranks: ceil-division, so the
-// trailing slices are short or empty (DESIGN.md §2, uneven shards).
+// trailing slices are short or empty (docs/design.md §2, uneven shards).
 TESSEL_HOST_DEVICE_INLINE int64_t slice_stride(int64_t n, int parts) { return (n + parts - 1) / parts; }
 TESSEL_HOST_DEVICE_INLINE int64_t slice_begin(int64_t n, int parts, int s) {
   int64_t b = slice_stride(n, parts) * s;

@@ -9,7 +9,7 @@
 //   "config": TrainConfig                 the whole run's settings, for the record
 //
 // The RNG needs nothing more than (seed, step): every Philox key derives
-// from them and the call site (DESIGN.md §4), so dropout masks, data order
+// from them and the call site (docs/design.md §4), so dropout masks, data order
 // and sampling after a resume are those of an uninterrupted run.
 #include <cstdint>
 #include <string>
