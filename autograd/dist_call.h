@@ -66,11 +66,19 @@ struct has_exact_widened : std::false_type {};
 template <class Op>
 struct has_exact_widened<Op, std::void_t<decltype(std::declval<const Op&>().exact_widened())>> : std::true_type {};
 
+// The op protocol's sharding rule: `ShardingPlan sharding(const ShardingContext&)`.
 template <class Op, class = void>
 struct has_sharding_rule : std::false_type {};
 template <class Op>
 struct has_sharding_rule<Op, std::void_t<decltype(std::declval<Op&>().sharding(std::declval<const ShardingContext&>()))>>
-    : std::true_type {};
+    : std::is_same<decltype(std::declval<Op&>().sharding(std::declval<const ShardingContext&>())), ShardingPlan> {};
+// Any (non-overloaded) member named `sharding`: with has_sharding_rule, a
+// member that is meant as the rule but has another signature is a compile
+// error (call_distributed), not an op that silently replicates its inputs.
+template <class Op, class = void>
+struct has_sharding_member : std::false_type {};
+template <class Op>
+struct has_sharding_member<Op, std::void_t<decltype(&Op::sharding)>> : std::true_type {};
 
 // Per-stage time of distributed dispatch (for `tessel bench dispatch`):
 // measured only while enabled, per thread.
@@ -224,6 +232,10 @@ ForwardResult<Op, Args...> call_widened(const char* name, Op op, const DistCall&
 
 template <class Op, class... Args>
 ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&... args) {
+  static_assert(!has_sharding_member<Op>::value || has_sharding_rule<Op>::value,
+                "this op has a member named `sharding` that is not a sharding rule: it must be "
+                "`ShardingPlan sharding(const ShardingContext& ctx)` (parallel/sharding.h); as written the op "
+                "would replicate its inputs on every mesh");
   const bool prof = dispatch_profiling();
   double t0 = prof ? now_seconds() : 0, t1 = 0, t2 = 0, t3 = 0;
   std::vector<const Tensor*> inputs;

@@ -1,10 +1,14 @@
 #pragma once
-// Sharding propagation (docs/design.md §2, §6 "sharding rules in a registry keyed
-// by op"): the vocabulary an op's rule speaks.
+// Sharding propagation (docs/design.md §2): the vocabulary an op's rule
+// speaks. The rule itself lives in the op struct, next to its backward
+// (docs/design.md §1, §6), not in a registry.
 //
 // An op struct (autograd/function.h) may define
 //
 //   ShardingPlan sharding(const ShardingContext& ctx);
+//
+// A member named `sharding` with any other signature is a compile error
+// (autograd/dist_call.h), not an op that silently loses its rule.
 //
 // ctx describes the global inputs (shape, dtype, placements; plain tensors
 // count as Replicate) and the global outputs (shape, dtype, from running the

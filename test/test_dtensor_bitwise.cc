@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "autograd/api.h"
+#include "autograd/dist_call.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
 #include "test/dtensor/cases.h"
@@ -183,4 +184,33 @@ TEST_CASE("bitwise mode: reducing an outer pending dim keeps the inner one's ord
     return got == ref.item<float>() ? "" : fmt::format(FMT_STRING("got {} instead of {}"), got, ref.item<float>());
   });
   CHECK(first_failure(reports) == "");
+}
+
+namespace {
+using tessel::ShardingContext;
+using tessel::ShardingPlan;
+// Ops whose `sharding` member is not the protocol's rule: call() on a
+// distributed tensor refuses them at compile time (the static_assert in
+// autograd/dist_call.h); here the traits it uses are checked directly.
+struct RuleByValueOp {  // a by-value context is still callable: a rule
+  ShardingPlan sharding(ShardingContext ctx);
+};
+struct RuleTakingMutableRefOp {  // not callable with the const context the dispatcher passes
+  ShardingPlan sharding(ShardingContext& ctx);
+};
+struct RuleReturningVoidOp {
+  void sharding(const ShardingContext& ctx);
+};
+struct NoRuleOp {};
+}  // namespace
+
+TEST_CASE("a `sharding` member with the wrong signature is detected, not silently ignored", "[dtensor]") {
+  using detail::has_sharding_member;
+  using detail::has_sharding_rule;
+  STATIC_REQUIRE(has_sharding_rule<RuleByValueOp>::value);
+  STATIC_REQUIRE(has_sharding_member<RuleTakingMutableRefOp>::value);
+  STATIC_REQUIRE_FALSE(has_sharding_rule<RuleTakingMutableRefOp>::value);  // -> the static_assert fires
+  STATIC_REQUIRE(has_sharding_member<RuleReturningVoidOp>::value);
+  STATIC_REQUIRE_FALSE(has_sharding_rule<RuleReturningVoidOp>::value);
+  STATIC_REQUIRE_FALSE(has_sharding_member<NoRuleOp>::value);  // no rule at all: replicated, by design
 }
