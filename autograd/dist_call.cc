@@ -137,30 +137,45 @@ std::vector<Tensor> DistCall::wrap(const std::vector<Tensor>& local_out) const {
   return out;
 }
 
-bool DistCall::pends_in_16bit() const {
-  for (size_t i = 0; i < ctx.out.size(); ++i) {
-    if (!ctx.out[i].defined || !is_half(ctx.out[i].dtype)) continue;
-    for (int m = 0; m < plan.out[i].size(); ++m)
-      if (plan.out[i][m].is_partial_sum() && mesh->size(m) > 1) return true;
-  }
-  if (!ctx.grad) return false;
-  // An input's gradient is Partial on a mesh dim where the input is
-  // Replicate and something else is not (on dims where everything is
-  // Replicate the gradient passes through as it comes).
+uint32_t DistCall::replicated_dims() const {
+  uint32_t dims = 0;
   for (int m = 0; m < mesh->ndim(); ++m) {
-    if (mesh->size(m) == 1) continue;
     bool all_r = true;
     for (size_t i = 0; i < ctx.in.size(); ++i)
       if (ctx.in[i].defined && !plan.in[i][m].is_replicate()) all_r = false;
     for (size_t i = 0; i < ctx.out.size(); ++i)
       if (ctx.out[i].defined && !plan.out[i][m].is_replicate()) all_r = false;
-    if (all_r) continue;
-    for (size_t i = 0; i < ctx.in.size(); ++i)
-      if (ctx.in[i].defined && is_half(ctx.in[i].dtype) && inputs[i]->requires_grad() &&
-          plan.in[i][m].is_replicate())
-        return true;
+    if (all_r) dims |= 1u << m;
   }
-  return false;
+  return dims;
+}
+
+// Calls found(is_output, index, mesh dim) for each pending sum the plan would
+// leave in a 16-bit tensor -- an output planned Partial, or (when recording)
+// the gradient of a 16-bit input that is Replicate on a dim where something
+// else is cut (on dims where everything is Replicate the gradient passes
+// through as it comes) -- until found returns true.
+template <class F>
+void DistCall::each_16bit_pending_sum(F&& found) const {
+  for (size_t i = 0; i < ctx.out.size(); ++i) {
+    if (!ctx.out[i].defined || !is_half(ctx.out[i].dtype)) continue;
+    for (int m = 0; m < mesh->ndim(); ++m)
+      if (plan.out[i][m].is_partial_sum() && mesh->size(m) > 1 && found(true, i, m)) return;
+  }
+  if (!ctx.grad) return;
+  const uint32_t passthrough = replicated_dims();
+  for (size_t i = 0; i < ctx.in.size(); ++i) {
+    if (!ctx.in[i].defined || !is_half(ctx.in[i].dtype) || !inputs[i]->requires_grad()) continue;
+    for (int m = 0; m < mesh->ndim(); ++m)
+      if (mesh->size(m) > 1 && !(passthrough >> m & 1u) && plan.in[i][m].is_replicate() && found(false, i, m))
+        return;
+  }
+}
+
+bool DistCall::pends_in_16bit() const {
+  bool any = false;
+  each_16bit_pending_sum([&](bool, size_t, int) { return any = true; });
+  return any;
 }
 
 void DistCall::refuse_16bit_pending_sum() const {
@@ -173,24 +188,15 @@ void DistCall::refuse_16bit_pending_sum() const {
     if (ctx.out[i].defined)
       outs += TESSEL_FORMAT("{}{} {} as {}", outs.empty() ? "" : ", ", ctx.out[i].shape, dtype_name(ctx.out[i].dtype),
                             plan.out[i]);
-  // What would be pending: 16-bit outputs planned Partial, and 16-bit inputs
-  // that need a gradient and are Replicate where something else is cut.
-  for (size_t i = 0; i < ctx.out.size(); ++i)
-    for (int m = 0; ctx.out[i].defined && is_half(ctx.out[i].dtype) && m < mesh->ndim(); ++m)
-      if (plan.out[i][m].is_partial_sum() && mesh->size(m) > 1)
-        pending += TESSEL_FORMAT("{}output {} over '{}'", pending.empty() ? "" : ", ", i, mesh->name(m));
-  for (size_t i = 0; i < ctx.in.size(); ++i) {
-    if (!ctx.in[i].defined || !is_half(ctx.in[i].dtype) || !inputs[i]->requires_grad()) continue;
-    for (int m = 0; m < mesh->ndim(); ++m) {
-      if (mesh->size(m) == 1 || !plan.in[i][m].is_replicate()) continue;
-      bool cut = false;
-      for (size_t k = 0; k < ctx.in.size(); ++k) cut = cut || (ctx.in[k].defined && !plan.in[k][m].is_replicate());
-      for (size_t k = 0; k < ctx.out.size(); ++k) cut = cut || (ctx.out[k].defined && !plan.out[k][m].is_replicate());
-      if (cut)
-        pending += TESSEL_FORMAT("{}the gradient of input {} ({} {}, replicated) over '{}'", pending.empty() ? "" : ", ",
-                                 i, ctx.in[i].shape, dtype_name(ctx.in[i].dtype), mesh->name(m));
-    }
-  }
+  each_16bit_pending_sum([&](bool is_output, size_t i, int m) {
+    const char* sep = pending.empty() ? "" : ", ";
+    if (is_output)
+      pending += TESSEL_FORMAT("{}output {} over '{}'", sep, i, mesh->name(m));
+    else
+      pending += TESSEL_FORMAT("{}the gradient of input {} ({} {}, replicated) over '{}'", sep, i, ctx.in[i].shape,
+                               dtype_name(ctx.in[i].dtype), mesh->name(m));
+    return false;  // all of them
+  });
   TESSEL_FAIL(ctx.op,
               "bitwise mode cannot give one device's bits for this op in 16-bit floats on mesh {}: inputs {}; "
               "outputs {}. Pending sums in 16 bits: {} -- each rank's piece would be rounded before the pieces are "
@@ -219,14 +225,7 @@ DistGradInfo make_grad_info(const DistCall& c, const char* op) {
     g.in_defined.push_back(s.defined);
   }
   for (const TensorSpec& s : c.ctx.out) g.out_shape.push_back(s.shape);
-  for (int m = 0; m < c.mesh->ndim(); ++m) {
-    bool all_r = true;
-    for (size_t i = 0; i < g.in.size(); ++i)
-      if (g.in_defined[i] && !g.in[i][m].is_replicate()) all_r = false;
-    for (size_t i = 0; i < g.out.size(); ++i)
-      if (c.ctx.out[i].defined && !g.out[i][m].is_replicate()) all_r = false;
-    if (all_r) g.passthrough |= 1u << m;
-  }
+  g.passthrough = c.replicated_dims();
   return g;
 }
 

@@ -115,6 +115,13 @@ struct DistCall {
   // (call_widened) or is refused (refuse_16bit_pending_sum).
   bool pends_in_16bit() const;
   [[noreturn]] void refuse_16bit_pending_sum() const;
+  // Bit m set: every defined input and output is Replicate on mesh dim m
+  // (gradients pass through there as they come).
+  uint32_t replicated_dims() const;
+  // Calls found(is_output, index, mesh dim) for each pending sum the plan
+  // leaves in a 16-bit tensor, until it returns true (defined in dist_call.cc).
+  template <class F>
+  void each_16bit_pending_sum(F&& found) const;
   Tensor wrap(const Tensor& local_out, size_t i) const;
   std::vector<Tensor> wrap(const std::vector<Tensor>& local_out) const;
 };

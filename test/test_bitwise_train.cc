@@ -8,15 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "test/util/runfiles.h"
 #include "test/util/util.h"
 #include "test/train/trace.h"
+#include "train/metrics.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;
@@ -96,14 +94,11 @@ void check_layouts(const std::string& model, const std::vector<Layout>& layouts,
   check_layouts(r, layouts);
 }
 
-// Every value of `key` that run `c` wrote to its metrics.jsonl, in step order.
+// Every value of the extra metric `key` that run `c` wrote to its metrics.jsonl, in step order.
 std::vector<double> metric(const TrainConfig& c, const std::string& key) {
-  std::ifstream in(std::filesystem::path(c.out_dir) / "metrics.jsonl");
   std::vector<double> v;
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) v.push_back(j[key].get<double>());
-  }
+  for (const StepMetrics& m : read_metrics(c.metrics_path()))
+    if (const auto x = m.extra(key)) v.push_back(*x);
   return v;
 }
 
