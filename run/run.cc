@@ -1,7 +1,6 @@
 #include "run/run.h"
 
 #include <algorithm>
-#include <cstring>
 #include <regex>
 #include <set>
 #include <unordered_set>
@@ -10,6 +9,7 @@
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
 #include "autograd/ops/dist.h"
+#include "autograd/trace.h"
 #include "checkpoint/save.h"
 #include "nn/autocast.h"
 #include "nn/clip.h"
@@ -191,30 +191,13 @@ void RunState::check_parameters_unchanged() const {
               slots.size(), param_paths.size());
 }
 
-namespace {
-// A 64-bit hash of a tensor's shape, dtype and bytes (contiguous copy if needed).
-uint64_t content_hash(const Tensor& t) {
-  const Tensor c = t.is_contiguous() ? t : t.contiguous();
-  uint64_t h = 1469598103934665603ull ^ uint64_t(t.dtype());
-  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  for (int d = 0; d < t.dim(); ++d) mix(uint64_t(t.size(d)));
-  const auto* p = static_cast<const unsigned char*>(c.raw_data());
-  const size_t n = c.nbytes();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    mix(w);
-  }
-  for (; i < n; ++i) mix(p[i]);
-  return h;
-}
-}  // namespace
-
 void RunState::check_same_on_every_rank(const Tensor& full) const {
   if (!options.check_inputs || !comm::has_world() || comm::world()->size() == 1) return;
   // max(h) == -max(-h) iff every rank has the same h (as signed 64-bit values).
-  const int64_t h = int64_t(content_hash(full) >> 1);
+  // trace::tensor_hash covers the dtype and the values; the shape is mixed in too.
+  uint64_t hash = trace::tensor_hash(full);
+  for (int d = 0; d < full.dim(); ++d) hash = (hash ^ uint64_t(full.size(d))) * 1099511628211ull;
+  const int64_t h = int64_t(hash >> 1);
   Tensor v = raw::empty({2}, DType::Int64);
   v.data<int64_t>()[0] = h;
   v.data<int64_t>()[1] = -h;
@@ -398,7 +381,9 @@ StepReport RunBase::step_optimizer() {
     r.loss_scale = s.scaler->get_scale();
     if (s.pipe) s.pipe->finish_gradients();  // tied gradients complete before they are unscaled
     s.scaler->unscale_(*s.opt);
-    if (s.mesh) s.scaler->combine_found_inf(*s.mesh);  // every rank, across pipeline stages too
+    // unscale_ combined the flag over the gradients' mesh; a pipeline stage's
+    // gradients live on its stage's sub-mesh, so the stages agree here.
+    if (s.pipe) s.scaler->combine_found_inf(*s.mesh);
     r.skipped = s.scaler->found_inf();
   }
   {
