@@ -2,6 +2,7 @@
 // promised JSON (the PyTorch side is exercised by ./tessel bench step).
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -11,6 +12,9 @@
 using namespace tessel;
 
 TEST_CASE("bench step --no-reference ends with one JSON line", "[bench]") {
+  // A test asserts the output, not the timing: it must not wait for a quiet
+  // machine (a loaded CI would make it wait 60 s and time out).
+  setenv("TESSEL_BENCH_WAIT_S", "0", 1);
   tools::StepBenchOptions o;
   o.model = "llama";
   o.config = "tiny";
@@ -35,6 +39,8 @@ TEST_CASE("bench step --no-reference ends with one JSON line", "[bench]") {
   CHECK(j["tokens_per_s"].get<double>() > 0);
   CHECK(j["batch"] == 2);
   CHECK(j["seq"] == 16);
+  CHECK(j["machine"]["cpu"].is_string());  // tools/bench/machine.h
+  CHECK(j["loaded"].is_boolean());
   CHECK(text.find("first-step loss") == std::string::npos);  // no loss comparison without a reference
 }
 
