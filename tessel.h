@@ -5,8 +5,8 @@
 //   using namespace tessel;
 //
 // (Bazel: deps = ["@tessel//:tessel"], docs/build.md.) It brings:
-//   tensors and differentiable ops         autograd/api.h, autograd/ops/dist.h
-//   meshes, collectives, numerics knobs    runtime/mesh.h, runtime/comm/comm.h, runtime/numerics.h
+//   tensors and differentiable ops         autograd/api.h, dtensor/ops.h
+//   meshes, collectives, numerics knobs    dtensor/mesh.h, runtime/comm/comm.h, runtime/numerics.h
 //   modules, layers, optimizers, schedules nn/nn.h
 //   parallel plans                         nn/parallel/plan.h
 //   the training API                       run/run.h (tessel::parallelize, tessel::Run),
@@ -14,12 +14,12 @@
 //                                          run/launch.h (tessel::launch)
 // docs/your_model.md walks through a model of one's own on every layout.
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "nn/nn.h"
 #include "nn/parallel/plan.h"
 #include "run/checkpoint.h"
 #include "run/launch.h"
 #include "run/run.h"
 #include "runtime/comm/comm.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 #include "runtime/numerics.h"

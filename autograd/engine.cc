@@ -10,9 +10,9 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops/elementwise.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "autograd/ops/factory.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
 
@@ -170,8 +170,8 @@ struct ReadyOrder {
 Tensor sum_gradients(const Tensor& a, const Tensor& b) {
   if (!a.is_distributed() || !b.is_distributed()) return add(a, b);
   if (numerics::bitwise()) {  // one device adds the finished gradients: reduce both first
-    const Placements r = sharding::unshard(a.placements(), {}, true);
-    return add(redistribute(a, r), redistribute(b, sharding::unshard(b.placements(), {}, true)));
+    const Placements r = dtensor::unshard(a.placements(), {}, true);
+    return add(redistribute(a, r), redistribute(b, dtensor::unshard(b.placements(), {}, true)));
   }
   if (a.placements() == b.placements()) return add(a, b);
   Placements target = a.placements();

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "autograd/autograd_meta.h"
-#include "autograd/dist_call.h"
+#include "dtensor/dist_call.h"
 #include "autograd/grad_context.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"

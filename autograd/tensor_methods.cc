@@ -5,13 +5,13 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/reduce.h"
 #include "kernels/elementwise.h"
-#include "runtime/mesh.h"
-#include "parallel/sharding.h"
+#include "dtensor/mesh.h"
+#include "dtensor/sharding.h"
 
 namespace tessel {
 
@@ -199,13 +199,13 @@ struct ViewOp {
         if (x.shape[int(a)] != 1) {
           for (int i = 0; i < n; ++i) map[size_t(i)] = i;
         } else {
-          in = sharding::unshard(in, {int(a)}, false);
+          in = dtensor::unshard(in, {int(a)}, false);
           for (int i = 0; i < n; ++i) map[size_t(i)] = i < a ? i : i == a ? -1 : i - 1;
         }
         break;
       case ViewKind::Slice:
       case ViewKind::Select:
-        in = sharding::unshard(in, {int(a)}, false);
+        in = dtensor::unshard(in, {int(a)}, false);
         for (int i = 0; i < n; ++i)
           map[size_t(i)] = kind == ViewKind::Slice ? i : i < a ? i : i == a ? -1 : i - 1;
         break;
@@ -213,7 +213,7 @@ struct ViewOp {
         const int lead = out_shape.size() - n;
         for (int i = 0; i < n; ++i) {
           map[size_t(i)] = i + lead;
-          if (x.shape[i] != out_shape[i + lead]) in = sharding::unshard(in, {i}, false);
+          if (x.shape[i] != out_shape[i + lead]) in = dtensor::unshard(in, {i}, false);
         }
         break;
       }
@@ -221,7 +221,7 @@ struct ViewOp {
         in = reshape_placements(ctx, map);
         break;
     }
-    out = sharding::map_dims(in, map.data(), Replicate());
+    out = dtensor::map_dims(in, map.data(), Replicate());
     // The local piece's attributes.
     if (kind == ViewKind::Expand || kind == ViewKind::Reshape) arg = ctx.local(out_shape, out).shape;
     if (kind == ViewKind::Reshape) copy_ok = true;
@@ -237,7 +237,7 @@ struct ViewOp {
     const Dims& I = x.shape;
     const Dims& O = ctx.out[0].shape;
     Placements in = x.placements;
-    if (numel_of(I) == 0) return sharding::unshard(in, {0, 1, 2, 3, 4, 5, 6, 7}, false);
+    if (numel_of(I) == 0) return dtensor::unshard(in, {0, 1, 2, 3, 4, 5, 6, 7}, false);
     int i = 0, j = 0;
     while (i < I.size() || j < O.size()) {
       const int i0 = i, j0 = j;
@@ -269,7 +269,7 @@ struct ViewOp {
           ok = (I[d] + nm - 1) / nm * rest_in == (O[j1] + nm - 1) / nm * rest_out;
         }
         if (ok) map[size_t(d)] = one_to_one ? j0 : j1;
-        else in = sharding::unshard(in, {d}, false);
+        else in = dtensor::unshard(in, {d}, false);
       }
     }
     return in;
@@ -286,7 +286,7 @@ struct CloneOp {
     return out;
   }
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) { return {grads[0]}; }
-  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise_exact(ctx, {0b1}, true); }
+  ShardingPlan sharding(const ShardingContext& ctx) { return dtensor::pointwise_exact(ctx, {0b1}, true); }
 };
 
 struct CastOp {
@@ -305,7 +305,7 @@ struct CastOp {
   ShardingPlan sharding(const ShardingContext& ctx) {
     const DType f = ctx.in[0].dtype;
     const bool widening = is_floating(f) && is_floating(to) && itemsize(to) > itemsize(f);
-    return widening ? sharding::pointwise(ctx, {0b1}) : sharding::pointwise(ctx);
+    return widening ? dtensor::pointwise(ctx, {0b1}) : dtensor::pointwise(ctx);
   }
 };
 
@@ -544,7 +544,7 @@ Tensor& binary_inplace_distributed(Tensor& self, const Tensor& other, kernels::B
   } else {
     NoGradGuard ng;
     Tensor full = other.shape() == self.shape() ? other : other.expand(self.shape());
-    Placements want = sharding::unshard(self.placements(), {}, true);
+    Placements want = dtensor::unshard(self.placements(), {}, true);
     o = full.is_distributed() ? redistribute(full, want) : distribute_tensor(full.contiguous(), self.mesh(), want);
   }
   Tensor local = self.dist().local;

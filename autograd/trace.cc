@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "autograd/grad_mode.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 
 namespace tessel::trace {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "autograd/api.h"
 #include "checkpoint/crc32c.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::checkpoint {
 namespace {

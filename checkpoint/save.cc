@@ -13,10 +13,10 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/plan.h"
-#include "parallel/redistribute.h"
+#include "dtensor/redistribute.h"
 #include "runtime/comm/comm.h"
 #include <spdlog/spdlog.h>
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::checkpoint {
 namespace {
@@ -77,7 +77,7 @@ std::pair<Tensor, Box> local_piece(const std::string& name, const Tensor& t) {
       Placements reduced = p;
       for (int m = 0; m < reduced.size(); ++m)
         if (reduced[m].is_partial()) reduced[m] = Replicate();
-      local = parallel::redistribute_local(local, t.shape(), mesh, p, reduced);
+      local = dtensor::redistribute_local(local, t.shape(), mesh, p, reduced);
       p = reduced;
     }
     const LocalGeometry g = local_geometry(t.shape(), mesh.shape(), p, mesh.coords());

@@ -6,8 +6,8 @@
 
 #include "autograd/api.h"
 #include "autograd/ops/common.h"
-#include "autograd/ops/dist.h"
-#include "parallel/sharding.h"
+#include "dtensor/ops.h"
+#include "dtensor/sharding.h"
 #include "runtime/comm/comm.h"
 #include "runtime/numerics.h"
 #include "kernels/canonical.h"
@@ -56,14 +56,14 @@ std::vector<float> square_sums(const std::vector<Tensor>& params, const char* op
     if (!g.defined()) continue;
     int v_local = v;
     if (g.is_distributed()) {
-      if (g.placements().any_partial()) g = redistribute(g, sharding::unshard(g.placements(), {}, true));
+      if (g.placements().any_partial()) g = redistribute(g, dtensor::unshard(g.placements(), {}, true));
       if (numerics::bitwise()) {
         // The single-device sum of squares runs over the whole gradient in
         // memory order: a piece may compute its subtree only if it is a whole
         // run of the canonical chunks; otherwise gather the gradient.
         std::vector<int> all;
         for (int d = 0; d < g.dim(); ++d) all.push_back(d);
-        v_local = sharding::local_chunks(g.shape(), g.placements(), *g.mesh(), all, v);
+        v_local = dtensor::local_chunks(g.shape(), g.placements(), *g.mesh(), all, v);
         if (v_local == 0) {
           g = redistribute(g, Placements::replicated(g.mesh()->ndim()));
           v_local = v;

@@ -7,7 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "kernels/amp.h"
 #include "runtime/comm/comm.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::nn {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "nn/optim.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 #include "runtime/tensor.h"
 
 namespace tessel::nn {

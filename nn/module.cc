@@ -5,7 +5,7 @@
 #include <unordered_set>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 
 namespace tessel::nn {
 

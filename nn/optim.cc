@@ -7,7 +7,7 @@
 
 #include "autograd/api.h"
 #include "autograd/autograd_meta.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "kernels/optim.h"
 
 namespace tessel::nn {

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "checkpoint/save.h"

@@ -8,7 +8,7 @@
 #include "autograd/api.h"
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "autograd/trace.h"
 #include "checkpoint/save.h"
 #include "nn/autocast.h"

@@ -57,7 +57,7 @@
 #include "nn/parallel/data_parallel.h"
 #include "nn/parallel/plan.h"
 #include "nn/schedule.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel {
 

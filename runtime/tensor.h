@@ -15,7 +15,7 @@
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/macros.h"
-#include "runtime/placement.h"
+#include "dtensor/placement.h"
 #include "runtime/scalar.h"
 #include "runtime/shape.h"
 #include "runtime/storage.h"
@@ -25,7 +25,7 @@ namespace tessel {
 struct AutogradMeta;  // autograd/autograd_meta.h
 struct Node;          // autograd/node.h
 struct DistInfo;      // below
-class Mesh;           // runtime/mesh.h
+class Mesh;           // dtensor/mesh.h
 using MeshPtr = std::shared_ptr<const Mesh>;
 
 struct TensorOptions {
@@ -173,7 +173,7 @@ class Tensor {
 // dp shard and gives the shard one that returns the gathered parameter: the
 // op -- and the autograd node it records -- then see the gathered copy, so
 // the gradient flows through FSDP's gather node whether or not the module's
-// forward hooks ran. Only call()'s distributed path (autograd/dist_call.h)
+// forward hooks ran. Only call()'s distributed path (dtensor/dist_call.h)
 // consults it, before anything else; what reads a tensor as it is
 // (redistribute, full_tensor, to_local, raw::local_of, kernels, optimizer
 // steps, checkpoints) never does.
@@ -203,8 +203,12 @@ template <class T> T* Tensor::data() const {
   return static_cast<T*>(raw_data());
 }
 
-// Metadata-only operations on tensors. They never copy, never record autograd
-// history, and are what kernels and op implementations use.
+// Tensor operations outside autograd: nothing here records history, whatever
+// its inputs' requires_grad -- "raw" means "below the tape". They are what
+// kernels, op implementations, optimizers and checkpoints use. Most are views
+// (alias, transpose, slice, expand, ...: metadata only, never a copy);
+// empty/empty_like/from_blob make storage (uninitialised or wrapped); the
+// distributed helpers wrap or unwrap local pieces without communicating.
 namespace raw {
 
 // A distributed tensor over this rank's `local` piece (no autograd, no

@@ -207,7 +207,7 @@ TEST_CASE("bitwise: Mixtral with capacity drops on dp, ep, dp x ep, ep x tp, pp"
 // The experts run whole in bitwise mode (their tp pieces gathered), so ep x tp
 // gives the one-device bits too. With ep outside dp the non-expert weight
 // gradients are pending over both; the dp sum is the buckets', so the ep
-// reduction must not combine across ep first (parallel/redistribute.cc).
+// reduction must not combine across ep first (dtensor/redistribute.cc).
 TEST_CASE("bitwise: Mixtral on ep x tp, dp x ep x tp, and ep outside dp", "[bitwise][train]") {
   check_layouts("mixtral", {{"ep=2,tp=2"}, {"ep=2,tp=2", true}, {"dp=2,ep=2,tp=2"}, {"ep=2,dp=2"}, {"ep=2,tp=2,dp=2"}});
 }
@@ -219,7 +219,7 @@ TEST_CASE("bitwise: interleaved 1F1B (4 blocks, 2 virtual stages per rank)", "[b
 
 // bfloat16 autocast (float32 master weights): the same layouts give the
 // one-device bfloat16 run's bits. Ops whose pieces would be rounded to 16
-// bits before they are summed run widened to float32 (autograd/dist_call.h).
+// bits before they are summed run widened to float32 (dtensor/dist_call.h).
 TEST_CASE("bitwise: bfloat16 autocast on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP", "[bitwise][train][bf16]") {
   for (std::string model : {"nanogpt", "llama"}) check_layouts(model, kDpTpLayouts, 2, 0, "bfloat16");
 }

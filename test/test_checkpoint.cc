@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"

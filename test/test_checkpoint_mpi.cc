@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "checkpoint/save.h"

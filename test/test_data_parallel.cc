@@ -12,7 +12,7 @@
 #include <set>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "kernels/elementwise.h"
 #include "models/language_model.h"
 #include "nn/nn.h"

@@ -9,8 +9,8 @@
 #include "autograd/api.h"
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
-#include "autograd/ops/dist.h"
-#include "parallel/redistribute.h"
+#include "dtensor/ops.h"
+#include "dtensor/redistribute.h"
 #include "test/util/dist.h"
 #include "test/util/util.h"
 
@@ -109,7 +109,7 @@ TEST_CASE("redistribute plans use the standard collectives", "[dtensor]") {
     MeshPtr m = Mesh::world({{"dp", 2}, {"tp", 2}});
     auto plan = [&](Placements a, Placements b) {
       std::string s;
-      for (auto& st : parallel::plan_redistribute(*m, a, b)) s += std::string(st.collective) + ";";
+      for (auto& st : dtensor::plan_redistribute(*m, a, b)) s += std::string(st.collective) + ";";
       return s;
     };
     std::string r;

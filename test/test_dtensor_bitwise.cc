@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "autograd/api.h"
-#include "autograd/dist_call.h"
+#include "dtensor/dist_call.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
 #include "test/dtensor/cases.h"
@@ -191,7 +191,7 @@ using tessel::ShardingContext;
 using tessel::ShardingPlan;
 // Ops whose `sharding` member is not the protocol's rule: call() on a
 // distributed tensor refuses them at compile time (the static_assert in
-// autograd/dist_call.h); here the traits it uses are checked directly.
+// dtensor/dist_call.h); here the traits it uses are checked directly.
 struct RuleByValueOp {  // a by-value context is still callable: a rule
   ShardingPlan sharding(ShardingContext ctx);
 };

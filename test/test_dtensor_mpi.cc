@@ -7,7 +7,7 @@
 #include <random>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "runtime/comm/comm.h"
 #include "test/dtensor/cases.h"
 #include "test/util/dist.h"

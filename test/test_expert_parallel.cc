@@ -10,7 +10,7 @@
 #include <numeric>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "nn/nn.h"
 #include "nn/parallel/expert_parallel.h"
 #include "nn/parallel/parallelize.h"

@@ -14,7 +14,7 @@
 #include <map>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "nn/clip.h"
 #include "nn/nn.h"
 #include "nn/parallel/data_parallel.h"

@@ -8,7 +8,7 @@
 #include "kernels/amp.h"
 #include "nn/grad_scaler.h"
 #include "nn/optim.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "test/util/dist.h"
 #include "test/util/util.h"
 

@@ -21,7 +21,7 @@
 #include <tuple>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "nn/clip.h"
 #include "nn/nn.h"
 #include "nn/parallel/parallelize.h"

@@ -1,6 +1,6 @@
 #include "train/metrics.h"
 
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 
 #include <unistd.h>
 

@@ -17,7 +17,7 @@
 #include "autograd/ops/unary.h"
 #include "kernels/attention.h"
 #include "kernels/random.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

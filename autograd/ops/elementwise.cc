@@ -5,7 +5,7 @@
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
 #include "kernels/elementwise.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -109,13 +109,13 @@ struct BinaryArithOp {
     ShardingPlan plan;
     switch (op) {
       case BinaryOp::Add:
-      case BinaryOp::Sub: plan = sharding::pointwise_exact(ctx, {0b11}, false); break;
-      case BinaryOp::Mul: plan = sharding::pointwise_exact(ctx, {0b01, 0b10}, false); break;
-      case BinaryOp::Div: plan = sharding::pointwise_exact(ctx, {0b01}, false); break;
-      default: plan = sharding::pointwise(ctx);
+      case BinaryOp::Sub: plan = dtensor::pointwise_exact(ctx, {0b11}, false); break;
+      case BinaryOp::Mul: plan = dtensor::pointwise_exact(ctx, {0b01, 0b10}, false); break;
+      case BinaryOp::Div: plan = dtensor::pointwise_exact(ctx, {0b01}, false); break;
+      default: plan = dtensor::pointwise(ctx);
     }
     if (numerics::bitwise()) {
-      std::vector<int> ch = sharding::pointwise_backward_chunks(ctx, plan);
+      std::vector<int> ch = dtensor::pointwise_backward_chunks(ctx, plan);
       a_chunks = ch[0];
       b_chunks = ch[1];
     }
@@ -139,7 +139,7 @@ struct BoolBinaryOp {
     return binary_raw(op, x, y, logical ? DType::Bool : promote_types(x.dtype(), y.dtype()), DType::Bool);
   }
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>&) { return {Tensor(), Tensor()}; }
-  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx); }
+  ShardingPlan sharding(const ShardingContext& ctx) { return dtensor::pointwise(ctx); }
 };
 
 Tensor compare(BinaryOp op, const Tensor& a, const Tensor& b) {
@@ -184,9 +184,9 @@ struct WhereOp {
 
   // Linear in (a, b) together, and a pure selection: both Partial(sum) stay Partial.
   ShardingPlan sharding(const ShardingContext& ctx) {
-    ShardingPlan plan = sharding::pointwise_exact(ctx, {0b110}, true);
+    ShardingPlan plan = dtensor::pointwise_exact(ctx, {0b110}, true);
     if (numerics::bitwise()) {
-      std::vector<int> ch = sharding::pointwise_backward_chunks(ctx, plan);
+      std::vector<int> ch = dtensor::pointwise_backward_chunks(ctx, plan);
       a_chunks = ch[1];
       b_chunks = ch[2];
     }

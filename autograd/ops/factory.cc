@@ -3,8 +3,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "autograd/ops/dist.h"
-#include "parallel/sharding.h"
+#include "dtensor/ops.h"
+#include "dtensor/sharding.h"
 #include "kernels/elementwise.h"
 
 namespace tessel {
@@ -37,7 +37,7 @@ TensorOptions like(const Tensor& t) {
 // *_like of a distributed tensor: same mesh and layout (a Partial layout
 // becomes Replicate where the value would not be a valid pending sum).
 Placements like_placements(const Tensor& t, bool keep_partial) {
-  return keep_partial ? t.placements() : sharding::unshard(t.placements(), {}, true);
+  return keep_partial ? t.placements() : dtensor::unshard(t.placements(), {}, true);
 }
 
 Tensor empty_like(const Tensor& t) {

@@ -10,7 +10,7 @@
 #include "autograd/ops/reduce.h"
 #include "kernels/elementwise.h"
 #include "kernels/indexing.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -192,7 +192,7 @@ struct EmbeddingOp {
     if (numerics::bitwise()) {  // the weight gradient sums over tokens: exact pieces or gathered ids
       std::vector<int> tokens;
       for (int d = 0; d < ids_spec.dim(); ++d) tokens.push_back(d);
-      grad_chunks = sharding::local_chunks(ids_spec.shape, plan.in[1], *ctx.mesh, tokens, chunks());
+      grad_chunks = dtensor::local_chunks(ids_spec.shape, plan.in[1], *ctx.mesh, tokens, chunks());
       if (grad_chunks == 0) {
         for (int m = 0; m < ctx.mesh_ndim(); ++m)
           if (plan.in[1][m].is_shard()) plan.in[1][m] = Replicate(), plan.out[0][m] = Replicate();
@@ -287,7 +287,7 @@ struct GatherOp {
       plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
     }
     if (numerics::bitwise()) {  // an index sharded along d cuts x's gradient sum over positions
-      grad_chunks = sharding::local_chunks(ix.shape, plan.in[1], *ctx.mesh, {d}, chunks());
+      grad_chunks = dtensor::local_chunks(ix.shape, plan.in[1], *ctx.mesh, {d}, chunks());
       if (grad_chunks == 0) {
         for (int m = 0; m < ctx.mesh_ndim(); ++m)
           if (plan.in[1][m].is_shard(d)) plan.in[1][m] = Replicate(), plan.out[0][m] = Replicate();
@@ -425,7 +425,7 @@ struct IndexSelectOp {
       plan.in[0].push_back(a), plan.in[1].push_back(b), plan.out[0].push_back(o);
     }
     if (numerics::bitwise() && ix.dim() == 1) {
-      grad_chunks = sharding::local_chunks(ix.shape, plan.in[1], *ctx.mesh, {0}, chunks());
+      grad_chunks = dtensor::local_chunks(ix.shape, plan.in[1], *ctx.mesh, {0}, chunks());
       if (grad_chunks == 0) {
         for (int m = 0; m < ctx.mesh_ndim(); ++m)
           if (plan.in[1][m].is_shard()) plan.in[1][m] = Replicate(), plan.out[0][m] = Replicate();

@@ -3,7 +3,7 @@
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
 #include "kernels/elementwise.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 
 namespace tessel {
 namespace {
@@ -162,7 +162,7 @@ struct SplitOp {
 
   // Pieces keep x's layout; x sharded along the split dim is gathered.
   ShardingPlan sharding(const ShardingContext& ctx) {
-    Placements p = sharding::unshard(ctx.in[0].placements, {d}, false);
+    Placements p = dtensor::unshard(ctx.in[0].placements, {d}, false);
     return {{p}, std::vector<Placements>(ctx.out.size(), p)};
   }
 };

@@ -8,7 +8,7 @@
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
 #include "kernels/loss.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -113,9 +113,9 @@ struct ClassLossOp {
   // targets alike), the class dim is whole. A reduced loss is computed
   // replicated (class_loss_distributed decomposes it instead).
   ShardingPlan sharding(const ShardingContext& ctx) {
-    if (reduction != LossReduction::None) return sharding::replicate(ctx);
+    if (reduction != LossReduction::None) return dtensor::replicate(ctx);
     const TensorSpec& s = ctx.in[0];
-    Placements p = sharding::unshard(s.placements, {s.dim() - 1}, true);
+    Placements p = dtensor::unshard(s.placements, {s.dim() - 1}, true);
     return {{p, p}, {p}};
   }
 };

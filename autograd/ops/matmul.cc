@@ -4,7 +4,7 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "kernels/matmul.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -178,7 +178,7 @@ struct MatmulOp {
     };
     for (Check& c : checks) {
       if (!c.needed) continue;
-      const int k = sharding::local_chunks(*c.shape, *c.p, *ctx.mesh, c.dims, v);
+      const int k = dtensor::local_chunks(*c.shape, *c.p, *ctx.mesh, c.dims, v);
       if (k > 0) {
         *c.chunks = k;
         continue;

@@ -8,7 +8,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/norm.h"
 #include "kernels/reduce.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -131,14 +131,14 @@ struct NormOp {
   // Weight and bias are replicated: their gradients come out Partial.
   ShardingPlan sharding(const ShardingContext& ctx) {
     const TensorSpec& x = ctx.in[0];
-    Placements p = sharding::unshard(x.placements, {}, true);
-    for (int d = x.dim() - nshape.size(); d < x.dim(); ++d) p = sharding::unshard(p, {d}, false);
+    Placements p = dtensor::unshard(x.placements, {}, true);
+    for (int d = x.dim() - nshape.size(); d < x.dim(); ++d) p = dtensor::unshard(p, {d}, false);
     if (numerics::bitwise()) {  // the weight/bias gradients sum over rows: exact pieces or gathered rows
       std::vector<int> rows;
       for (int d = 0; d < x.dim() - nshape.size(); ++d) rows.push_back(d);
-      row_chunks = sharding::local_chunks(x.shape, p, *ctx.mesh, rows, chunks);
+      row_chunks = dtensor::local_chunks(x.shape, p, *ctx.mesh, rows, chunks);
       if (row_chunks == 0) {
-        for (int d : rows) p = sharding::unshard(p, {d}, false);
+        for (int d : rows) p = dtensor::unshard(p, {d}, false);
         row_chunks = chunks;
       }
     }

@@ -5,8 +5,8 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
-#include "autograd/ops/dist.h"
-#include "parallel/sharding.h"
+#include "dtensor/ops.h"
+#include "dtensor/sharding.h"
 
 namespace tessel {
 
@@ -91,12 +91,12 @@ Tensor bernoulli(const Dims& shape, double p, PhiloxKey key, TensorOptions opts,
 
 Tensor rand_like(const Tensor& t, PhiloxKey key, const GlobalBlock& block) {
   if (t.is_distributed() && block.is_whole())
-    return rand(t.shape(), key, t.mesh(), sharding::unshard(t.placements(), {}, true), options_of(t));
+    return rand(t.shape(), key, t.mesh(), dtensor::unshard(t.placements(), {}, true), options_of(t));
   return rand(t.shape(), key, options_of(t), block);
 }
 Tensor randn_like(const Tensor& t, PhiloxKey key, const GlobalBlock& block) {
   if (t.is_distributed() && block.is_whole())
-    return randn(t.shape(), key, t.mesh(), sharding::unshard(t.placements(), {}, true), options_of(t));
+    return randn(t.shape(), key, t.mesh(), dtensor::unshard(t.placements(), {}, true), options_of(t));
   return randn(t.shape(), key, options_of(t), block);
 }
 
@@ -129,7 +129,7 @@ struct DropoutOp {
   // Pointwise and linear; a piece draws the mask of its own global
   // coordinates (docs/design.md §4 level 1), so every layout gives the same mask.
   ShardingPlan sharding(const ShardingContext& ctx) {
-    ShardingPlan plan = sharding::pointwise_exact(ctx, {0b1}, false);  // x * scale: not exact on a pending sum
+    ShardingPlan plan = dtensor::pointwise_exact(ctx, {0b1}, false);  // x * scale: not exact on a pending sum
     const Dims& shape = ctx.in[0].shape;
     LocalGeometry g = ctx.local(shape, plan.out[0]);
     if (block.is_whole()) {

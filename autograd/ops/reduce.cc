@@ -2,14 +2,14 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/indexing.h"
 #include "autograd/ops/unary.h"
 #include "kernels/reduce.h"
-#include "parallel/redistribute.h"
-#include "parallel/sharding.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -84,12 +84,12 @@ std::vector<int> mask_dims(uint32_t mask, int n) {
 // canonical tree), else they are gathered. Sets the local chunk count.
 Placements exact_reduction_layout(const ShardingContext& ctx, uint32_t mask, int& chunks) {
   const TensorSpec& x = ctx.in[0];
-  Placements in = sharding::unshard(x.placements, {}, true);
+  Placements in = dtensor::unshard(x.placements, {}, true);
   const std::vector<int> dims = mask_dims(mask, x.dim());
   const int v = numerics::reduction_chunks();
-  chunks = sharding::local_chunks(x.shape, in, *ctx.mesh, dims, v);
+  chunks = dtensor::local_chunks(x.shape, in, *ctx.mesh, dims, v);
   if (chunks == 0) {
-    for (int d : dims) in = sharding::unshard(in, {d}, false);
+    for (int d : dims) in = dtensor::unshard(in, {d}, false);
     chunks = v;
   }
   return in;
@@ -124,7 +124,7 @@ struct SumOp {
     Placements in = x.placements;
     if (numerics::bitwise() && is_floating(x.dtype)) in = exact_reduction_layout(ctx, mask, chunks);
     std::vector<int> map = reduce_map(x.dim(), mask, keepdim);
-    return {{in}, {sharding::map_dims(in, map.data(), Partial())}};
+    return {{in}, {dtensor::map_dims(in, map.data(), Partial())}};
   }
 };
 
@@ -164,16 +164,16 @@ struct ExtremeOp {  // amax / amin
   // globally, so the reduced dims are gathered first.
   ShardingPlan sharding(const ShardingContext& ctx) {
     const TensorSpec& x = ctx.in[0];
-    Placements in = sharding::unshard(x.placements, {}, true);
+    Placements in = dtensor::unshard(x.placements, {}, true);
     if (ctx.grad) {
       for (int d = 0; d < x.dim(); ++d)
-        if (mask & (1u << d)) in = sharding::unshard(in, {d}, false);
+        if (mask & (1u << d)) in = dtensor::unshard(in, {d}, false);
     } else if (numerics::bitwise()) {  // the sign of a zero max depends on the tree: keep it canonical
       in = exact_reduction_layout(ctx, mask, chunks);
     }
     std::vector<int> map = reduce_map(x.dim(), mask, keepdim);
     piece = true;  // the global shape was checked by the Meta run
-    return {{in}, {sharding::map_dims(in, map.data(), Partial(is_max ? comm::ReduceOp::Max : comm::ReduceOp::Min))}};
+    return {{in}, {dtensor::map_dims(in, map.data(), Partial(is_max ? comm::ReduceOp::Max : comm::ReduceOp::Min))}};
   }
 };
 
@@ -186,13 +186,13 @@ Tensor arg_extreme(const Tensor& x, int64_t dim, bool keepdim, bool is_max);
 // argmax/argmin of a distributed tensor: the reduced dim gathered, the rest
 // computed on the local pieces (indices are global along the reduced dim).
 Tensor arg_extreme_distributed(const Tensor& x, int d, bool keepdim, bool is_max) {
-  Placements in = sharding::unshard(x.placements(), {d}, true);
+  Placements in = dtensor::unshard(x.placements(), {d}, true);
   Tensor xr = redistribute(x, in);
   Tensor local = arg_extreme(raw::local_of(xr), d, keepdim, is_max);
   std::vector<int> map = reduce_map(x.dim(), 1u << d, keepdim);
   Dims shape = keepdim_shape(x.shape(), 1u << d);
   if (!keepdim) shape = squeezed_shape(x.shape(), 1u << d);
-  return raw::make_distributed(local, x.mesh(), sharding::map_dims(in, map.data(), Replicate()), shape);
+  return raw::make_distributed(local, x.mesh(), dtensor::map_dims(in, map.data(), Replicate()), shape);
 }
 
 Tensor arg_extreme(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {

@@ -7,7 +7,7 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/factory.h"
 #include "kernels/rope.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 #include "runtime/tmath.h"
 
@@ -45,8 +45,8 @@ struct RotaryOp {
   // rotated pairs of the head dim must be whole. Linear in x: Partial stays.
   ShardingPlan sharding(const ShardingContext& ctx) {
     const TensorSpec& x = ctx.in[0];
-    Placements p = sharding::unshard(x.placements, {3}, numerics::bitwise());  // rotation arithmetic: not exact on a pending sum
-    if (positions.defined()) p = sharding::unshard(p, {0, 1}, false);
+    Placements p = dtensor::unshard(x.placements, {3}, numerics::bitwise());  // rotation arithmetic: not exact on a pending sum
+    if (positions.defined()) p = dtensor::unshard(p, {0, 1}, false);
     const Placements r = Placements::replicated(ctx.mesh_ndim());
     offset += ctx.local(x.shape, p).offset[1];
     return {{p, r, r}, {p}};

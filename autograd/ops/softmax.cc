@@ -7,7 +7,7 @@
 #include "autograd/ops/unary.h"
 #include "autograd/grad_mode.h"
 #include "kernels/softmax.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -39,7 +39,7 @@ struct SoftmaxOp {
   // Rows stay where they are; the softmax dim itself is never sharded here
   // (softmax_impl decomposes that case).
   ShardingPlan sharding(const ShardingContext& ctx) {
-    Placements p = sharding::unshard(ctx.in[0].placements, {dim}, true);
+    Placements p = dtensor::unshard(ctx.in[0].placements, {dim}, true);
     return {{p}, {p}};
   }
 };

@@ -3,7 +3,7 @@
 #include "autograd/function.h"
 #include "kernels/indexing.h"
 #include "kernels/sort.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -49,7 +49,7 @@ struct SortOp {
 
   // Lines along d are whole; other dims keep their shards.
   ShardingPlan sharding(const ShardingContext& ctx) {
-    Placements p = sharding::unshard(ctx.in[0].placements, {d}, true);
+    Placements p = dtensor::unshard(ctx.in[0].placements, {d}, true);
     return {{p}, {p, p}};
   }
 };

@@ -4,7 +4,7 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "kernels/unary.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 
 namespace tessel {
 
@@ -46,7 +46,7 @@ struct UnaryMathOp {
   }
 
   ShardingPlan sharding(const ShardingContext& ctx) {
-    return op == UnaryOp::Neg ? sharding::pointwise_exact(ctx, {0b1}, true) : sharding::pointwise(ctx);
+    return op == UnaryOp::Neg ? dtensor::pointwise_exact(ctx, {0b1}, true) : dtensor::pointwise(ctx);
   }
 };
 
@@ -59,7 +59,7 @@ struct LogicalNotOp {
     return out;
   }
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>&) { return {Tensor()}; }
-  ShardingPlan sharding(const ShardingContext& ctx) { return sharding::pointwise(ctx); }
+  ShardingPlan sharding(const ShardingContext& ctx) { return dtensor::pointwise(ctx); }
 };
 
 Tensor unary_op(UnaryOp op, const Tensor& x) { return call(UnaryMathOp{op}, x); }

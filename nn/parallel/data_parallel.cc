@@ -4,7 +4,7 @@
 #include <unordered_map>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "nn/parallel/buckets.h"
 #include "nn/parallel/fsdp.h"
 #include "nn/parallel/grad_reducer.h"

@@ -37,7 +37,7 @@
 #include "nn/module.h"
 #include "nn/optim.h"
 #include "nn/parallel/dp_param.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::parallel {
 

@@ -14,8 +14,8 @@
 // its gradient is all-reduced, its optimizer state is kept whole.
 #include <cstdint>
 
-#include "runtime/mesh.h"
-#include "runtime/placement.h"
+#include "dtensor/mesh.h"
+#include "dtensor/placement.h"
 #include "runtime/tensor.h"
 
 namespace tessel::parallel {

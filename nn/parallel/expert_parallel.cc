@@ -5,7 +5,7 @@
 
 #include "autograd/api.h"
 #include "autograd/function.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "nn/autocast.h"
 #include "runtime/numerics.h"
 #include "runtime/comm/comm.h"

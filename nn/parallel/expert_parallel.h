@@ -3,7 +3,7 @@
 //
 // On a mesh with an expert dim (say "ep", P coordinates) and E experts (P
 // divides E), expert e lives on ep coordinate e / (E / P): its weights are
-// ShardOn(0, that coordinate) over ep (runtime/placement.h), so the other
+// ShardOn(0, that coordinate) over ep (dtensor/placement.h), so the other
 // coordinates hold empty pieces, and the usual placements elsewhere
 // (Replicate over dp, Megatron shards over tp). The tokens are sharded over
 // ep (and dp): each rank routes its own tokens with the replicated router,
@@ -37,7 +37,7 @@
 #include <string>
 
 #include "nn/moe.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::parallel {
 

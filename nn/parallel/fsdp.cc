@@ -4,8 +4,8 @@
 #include <unordered_map>
 
 #include "autograd/api.h"
-#include "autograd/dist_call.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/dist_call.h"
+#include "dtensor/ops.h"
 #include "nn/parallel/buckets.h"
 #include "nn/parallel/staging.h"
 #include "runtime/logging.h"

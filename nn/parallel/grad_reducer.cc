@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "kernels/elementwise.h"
 #include "runtime/numerics.h"
 

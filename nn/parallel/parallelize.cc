@@ -4,10 +4,10 @@
 #include <regex>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "nn/moe.h"
 #include "nn/parallel/expert_parallel.h"
-#include "parallel/redistribute.h"
+#include "dtensor/redistribute.h"
 
 namespace tessel::parallel {
 namespace {
@@ -99,7 +99,7 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
     }
     if (auto it = expert_layers.placement.find(slot->tensor); it != expert_layers.placement.end())
       p[it->second.first] = it->second.second;
-    parallel::check_placements(("parallelize '" + path + "'").c_str(), *mesh, p, slot->tensor->dim());
+    dtensor::check_placements(("parallelize '" + path + "'").c_str(), *mesh, p, slot->tensor->dim());
     chosen.push_back(p);
   }
 

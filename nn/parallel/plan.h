@@ -31,8 +31,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/mesh.h"
-#include "runtime/placement.h"
+#include "dtensor/mesh.h"
+#include "dtensor/placement.h"
 
 namespace tessel::parallel {
 

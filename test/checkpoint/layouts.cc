@@ -1,7 +1,7 @@
 #include "test/checkpoint/layouts.h"
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "test/util/dist.h"
 #include "test/util/util.h"
 

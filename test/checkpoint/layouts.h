@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::testing {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/ops/dist.h"
-#include "runtime/mesh.h"
+#include "dtensor/ops.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::testing {
 

@@ -10,7 +10,7 @@
 
 #include "nn/moe.h"
 #include "nn/parallel/plan.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::testing {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "runtime/comm/comm.h"
-#include "runtime/mesh.h"
-#include "runtime/placement.h"
+#include "dtensor/mesh.h"
+#include "dtensor/placement.h"
 
 namespace tessel::testing {
 

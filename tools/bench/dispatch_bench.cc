@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/api.h"
-#include "autograd/dist_call.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/dist_call.h"
+#include "dtensor/ops.h"
 #include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
 

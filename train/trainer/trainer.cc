@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "checkpoint/manager.h"
 #include "models/config.h"
 #include "nn/parallel/pipeline/pipeline.h"

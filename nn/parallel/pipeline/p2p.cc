@@ -5,7 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "runtime/error.h"
-#include "runtime/placement.h"
+#include "dtensor/placement.h"
 
 namespace tessel::parallel::pipeline {
 namespace {

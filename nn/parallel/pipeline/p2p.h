@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "runtime/comm/comm.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 #include "runtime/tensor.h"
 
 namespace tessel::parallel::pipeline {

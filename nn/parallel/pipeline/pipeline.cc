@@ -5,7 +5,7 @@
 #include <set>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "kernels/optim.h"
 #include "nn/clip.h"
 #include "runtime/numerics.h"

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "autograd/api.h"
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 #include "kernels/elementwise.h"
 #include "runtime/numerics.h"
 #include "nn/parallel/parallelize.h"

@@ -35,7 +35,7 @@
 #include "nn/parallel/pipeline/partition.h"
 #include "nn/parallel/plan.h"
 #include "runtime/comm/comm.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 namespace tessel::parallel::pipeline {
 

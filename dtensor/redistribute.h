@@ -1,6 +1,6 @@
 #pragma once
 // Redistribution between any two placements of a global tensor (docs/design.md §2),
-// on local pieces: no autograd here (autograd/ops/dist.h wraps it in a
+// on local pieces: no autograd here (dtensor/ops.h wraps it in a
 // differentiable op whose backward is the dual collective).
 //
 // Each mesh dim that changes uses the standard collective over its group:
@@ -11,7 +11,7 @@
 //   Replicate -> Shard(d)    local slice (no communication)
 //   Replicate -> Partial     keep on coordinate 0, -0.0 elsewhere (sum);
 //                            unchanged (max, min)
-// ShardOn(d, c) (runtime/placement.h) is a Shard(d) with other chunk sizes:
+// ShardOn(d, c) (dtensor/placement.h) is a Shard(d) with other chunk sizes:
 // the same collectives with uneven counts. Changing how one tensor dim is cut
 // (Shard(d) <-> ShardOn(d, c), or another owner) goes through Replicate.
 // Other changes go through Replicate. Shards of one tensor dim nest in
@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 #include "runtime/tensor.h"
 
-namespace tessel::parallel {
+namespace tessel::dtensor {
 
 struct RedistStep {
   int mesh_dim;
@@ -46,4 +46,4 @@ Tensor redistribute_local(const Tensor& local, const Dims& global_shape, const M
 // Checks that placements fit the mesh and a tensor of `ndim` dims; errors name `op`.
 void check_placements(const char* op, const Mesh& mesh, const Placements& p, int ndim);
 
-}  // namespace tessel::parallel
+}  // namespace tessel::dtensor

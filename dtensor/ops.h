@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "autograd/ops/init.h"
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 #include "runtime/philox.h"
 #include "runtime/tensor.h"
 

@@ -1,11 +1,11 @@
-#include "autograd/ops/dist.h"
+#include "dtensor/ops.h"
 
 #include "autograd/autograd_meta.h"
-#include "autograd/dist_call.h"
+#include "dtensor/dist_call.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/random.h"
-#include "parallel/redistribute.h"
-#include "parallel/sharding.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/sharding.h"
 #include "runtime/comm/comm.h"
 
 namespace tessel {
@@ -38,8 +38,8 @@ void record(const char* name, const Tensor& input, const Tensor& out, Fn fn) {
 // `g` (a gradient: distributed, or plain meaning the full value) as the local
 // piece under `to` of a tensor of `shape`.
 Tensor grad_piece(const Tensor& g, const Mesh& mesh, const Dims& shape, const Placements& to) {
-  if (!g.is_distributed()) return parallel::redistribute_local(g, shape, mesh, all_replicate(mesh), to);
-  return parallel::redistribute_local(g.dist().local, shape, mesh, g.placements(), to);
+  if (!g.is_distributed()) return dtensor::redistribute_local(g, shape, mesh, all_replicate(mesh), to);
+  return dtensor::redistribute_local(g.dist().local, shape, mesh, g.placements(), to);
 }
 
 // The placements in which a rank's piece receives its gradient: Partial pieces
@@ -52,7 +52,7 @@ Placements piece_grad_placements(const Placements& p) {
 }
 
 Tensor full_to_local(const Tensor& full, const MeshPtr& mesh, const Placements& placements) {
-  return parallel::redistribute_local(full, full.shape(), *mesh, all_replicate(*mesh), placements);
+  return dtensor::redistribute_local(full, full.shape(), *mesh, all_replicate(*mesh), placements);
 }
 
 }  // namespace
@@ -62,7 +62,7 @@ Tensor distribute_tensor(const Tensor& full, const MeshPtr& mesh, const Placemen
   TESSEL_CHECK(mesh != nullptr, op, "needs a mesh");
   TESSEL_CHECK(full.defined(), op, "needs a defined tensor");
   TESSEL_CHECK(!full.is_distributed(), op, "{} is already distributed (use redistribute)", full.desc());
-  parallel::check_placements(op, *mesh, placements, full.dim());
+  dtensor::check_placements(op, *mesh, placements, full.dim());
   Tensor local = full_to_local(raw::alias(full), mesh, placements);
   Tensor out = raw::make_distributed(local, mesh, placements, full.shape());
   record(op, full, out, [mesh, shape = full.shape()](const Tensor& g) {
@@ -76,7 +76,7 @@ Tensor from_local(const Tensor& local, const MeshPtr& mesh, const Placements& pl
   const char* op = "from_local";
   TESSEL_CHECK(mesh != nullptr, op, "needs a mesh");
   TESSEL_CHECK(local.defined() && !local.is_distributed(), op, "needs a plain local tensor, got {}", local.desc());
-  parallel::check_placements(op, *mesh, placements, local.dim());
+  dtensor::check_placements(op, *mesh, placements, local.dim());
   Dims shape;
   if (global_shape) {
     shape = *global_shape;
@@ -111,7 +111,7 @@ Tensor to_local(const Tensor& t, const std::optional<Placements>& grad_placement
   TESSEL_CHECK(t.is_distributed(), "to_local", "{} is not distributed", t.desc());
   Tensor out = raw::alias(t.dist().local);
   Placements gp = grad_placements ? *grad_placements : t.placements();
-  parallel::check_placements("to_local", *t.mesh(), gp, t.dim());
+  dtensor::check_placements("to_local", *t.mesh(), gp, t.dim());
   record("to_local", t, out, [mesh = t.mesh(), gp, shape = t.shape()](const Tensor& g) {
     return raw::make_distributed(g, mesh, gp, shape);
   });
@@ -122,7 +122,7 @@ Tensor redistribute(const Tensor& t, const Placements& placements) {
   TESSEL_CHECK(t.is_distributed(), "redistribute", "{} is not distributed (use distribute_tensor)", t.desc());
   if (t.placements() == placements) return t;
   const Mesh& mesh = *t.mesh();
-  Tensor local = parallel::redistribute_local(t.dist().local, t.shape(), mesh, t.placements(), placements);
+  Tensor local = dtensor::redistribute_local(t.dist().local, t.shape(), mesh, t.placements(), placements);
   Tensor out = raw::make_distributed(local, t.mesh(), placements, t.shape());
   // The global value is unchanged: the gradient passes through as it is, and
   // whoever consumes it converts it to the placements it needs (the dual).
@@ -141,7 +141,7 @@ void set_grad_placements(const Tensor& t, const std::optional<Placements>& place
   TESSEL_CHECK(t.is_distributed(), op, "{} is not distributed", t.desc());
   TESSEL_CHECK(t.is_leaf() && t.requires_grad(), op, "needs a leaf that requires grad, got {}", t.desc());
   if (placements) {
-    parallel::check_placements(op, *t.mesh(), *placements, t.dim());
+    dtensor::check_placements(op, *t.mesh(), *placements, t.dim());
     for (int m = 0; m < placements->size(); ++m) {
       const Placement want = (*placements)[m], own = t.placements()[m];
       TESSEL_CHECK(want == own || (want.is_partial_sum() && own.is_replicate()), op,
@@ -163,7 +163,7 @@ template <class Make>
 Tensor make_on_mesh(const char* op, const Dims& shape, const MeshPtr& mesh, const Placements& placements,
                     TensorOptions opts, bool partial_ok, Make make) {
   TESSEL_CHECK(mesh != nullptr, op, "needs a mesh");
-  parallel::check_placements(op, *mesh, placements, shape.size());
+  dtensor::check_placements(op, *mesh, placements, shape.size());
   TESSEL_CHECK(partial_ok || !placements.any_partial(), op,
                "Partial placements {} are only meaningful for zeros/empty (mesh {})", placements, mesh->str());
   LocalGeometry g = local_geometry(shape, mesh->shape(), placements, mesh->coords());

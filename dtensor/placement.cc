@@ -1,4 +1,4 @@
-#include "runtime/placement.h"
+#include "dtensor/placement.h"
 
 #include <fmt/format.h>
 

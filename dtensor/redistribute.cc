@@ -1,4 +1,4 @@
-#include "parallel/redistribute.h"
+#include "dtensor/redistribute.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include "runtime/profile.h"
 #include "runtime/comm/comm.h"
 
-namespace tessel::parallel {
+namespace tessel::dtensor {
 namespace {
 
 Tensor contiguous_copy(const Tensor& t) {
@@ -303,4 +303,4 @@ Tensor redistribute_local(const Tensor& local, const Dims& global_shape, const M
   return t;
 }
 
-}  // namespace tessel::parallel
+}  // namespace tessel::dtensor

@@ -1,4 +1,4 @@
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 
 #include "runtime/numerics.h"
 
-namespace tessel::sharding {
+namespace tessel::dtensor {
 
 ShardingPlan replicate(const ShardingContext& ctx) {
   ShardingPlan p;
@@ -211,4 +211,4 @@ Placement dual(const Placement& p, const char* op) {
   return Replicate();
 }
 
-}  // namespace tessel::sharding
+}  // namespace tessel::dtensor

@@ -8,7 +8,7 @@
 //   ShardingPlan sharding(const ShardingContext& ctx);
 //
 // A member named `sharding` with any other signature is a compile error
-// (autograd/dist_call.h), not an op that silently loses its rule.
+// (dtensor/dist_call.h), not an op that silently loses its rule.
 //
 // ctx describes the global inputs (shape, dtype, placements; plain tensors
 // count as Replicate) and the global outputs (shape, dtype, from running the
@@ -27,7 +27,7 @@
 #include <initializer_list>
 #include <vector>
 
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 #include "runtime/tensor.h"
 
 namespace tessel {
@@ -60,7 +60,7 @@ struct ShardingPlan {
   std::vector<Placements> out;  // one per output
 };
 
-namespace sharding {
+namespace dtensor {
 
 // Everything Replicate (the fallback).
 ShardingPlan replicate(const ShardingContext& ctx);
@@ -115,5 +115,5 @@ std::vector<int> pointwise_backward_chunks(const ShardingContext& ctx, ShardingP
 // naming the op).
 Placement dual(const Placement& p, const char* op);
 
-}  // namespace sharding
+}  // namespace dtensor
 }  // namespace tessel

@@ -1,4 +1,4 @@
-#include "runtime/mesh.h"
+#include "dtensor/mesh.h"
 
 #include <fmt/format.h>
 

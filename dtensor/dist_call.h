@@ -9,7 +9,7 @@
 //      replacement.
 //   1. The op runs once on Meta tensors of the global shapes: shape/dtype
 //      checks (errors name global shapes) and the global output shapes.
-//   2. Its sharding rule (op.sharding(ctx), parallel/sharding.h) picks the
+//   2. Its sharding rule (op.sharding(ctx), dtensor/sharding.h) picks the
 //      input and output placements and may localise the op's attributes;
 //      without a rule, everything is replicated (logged once).
 //   3. Inputs are redistributed where the rule asks (recorded on the tape, so
@@ -31,7 +31,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/trace.h"
-#include "parallel/sharding.h"
+#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -241,7 +241,7 @@ template <class Op, class... Args>
 ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&... args) {
   static_assert(!has_sharding_member<Op>::value || has_sharding_rule<Op>::value,
                 "this op has a member named `sharding` that is not a sharding rule: it must be "
-                "`ShardingPlan sharding(const ShardingContext& ctx)` (parallel/sharding.h); as written the op "
+                "`ShardingPlan sharding(const ShardingContext& ctx)` (dtensor/sharding.h); as written the op "
                 "would replicate its inputs on every mesh");
   const bool prof = dispatch_profiling();
   double t0 = prof ? now_seconds() : 0, t1 = 0, t2 = 0, t3 = 0;

@@ -1,9 +1,9 @@
-#include "autograd/dist_call.h"
+#include "dtensor/dist_call.h"
 
 #include <chrono>
 
-#include "autograd/ops/dist.h"
-#include "parallel/redistribute.h"
+#include "dtensor/ops.h"
+#include "dtensor/redistribute.h"
 #include "runtime/logging.h"
 #include "runtime/numerics.h"
 
@@ -92,15 +92,15 @@ void log_replicated_fallback(const char* op) {
 }
 
 void DistCall::finish_plan(bool has_rule) {
-  if (!has_rule) plan = sharding::replicate(ctx);
+  if (!has_rule) plan = dtensor::replicate(ctx);
   const char* op = ctx.op;
   TESSEL_CHECK(plan.in.size() == ctx.in.size() && plan.out.size() == ctx.out.size(), op,
                "internal error: sharding rule returned {} input / {} output placements for {} inputs / {} outputs",
                plan.in.size(), plan.out.size(), ctx.in.size(), ctx.out.size());
   for (size_t i = 0; i < ctx.in.size(); ++i)
-    if (ctx.in[i].defined) parallel::check_placements(op, *mesh, plan.in[i], ctx.in[i].dim());
+    if (ctx.in[i].defined) dtensor::check_placements(op, *mesh, plan.in[i], ctx.in[i].dim());
   for (size_t i = 0; i < ctx.out.size(); ++i)
-    if (ctx.out[i].defined) parallel::check_placements(op, *mesh, plan.out[i], ctx.out[i].dim());
+    if (ctx.out[i].defined) dtensor::check_placements(op, *mesh, plan.out[i], ctx.out[i].dim());
 }
 
 void DistCall::place_inputs() {
@@ -201,7 +201,7 @@ void DistCall::refuse_16bit_pending_sum() const {
               "bitwise mode cannot give one device's bits for this op in 16-bit floats on mesh {}: inputs {}; "
               "outputs {}. Pending sums in 16 bits: {} -- each rank's piece would be rounded before the pieces are "
               "summed, which one device never does, and this op has no exact float32 form (exact_widened, "
-              "autograd/dist_call.h). Fix: keep that operand in float32 (a float32 operand makes the op compute in "
+              "dtensor/dist_call.h). Fix: keep that operand in float32 (a float32 operand makes the op compute in "
               "float32: e.g. a learned scale kept float32, not cast to 16 bits), or run without bitwise mode",
               mesh->str(), ins, outs, pending);
 }
@@ -247,12 +247,12 @@ std::vector<Tensor> DistGradInfo::localize(std::vector<Tensor>& grads, Placement
     const Tensor& g = grads[i];
     if (!g.defined()) continue;
     Placements want;
-    for (int m = 0; m < nd; ++m) want.push_back(passthrough >> m & 1u ? mode[m] : sharding::dual(out[i][m], op));
+    for (int m = 0; m < nd; ++m) want.push_back(passthrough >> m & 1u ? mode[m] : dtensor::dual(out[i][m], op));
     if (!g.is_distributed()) {  // a plain gradient (e.g. the engine's seed of ones): the full value on every rank
       const Tensor& lg = g;
-      local[i] = parallel::redistribute_local(lg, out_shape[i], *mesh, Placements::replicated(nd), want);
+      local[i] = dtensor::redistribute_local(lg, out_shape[i], *mesh, Placements::replicated(nd), want);
     } else {
-      local[i] = parallel::redistribute_local(g.dist().local, out_shape[i], *mesh, g.placements(), want);
+      local[i] = dtensor::redistribute_local(g.dist().local, out_shape[i], *mesh, g.placements(), want);
     }
   }
   return local;
@@ -265,7 +265,7 @@ std::vector<Tensor> DistGradInfo::wrap_inputs(std::vector<Tensor>& local_grads, 
     const Tensor& lg = local_grads[i];
     if (!lg.defined() || i >= in.size() || !in_defined[i]) continue;
     Placements p;
-    for (int m = 0; m < nd; ++m) p.push_back(passthrough >> m & 1u ? mode[m] : sharding::dual(in[i][m], op));
+    for (int m = 0; m < nd; ++m) p.push_back(passthrough >> m & 1u ? mode[m] : dtensor::dual(in[i][m], op));
     LocalGeometry geo = local_geometry(in_shape[i], mesh->shape(), p, mesh->coords());
     TESSEL_CHECK(lg.shape() == geo.shape, std::string("backward of ") + op,
                  "internal error: local gradient {} of input {} does not match placements {} of global shape {} "
