@@ -14,6 +14,7 @@
 //                                          run/launch.h (tessel::launch)
 // docs/your_model.md walks through a model of one's own on every layout.
 #include "autograd/api.h"
+#include "dtensor/mesh.h"
 #include "dtensor/ops.h"
 #include "nn/nn.h"
 #include "nn/parallel/plan.h"
@@ -21,5 +22,4 @@
 #include "run/launch.h"
 #include "run/run.h"
 #include "runtime/comm/comm.h"
-#include "dtensor/mesh.h"
 #include "runtime/numerics.h"

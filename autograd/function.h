@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "autograd/autograd_meta.h"
-#include "dtensor/dist_call.h"
 #include "autograd/grad_context.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "dtensor/dist_call.h"
 #include "runtime/macros.h"
 #include "runtime/profile.h"
 

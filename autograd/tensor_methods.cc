@@ -5,13 +5,13 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
-#include "dtensor/ops.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/reduce.h"
-#include "kernels/elementwise.h"
 #include "dtensor/mesh.h"
+#include "dtensor/ops.h"
 #include "dtensor/sharding.h"
+#include "kernels/elementwise.h"
 
 namespace tessel {
 
@@ -430,7 +430,7 @@ Tensor Tensor::to(DType t) const {
 namespace {
 // A copy to another device (CPU <-> CUDA, CUDA <-> CUDA); the gradient goes
 // back to the source device. The copy runs in the CUDA kernel table whenever
-// either side is a GPU (kernels/cuda/copy.cc handles every direction).
+// either side is a GPU (kernels/cuda/copy.cu handles every direction).
 struct ToDeviceOp {
   static constexpr const char* kName = "to";
   Device to;

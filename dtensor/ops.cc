@@ -1,9 +1,9 @@
 #include "dtensor/ops.h"
 
 #include "autograd/autograd_meta.h"
-#include "dtensor/dist_call.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/random.h"
+#include "dtensor/dist_call.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding.h"
 #include "runtime/comm/comm.h"

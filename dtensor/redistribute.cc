@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include "kernels/elementwise.h"
+#include "runtime/comm/comm.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
-#include "runtime/comm/comm.h"
 
 namespace tessel::dtensor {
 namespace {

@@ -11,6 +11,6 @@ namespace tessel::kernels {
 // element on x's device: set to 1 when an element of x (before scaling) is
 // inf or NaN, left unchanged otherwise -- so one found_inf can collect the
 // check over many tensors. Deterministic: the flag only ever goes 0 -> 1.
-extern KernelTable<void(const Tensor& x, const Tensor& found_inf, float inv_scale)> amp_unscale;
+inline KernelTable<void(const Tensor& x, const Tensor& found_inf, float inv_scale)> amp_unscale{"amp_unscale"};
 
 }  // namespace tessel::kernels

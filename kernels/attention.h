@@ -95,13 +95,13 @@ inline AttentionDropoutIndex attention_dropout_index(const GlobalBlock& block, i
 
 // out and stats ([B, Hq, T, 2] contiguous, compute dtype: (m, l) per row) are
 // allocated by the caller; q, k, v, out share one floating dtype.
-extern KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& out,
+inline KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& out,
                         const Tensor& stats)>
-    attention_forward;
+    attention_forward{"attention_forward"};
 // dq, dk, dv (shaped like q, k, v; any strides) from dout and the forward's stats.
-extern KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const Tensor& stats,
+inline KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const Tensor& stats,
                         const AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv)>
-    attention_backward;
+    attention_backward{"attention_backward"};
 
 // Fast-mode fused causal attention (cuDNN's flash attention on the GPU,
 // kernels/cuda/cudnn_attention.cc): the same function, not the order above
@@ -113,12 +113,12 @@ struct FastAttentionShape {
   DType dtype;
   int64_t B, Hq, Hkv, T, D;
 };
-extern KernelTable<void(const FastAttentionShape& s, bool* applies)> attention_fast_applies;
-extern KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& out,
+inline KernelTable<void(const FastAttentionShape& s, bool* applies)> attention_fast_applies{"attention_fast_applies"};
+inline KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& out,
                         const Tensor& lse)>
-    attention_fast_forward;
-extern KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+    attention_fast_forward{"attention_fast_forward"};
+inline KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                         const Tensor& lse, double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv)>
-    attention_fast_backward;
+    attention_fast_backward{"attention_fast_backward"};
 
 }  // namespace tessel::kernels

@@ -2,11 +2,6 @@
 
 namespace tessel::kernels {
 
-KernelTable<void(BinaryOp, const Tensor&, const Tensor&, const Tensor&)> binary("binary");
-KernelTable<void(const Tensor&, const Tensor&)> copy("copy");
-KernelTable<void(const Tensor&, Scalar)> fill("fill");
-KernelTable<void(const Tensor&, const Tensor&, const Tensor&, const Tensor&)> where("where");
-
 const char* binary_op_name(BinaryOp op) {
   switch (op) {
     case BinaryOp::Add: return "add";

@@ -26,16 +26,16 @@ constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq && op <= B
 constexpr bool is_logical(BinaryOp op) { return op >= BinaryOp::LogicalAnd; }
 
 // out = op(a, b).
-extern KernelTable<void(BinaryOp, const Tensor&, const Tensor&, const Tensor&)> binary;
+inline KernelTable<void(BinaryOp, const Tensor&, const Tensor&, const Tensor&)> binary{"binary"};
 
 // dst = src, converting dtype (16-bit floats round to nearest even; float to
 // int truncates; to bool is != 0).
-extern KernelTable<void(const Tensor& src, const Tensor& dst)> copy;
+inline KernelTable<void(const Tensor& src, const Tensor& dst)> copy{"copy"};
 
 // dst[...] = value converted to dst's dtype.
-extern KernelTable<void(const Tensor& dst, Scalar value)> fill;
+inline KernelTable<void(const Tensor& dst, Scalar value)> fill{"fill"};
 
 // out = cond ? a : b (cond bool; a, b, out one dtype).
-extern KernelTable<void(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out)> where;
+inline KernelTable<void(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out)> where{"where"};
 
 }  // namespace tessel::kernels

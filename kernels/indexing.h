@@ -22,7 +22,8 @@ namespace tessel::kernels {
 
 // First (row-major) element of `index` that is < 0 or >= limit: its linear
 // position in *bad_pos and its value in *bad_value; *bad_pos = -1 if none.
-extern KernelTable<void(const Tensor& index, int64_t limit, int64_t* bad_pos, int64_t* bad_value)> index_bounds;
+inline KernelTable<void(const Tensor& index, int64_t limit, int64_t* bad_pos, int64_t* bad_value)>
+    index_bounds{"index_bounds"};
 
 // Indexed load: out[p] = src[p + index[p] * step] for every element p, where
 // `src` is a view with out's shape positioned at coordinate 0 of the indexed
@@ -30,8 +31,8 @@ extern KernelTable<void(const Tensor& index, int64_t limit, int64_t* bad_pos, in
 // zero strides as needed) and `step` the element stride of the indexed
 // dimension; indices must lie in [0, limit). gather, index_select and
 // embedding forward are all this with different views. Any strides, any dtype.
-extern KernelTable<void(const Tensor& src, const Tensor& index, int64_t step, int64_t limit, const Tensor& out)>
-    gather_strided;
+inline KernelTable<void(const Tensor& src, const Tensor& index, int64_t step, int64_t limit, const Tensor& out)>
+    gather_strided{"gather_strided"};
 
 // Row-segmented sum along `dim` with one 1-D index (index_add; the backward of
 // index_select and embedding): with out seen as [O, R, I] and src as
@@ -41,9 +42,9 @@ extern KernelTable<void(const Tensor& src, const Tensor& index, int64_t step, in
 // Destinations no index hits are left as they are (accumulate) or set to 0.
 // out and src must be contiguous (the ops make them so); index any stride.
 // Numeric dtypes; 16-bit floats accumulate in float and round once.
-extern KernelTable<void(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, int chunks,
+inline KernelTable<void(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, int chunks,
                         bool accumulate)>
-    index_add;
+    index_add{"index_add"};
 
 // Element-segmented sum (scatter_add; the backward of gather): index has the
 // rank of out and src, index.size(d) <= src.size(d) for every d and
@@ -53,13 +54,13 @@ extern KernelTable<void(const Tensor& out, int64_t dim, const Tensor& index, con
 //   S = segmented canonical sum over t of src[.., t, ..] where index[.., t, ..] == r.
 // In assign mode (accumulate = false) all of out is first set to 0. Any
 // strides; numeric dtypes.
-extern KernelTable<void(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, int chunks,
+inline KernelTable<void(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, int chunks,
                         bool accumulate)>
-    scatter_add;
+    scatter_add{"scatter_add"};
 
 // out = x with the elements outside the band zeroed, over the last two dims
 // (row i, column j): upper keeps j - i >= k (triu), lower keeps j - i <= k
 // (tril). Any strides, any dtype; out may not alias x partially.
-extern KernelTable<void(const Tensor& x, int64_t k, bool upper, const Tensor& out)> triangle;
+inline KernelTable<void(const Tensor& x, int64_t k, bool upper, const Tensor& out)> triangle{"triangle"};
 
 }  // namespace tessel::kernels

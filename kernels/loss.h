@@ -47,28 +47,28 @@ enum class LossReduction : uint8_t { None, Mean, Sum };
 
 // Throws tessel::Error naming `op`, the first offending target, its position
 // and the valid range, if a target is neither ignore_index nor in [0, K).
-extern KernelTable<void(const Tensor& targets, int64_t num_classes, int64_t ignore_index, const char* op)>
-    check_targets;
+inline KernelTable<void(const Tensor& targets, int64_t num_classes, int64_t ignore_index, const char* op)>
+    check_targets{"check_targets"};
 
-extern KernelTable<void(const Tensor& logits, const Tensor& targets, int64_t ignore_index, double label_smoothing,
+inline KernelTable<void(const Tensor& logits, const Tensor& targets, int64_t ignore_index, double label_smoothing,
                         const Tensor& losses, const Tensor& row_max, const Tensor& sum_exp, const Tensor& count,
                         int chunks)>
-    cross_entropy_forward;
+    cross_entropy_forward{"cross_entropy_forward"};
 // g: [M] for reduction None, a scalar otherwise, in C's dtype. dlogits: logits' shape and dtype.
-extern KernelTable<void(const Tensor& g, const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+inline KernelTable<void(const Tensor& g, const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                         const Tensor& sum_exp, const Tensor& count, int64_t ignore_index, double label_smoothing,
                         LossReduction reduction, const Tensor& dlogits)>
-    cross_entropy_backward;
+    cross_entropy_backward{"cross_entropy_backward"};
 
-extern KernelTable<void(const Tensor& logp, const Tensor& targets, int64_t ignore_index, const Tensor& losses,
+inline KernelTable<void(const Tensor& logp, const Tensor& targets, int64_t ignore_index, const Tensor& losses,
                         const Tensor& count)>
-    nll_loss_forward;
-extern KernelTable<void(const Tensor& g, const Tensor& targets, const Tensor& count, int64_t ignore_index,
+    nll_loss_forward{"nll_loss_forward"};
+inline KernelTable<void(const Tensor& g, const Tensor& targets, const Tensor& count, int64_t ignore_index,
                         LossReduction reduction, const Tensor& dlogp)>
-    nll_loss_backward;
+    nll_loss_backward{"nll_loss_backward"};
 
 // out (a scalar of any floating dtype) = sum or mean of losses ([M], C dtype).
-extern KernelTable<void(const Tensor& losses, const Tensor& count, bool mean, const Tensor& out, int chunks)>
-    loss_reduce;
+inline KernelTable<void(const Tensor& losses, const Tensor& count, bool mean, const Tensor& out, int chunks)>
+    loss_reduce{"loss_reduce"};
 
 }  // namespace tessel::kernels

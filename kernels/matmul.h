@@ -15,6 +15,6 @@ namespace tessel::kernels {
 // a: [B, M, K], b: [B, K, N] (any strides, batch stride may be 0),
 // out: [B, M, N] with unit column stride. float32/float64; float16/bfloat16
 // are widened to float32 and the result rounded once.
-extern KernelTable<void(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate, int chunks)> bmm;
+inline KernelTable<void(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate, int chunks)> bmm{"bmm"};
 
 }  // namespace tessel::kernels

@@ -38,17 +38,17 @@
 
 namespace tessel::kernels {
 
-extern KernelTable<void(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+inline KernelTable<void(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd, int chunks)>
-    layer_norm_forward;
-extern KernelTable<void(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
+    layer_norm_forward{"layer_norm_forward"};
+inline KernelTable<void(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias, int chunks)>
-    layer_norm_backward;
-extern KernelTable<void(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd,
+    layer_norm_backward{"layer_norm_backward"};
+inline KernelTable<void(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd,
                         int chunks)>
-    rms_norm_forward;
-extern KernelTable<void(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+    rms_norm_forward{"rms_norm_forward"};
+inline KernelTable<void(const Tensor& g, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dweight, int chunks)>
-    rms_norm_backward;
+    rms_norm_backward{"rms_norm_backward"};
 
 }  // namespace tessel::kernels

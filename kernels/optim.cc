@@ -4,12 +4,6 @@
 
 namespace tessel::kernels {
 
-KernelTable<void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWScalars&)> adamw_step(
-    "adamw_step");
-KernelTable<void(const Tensor&, const Tensor&, const Tensor&, const SGDScalars&)> sgd_step("sgd_step");
-KernelTable<void(const Tensor&, int, const Tensor&)> sum_squares("sum_squares");
-KernelTable<void(const Tensor&, float)> scale_inplace("scale_inplace");
-
 double ipow(double x, int64_t n) {
   double result = 1.0;
   while (n > 0) {

@@ -46,23 +46,23 @@ SGDScalars sgd_scalars(double lr, double momentum, double dampening, double weig
 double ipow(double x, int64_t n);
 
 // In place: param, exp_avg, exp_avg_sq updated from grad (optim_math.h: adamw_update).
-extern KernelTable<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+inline KernelTable<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                         const AdamWScalars& s)>
-    adamw_step;
+    adamw_step{"adamw_step"};
 
 // In place: param (and momentum_buf when s.use_momentum; undefined otherwise)
 // updated from grad (optim_math.h: sgd_update).
-extern KernelTable<void(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SGDScalars& s)>
-    sgd_step;
+inline KernelTable<void(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SGDScalars& s)>
+    sgd_step{"sgd_step"};
 
 // out (one float32 element) = canonical sum over the elements of x (in
 // row-major order) of float(x)^2, V = chunks (kernels/canonical.h, with
 // square_term as the element value). x: contiguous float32, bfloat16 or
 // float16. No full-size temporary.
-extern KernelTable<void(const Tensor& x, int chunks, const Tensor& out)> sum_squares;
+inline KernelTable<void(const Tensor& x, int chunks, const Tensor& out)> sum_squares{"sum_squares"};
 
 // In place: x = x * s, computed in float and rounded once to x's dtype
 // (float32, bfloat16, float16; any strides).
-extern KernelTable<void(const Tensor& x, float s)> scale_inplace;
+inline KernelTable<void(const Tensor& x, float s)> scale_inplace{"scale_inplace"};
 
 }  // namespace tessel::kernels

@@ -6,9 +6,6 @@ namespace tessel::kernels {
 
 static_assert(kRandomMaxDims == kMaxDims, "RandomGeometry must hold every tensor rank");
 
-KernelTable<void(const Tensor&, const RandomParams&, const GlobalBlock&)> random_fill("random_fill");
-KernelTable<void(const Tensor&, const Tensor&, PhiloxKey, uint32_t, double, const GlobalBlock&)> dropout("dropout");
-
 void check_global_block(const char* op, const Dims& local, const GlobalBlock& block) {
   if (block.is_whole()) return;
   TESSEL_CHECK(block.global_shape.size() == local.size() && block.offset.size() == local.size(), op,

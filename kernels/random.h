@@ -31,15 +31,16 @@ RandomGeometry make_random_geometry(const Tensor& out, const GlobalBlock& block,
 
 // out[...] = draws of params.dist (out: floating for uniform/normal/
 // trunc_normal; any dtype for bernoulli; numeric for randint).
-extern KernelTable<void(const Tensor& out, const RandomParams& params, const GlobalBlock& block)> random_fill;
+inline KernelTable<void(const Tensor& out, const RandomParams& params, const GlobalBlock& block)>
+    random_fill{"random_fill"};
 
 // out = keep ? in * scale : 0 with keep = ((bits(e) >> 8) < keep_threshold)
 // in the narrow layout (exactly the mask random_fill draws for Bernoulli with
 // the same threshold). in and out: same shape and floating dtype, any strides
 // (may be the same tensor). Used for dropout's forward and its backward.
-extern KernelTable<void(const Tensor& in, const Tensor& out, PhiloxKey key, uint32_t keep_threshold, double scale,
+inline KernelTable<void(const Tensor& in, const Tensor& out, PhiloxKey key, uint32_t keep_threshold, double scale,
                         const GlobalBlock& block)>
-    dropout;
+    dropout{"dropout"};
 
 // ceil(p * 2^24): the Bernoulli threshold for probability p in [0, 1].
 uint32_t bernoulli_threshold(double p);

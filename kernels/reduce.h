@@ -12,10 +12,10 @@ enum class ReduceOp : uint8_t { Sum, Max, Min };
 // Floating inputs accumulate in float (double for float64) and round once
 // into out's dtype; integer/bool sums accumulate exactly in int64.
 // `chunks` is V (a power of two).
-extern KernelTable<void(ReduceOp, const Tensor& x, const Tensor& out, int chunks)> reduce;
+inline KernelTable<void(ReduceOp, const Tensor& x, const Tensor& out, int chunks)> reduce{"reduce"};
 
 // Index of the first maximum (minimum) along `dim`; NaN counts as the maximum
 // (and the minimum), the first NaN wins. out: int64, keepdim form.
-extern KernelTable<void(const Tensor& x, int64_t dim, bool is_max, const Tensor& out)> arg_reduce;
+inline KernelTable<void(const Tensor& x, int64_t dim, bool is_max, const Tensor& out)> arg_reduce{"arg_reduce"};
 
 }  // namespace tessel::kernels

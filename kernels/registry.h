@@ -1,11 +1,13 @@
 #pragma once
 // KernelTable: the per-device implementations of one kernel.
 //
-// A kernel family header (kernels/<family>.h) declares its tables; kernels/cpu
-// and kernels/cuda register implementations from static initialisers, so an
-// op finds its kernel for a tensor's device without knowing which backends
-// were built. Tables are constant-initialised (constexpr constructor), so
-// registration order across translation units does not matter.
+// A kernel family header (kernels/<family>.h) defines its tables (C++17
+// inline variables: one object across the program, no .cc to restate them);
+// kernels/cpu and kernels/cuda register implementations from static
+// initialisers, so an op finds its kernel for a tensor's device without
+// knowing which backends were built. Tables are constant-initialised
+// (constexpr constructor), so registration order across translation units
+// does not matter.
 //
 // Kernels write into outputs the caller allocated; on the Meta device no
 // kernel runs (shapes and dtypes are all a meta tensor has).

@@ -26,8 +26,8 @@
 
 namespace tessel::kernels {
 
-extern KernelTable<void(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
+inline KernelTable<void(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& positions,
                         int64_t offset, bool interleaved, bool inverse, const Tensor& out)>
-    rope_apply;
+    rope_apply{"rope_apply"};
 
 }  // namespace tessel::kernels

@@ -29,9 +29,10 @@
 namespace tessel::kernels {
 
 // out = (log_)softmax(x) along dim.
-extern KernelTable<void(const Tensor& x, int64_t dim, bool log, const Tensor& out, int chunks)> softmax_forward;
+inline KernelTable<void(const Tensor& x, int64_t dim, bool log, const Tensor& out, int chunks)>
+    softmax_forward{"softmax_forward"};
 // dx from g and the forward output y.
-extern KernelTable<void(const Tensor& g, const Tensor& y, int64_t dim, bool log, const Tensor& dx, int chunks)>
-    softmax_backward;
+inline KernelTable<void(const Tensor& g, const Tensor& y, int64_t dim, bool log, const Tensor& dx, int chunks)>
+    softmax_backward{"softmax_backward"};
 
 }  // namespace tessel::kernels

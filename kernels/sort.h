@@ -15,14 +15,14 @@
 namespace tessel::kernels {
 
 // values/indices (int64) have x's shape; any strides, any dtype.
-extern KernelTable<void(const Tensor& x, int64_t dim, bool descending, const Tensor& values, const Tensor& indices)>
-    sort;
+inline KernelTable<void(const Tensor& x, int64_t dim, bool descending, const Tensor& values, const Tensor& indices)>
+    sort{"sort"};
 
 // The k largest (smallest) elements along dim, in the sort order above when
 // `sorted`, else in ascending index order. values/indices have x's shape with
 // dim of size k (0 <= k <= x.size(dim)).
-extern KernelTable<void(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sorted, const Tensor& values,
+inline KernelTable<void(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sorted, const Tensor& values,
                         const Tensor& indices)>
-    topk;
+    topk{"topk"};
 
 }  // namespace tessel::kernels

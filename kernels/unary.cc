@@ -2,10 +2,6 @@
 
 namespace tessel::kernels {
 
-KernelTable<void(UnaryOp, const Tensor&, const Tensor&)> unary("unary");
-KernelTable<void(UnaryOp, const Tensor&, const Tensor&, const Tensor&, const Tensor&)> unary_backward(
-    "unary_backward");
-
 const char* unary_op_name(UnaryOp op) {
   static const char* names[] = {"neg",  "abs",     "sign", "exp",  "log",    "log1p",  "expm1",   "sqrt",
                                 "rsqrt", "sin",    "cos",  "tanh", "sigmoid", "relu", "gelu",    "gelu_erf",

@@ -8,11 +8,11 @@
 #include "autograd/ops/common.h"
 #include "dtensor/ops.h"
 #include "dtensor/sharding.h"
-#include "runtime/comm/comm.h"
-#include "runtime/numerics.h"
 #include "kernels/canonical.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
+#include "runtime/comm/comm.h"
+#include "runtime/numerics.h"
 #include "runtime/numerics.h"
 
 namespace tessel::nn {

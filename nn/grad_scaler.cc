@@ -5,9 +5,9 @@
 
 #include "autograd/api.h"
 #include "autograd/grad_mode.h"
+#include "dtensor/mesh.h"
 #include "kernels/amp.h"
 #include "runtime/comm/comm.h"
-#include "dtensor/mesh.h"
 
 namespace tessel::nn {
 

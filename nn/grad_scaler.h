@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "nn/optim.h"
 #include "dtensor/mesh.h"
+#include "nn/optim.h"
 #include "runtime/tensor.h"
 
 namespace tessel::nn {

@@ -4,10 +4,10 @@
 #include <set>
 
 #include "autograd/api.h"
-#include "dtensor/ops.h"
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "checkpoint/save.h"
+#include "dtensor/ops.h"
 #include "run/run_state.h"
 #include "runtime/comm/comm.h"
 

@@ -50,14 +50,14 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/mesh.h"
 #include "nn/context.h"
-#include "nn/module.h"
 #include "nn/grad_scaler.h"
+#include "nn/module.h"
 #include "nn/optim.h"
 #include "nn/parallel/data_parallel.h"
 #include "nn/parallel/plan.h"
 #include "nn/schedule.h"
-#include "dtensor/mesh.h"
 
 namespace tessel {
 

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/placement.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/macros.h"
-#include "dtensor/placement.h"
 #include "runtime/scalar.h"
 #include "runtime/shape.h"
 #include "runtime/storage.h"

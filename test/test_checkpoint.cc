@@ -7,13 +7,13 @@
 #include <fstream>
 
 #include "autograd/api.h"
-#include "dtensor/ops.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/plan.h"
 #include "checkpoint/save.h"
+#include "dtensor/ops.h"
 #include "test/checkpoint/layouts.h"
 #include "test/util/runfiles.h"
 #include "test/util/util.h"

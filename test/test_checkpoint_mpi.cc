@@ -9,10 +9,10 @@
 #include <filesystem>
 
 #include "autograd/api.h"
-#include "dtensor/ops.h"
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "checkpoint/save.h"
+#include "dtensor/ops.h"
 #include "runtime/comm/comm.h"
 #include "test/checkpoint/layouts.h"
 #include "test/util/util.h"

@@ -321,7 +321,7 @@ TEST_CASE("bitwise GEMM plan: tiles, groups, workspace") {
 }
 
 TEST_CASE("bitwise GEMM schedule replayed on the host equals gemm_reference_f32") {
-  // gemm.cu's per-element schedule: groups of 2^group_levels chunks, K steps
+  // matmul.cu's per-element schedule: groups of 2^group_levels chunks, K steps
   // of kBK from each chunk's start with zero padding past its end, chunk
   // values folded by the binary counter, group roots by the tree, then C.
   auto replay = [](const kernels::cpu::GemmArgs& g, const BitwiseGemmPlan& plan) {

@@ -5,10 +5,10 @@
 #include <limits>
 
 #include "autograd/api.h"
+#include "dtensor/ops.h"
 #include "kernels/amp.h"
 #include "nn/grad_scaler.h"
 #include "nn/optim.h"
-#include "dtensor/ops.h"
 #include "test/util/dist.h"
 #include "test/util/util.h"
 

@@ -28,6 +28,7 @@
 #include "nn/parallel/pipeline/partition.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "nn/parallel/pipeline/schedule.h"
+#include "run/run.h"
 #include "runtime/comm/comm.h"
 #include "runtime/numerics.h"
 #include "test/util/dist.h"
@@ -35,7 +36,6 @@
 #include "test/util/util.h"
 #include "train/config.h"
 #include "train/metrics.h"
-#include "run/run.h"
 #include "train/trainer/trainer.h"
 
 using namespace tessel;

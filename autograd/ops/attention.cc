@@ -15,9 +15,9 @@
 #include "autograd/ops/random.h"
 #include "autograd/ops/softmax.h"
 #include "autograd/ops/unary.h"
+#include "dtensor/sharding.h"
 #include "kernels/attention.h"
 #include "kernels/random.h"
-#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

@@ -4,8 +4,8 @@
 #include "autograd/ops/common.h"
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
-#include "kernels/elementwise.h"
 #include "dtensor/sharding.h"
+#include "kernels/elementwise.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

@@ -8,9 +8,9 @@
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/reduce.h"
+#include "dtensor/sharding.h"
 #include "kernels/elementwise.h"
 #include "kernels/indexing.h"
-#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

@@ -2,8 +2,8 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
-#include "kernels/elementwise.h"
 #include "dtensor/sharding.h"
+#include "kernels/elementwise.h"
 
 namespace tessel {
 namespace {

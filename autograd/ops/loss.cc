@@ -1,14 +1,14 @@
 #include "autograd/ops/loss.h"
 
 #include "autograd/function.h"
-#include "autograd/ops/common.h"
 #include "autograd/grad_mode.h"
+#include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/indexing.h"
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
-#include "kernels/loss.h"
 #include "dtensor/sharding.h"
+#include "kernels/loss.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

@@ -3,8 +3,8 @@
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
-#include "kernels/matmul.h"
 #include "dtensor/sharding.h"
+#include "kernels/matmul.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

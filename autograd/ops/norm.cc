@@ -5,10 +5,10 @@
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
+#include "dtensor/sharding.h"
 #include "kernels/elementwise.h"
 #include "kernels/norm.h"
 #include "kernels/reduce.h"
-#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

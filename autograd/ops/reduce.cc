@@ -2,14 +2,14 @@
 
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
-#include "dtensor/ops.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/indexing.h"
 #include "autograd/ops/unary.h"
-#include "kernels/reduce.h"
+#include "dtensor/ops.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding.h"
+#include "kernels/reduce.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

@@ -6,8 +6,8 @@
 #include "autograd/function.h"
 #include "autograd/ops/common.h"
 #include "autograd/ops/factory.h"
-#include "kernels/rope.h"
 #include "dtensor/sharding.h"
+#include "kernels/rope.h"
 #include "runtime/numerics.h"
 #include "runtime/tmath.h"
 

@@ -1,13 +1,13 @@
 #include "autograd/ops/softmax.h"
 
 #include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/reduce.h"
 #include "autograd/ops/unary.h"
-#include "autograd/grad_mode.h"
-#include "kernels/softmax.h"
 #include "dtensor/sharding.h"
+#include "kernels/softmax.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

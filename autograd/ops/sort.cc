@@ -1,9 +1,9 @@
 #include "autograd/ops/sort.h"
 
 #include "autograd/function.h"
+#include "dtensor/sharding.h"
 #include "kernels/indexing.h"
 #include "kernels/sort.h"
-#include "dtensor/sharding.h"
 #include "runtime/numerics.h"
 
 namespace tessel {

@@ -3,12 +3,34 @@
 // (16-bit floats in float, rounded once on store). Built with --fmad=false, so
 // add/sub/mul/div are single IEEE operations as on the CPU; `pow` uses CUDA's
 // powf/pow (not bitwise equal to the CPU's std::pow: tested with a tolerance).
+#include <cstdint>
 #include <cstring>
+#include <cuda_runtime.h>
 #include <type_traits>
 
+#include "kernels/cuda/call.h"
 #include "kernels/cuda/convert.h"
-#include "kernels/cuda/elementwise_launch.h"
+#include "kernels/cuda/geometry.h"
+#include "kernels/cuda/geometry_build.h"
 #include "kernels/cuda/loops.cuh"
+#include "kernels/elementwise.h"
+
+// ---- launch interface: what the adapters at the end call ----
+// Operand 0 of every geometry is
+// the output. All launches are asynchronous on `stream`.
+namespace tessel::kernels::cuda {
+
+// out = op(a, b); a and b have dtype `dtype`, out has it too (bool for
+// comparisons and logical ops). Operands: out, a, b.
+void launch_binary(BinaryOp op, DType dtype, const ElemGeometry<3>& g, void* out, const void* a, const void* b,
+                   cudaStream_t stream);
+// dst = value (its bytes, already converted to dtype, in the low bytes).
+void launch_fill(DType dtype, uint64_t value_bits, const ElemGeometry<1>& g, void* dst, cudaStream_t stream);
+// out = cond ? a : b. Operands: out, cond, a, b.
+void launch_where(DType dtype, const ElemGeometry<4>& g, void* out, const bool* cond, const void* a, const void* b,
+                  cudaStream_t stream);
+
+}  // namespace tessel::kernels::cuda
 
 namespace tessel::kernels::cuda {
 namespace {
@@ -136,5 +158,57 @@ void launch_where(DType dtype, const ElemGeometry<4>& g, void* out, const bool* 
         g, WhereFn<T>{static_cast<T*>(out), cond, static_cast<const T*>(a), static_cast<const T*>(b)}, s, "where");
   });
 }
+
+}  // namespace tessel::kernels::cuda
+
+// ---- KernelTable adapters: register the CUDA elementwise kernels in the tables of
+// kernels/elementwise.h; copy is in copy.cu.
+namespace tessel::kernels::cuda {
+namespace {
+
+void check_same_shape(const char* op, const Tensor& out, std::initializer_list<const Tensor*> ins) {
+  for (const Tensor* t : ins)
+    TESSEL_CHECK(t->shape() == out.shape(), op, "operand {} and output {} differ in shape (broadcast first)",
+                 t->desc(), out.desc());
+}
+
+void binary_cuda(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const char* name = binary_op_name(op);
+  CudaCall call(name, {&a, &b, &out});
+  check_same_shape(name, out, {&a, &b});
+  TESSEL_CHECK(a.dtype() == b.dtype(), name, "operands {} and {} differ in dtype", a.desc(), b.desc());
+  const DType want = is_comparison(op) || is_logical(op) ? DType::Bool : a.dtype();
+  TESSEL_CHECK(out.dtype() == want, name, "output {} must be {} for inputs {}", out.desc(), dtype_name(want),
+               a.desc());
+  launch_binary(op, a.dtype(), make_elem_geometry<3>({&out, &a, &b}), out.raw_data(), a.raw_data(), b.raw_data(),
+                call.stream());
+}
+
+void fill_cuda(const Tensor& dst, Scalar value) {
+  CudaCall call("fill", {&dst});
+  uint64_t bits = 0;
+  dispatch_all(dst.dtype(), "fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T v = value.to<T>();
+    std::memcpy(&bits, &v, sizeof(T));
+  });
+  launch_fill(dst.dtype(), bits, make_elem_geometry<1>({&dst}), dst.raw_data(), call.stream());
+}
+
+void where_cuda(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  CudaCall call("where", {&cond, &a, &b, &out});
+  check_same_shape("where", out, {&cond, &a, &b});
+  TESSEL_CHECK(cond.dtype() == DType::Bool && a.dtype() == out.dtype() && b.dtype() == out.dtype(), "where",
+               "needs a bool condition and operands of the output's dtype, got {}, {}, {} -> {}", cond.desc(),
+               a.desc(), b.desc(), out.desc());
+  launch_where(out.dtype(), make_elem_geometry<4>({&out, &cond, &a, &b}), out.raw_data(),
+               static_cast<const bool*>(cond.raw_data()), a.raw_data(), b.raw_data(), call.stream());
+}
+
+}  // namespace
+
+TESSEL_REGISTER_KERNEL(binary, DeviceType::CUDA, binary_cuda);
+TESSEL_REGISTER_KERNEL(fill, DeviceType::CUDA, fill_cuda);
+TESSEL_REGISTER_KERNEL(where, DeviceType::CUDA, where_cuda);
 
 }  // namespace tessel::kernels::cuda

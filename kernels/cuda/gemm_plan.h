@@ -1,5 +1,5 @@
 #pragma once
-// Tiling of the bitwise CUDA GEMM (gemm.cu) -- host-side planning, no CUDA
+// Tiling of the bitwise CUDA GEMM (matmul.cu) -- host-side planning, no CUDA
 // headers; test_cuda_plan checks the plan and replays the kernel's
 // per-element schedule on the CPU against gemm_reference_f32.
 //

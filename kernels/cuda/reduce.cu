@@ -1,12 +1,39 @@
 // CUDA reductions: sum/max/min in the canonical order (canonical.cuh) for
 // floating types -- the bits of kernels/cpu/reduce.cc -- and exact integer
 // reductions; arg max/min with the CPU's first-occurrence rule.
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime.h>
 #include <type_traits>
 
+#include "kernels/cuda/call.h"
 #include "kernels/cuda/canonical.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/convert.h"
-#include "kernels/cuda/reduce_launch.h"
+#include "kernels/cuda/geometry.h"
+#include "kernels/cuda/geometry_build.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+
+// ---- launch interface: what the adapters at the end call ----
+namespace tessel::kernels::cuda {
+
+// Scratch bytes launch_reduce needs for (path, dtype, geometry, V): the column
+// path keeps V chunk values per output.
+size_t reduce_workspace_bytes(ReducePath path, DType dtype, const ReduceGeometry& g, int chunks);
+
+// out = reduce(x) in the canonical order (floating) or exactly (integer/bool;
+// sums are int64). g.n > 0 and g.outputs > 0.
+void launch_reduce(ReduceOp op, DType dtype, ReducePath path, const ReduceGeometry& g, const void* x, void* out,
+                   int chunks, void* work, cudaStream_t stream);
+
+// out[row] = index of the first max (min) along the row; NaN counts as the
+// maximum and the minimum (first NaN wins). Operands: x, out.
+void launch_arg_reduce(DType dtype, const RowGeometry<2>& g, const void* x, int64_t* out, bool is_max,
+                       cudaStream_t stream);
+
+}  // namespace tessel::kernels::cuda
 
 namespace tessel::kernels::cuda {
 namespace {
@@ -215,5 +242,46 @@ void launch_arg_reduce(DType dtype, const RowGeometry<2>& g, const void* x, int6
     TESSEL_CUDA_CHECK_LAUNCH(is_max ? "argmax" : "argmin");
   });
 }
+
+}  // namespace tessel::kernels::cuda
+
+// ---- KernelTable adapters: register the CUDA reductions.
+namespace tessel::kernels::cuda {
+namespace {
+
+void reduce_cuda(ReduceOp op, const Tensor& x, const Tensor& out, int v) {
+  CudaCall call("reduce", {&x, &out});
+  TESSEL_CHECK(x.dim() == out.dim(), "reduce", "input {} and output {} must have the same rank (keepdim form)",
+               x.desc(), out.desc());
+  const DType want = is_floating(x.dtype()) || op != ReduceOp::Sum ? x.dtype() : DType::Int64;
+  TESSEL_CHECK(out.dtype() == want, "reduce", "output {} must be {} for input {}", out.desc(), dtype_name(want),
+               x.desc());
+  if (out.numel() == 0) return;
+  if (x.numel() == 0) {  // empty reduction: the identity (sum only; max/min are rejected by the op layer)
+    fill(out.device(), out, Scalar(0));
+    return;
+  }
+  const ReduceGeometry g = make_reduce_geometry(x.shape(), x.strides(), out.shape(), out.strides());
+  const ReducePath path = choose_reduce_path(g);
+  const size_t ws = reduce_workspace_bytes(path, x.dtype(), g, v);
+  Tensor work = ws ? scratch(call, Dims{int64_t(ws)}, DType::Bool) : Tensor();
+  launch_reduce(op, x.dtype(), path, g, x.raw_data(), out.raw_data(), v, ws ? work.raw_data() : nullptr,
+                call.stream());
+}
+
+void arg_reduce_cuda(const Tensor& x, int64_t dim, bool is_max, const Tensor& out) {
+  const char* name = is_max ? "argmax" : "argmin";
+  CudaCall call(name, {&x, &out});
+  const int d = wrap_dim(dim, x.dim(), name);
+  TESSEL_CHECK(out.dtype() == DType::Int64 && out.dim() == x.dim(), name, "output {} must be int64 in keepdim form",
+               out.desc());
+  launch_arg_reduce(x.dtype(), make_row_geometry<2>(x.shape(), d, {&x.strides(), &out.strides()}), x.raw_data(),
+                    static_cast<int64_t*>(out.raw_data()), is_max, call.stream());
+}
+
+}  // namespace
+
+TESSEL_REGISTER_KERNEL(reduce, DeviceType::CUDA, reduce_cuda);
+TESSEL_REGISTER_KERNEL(arg_reduce, DeviceType::CUDA, arg_reduce_cuda);
 
 }  // namespace tessel::kernels::cuda

@@ -6,12 +6,31 @@
 // with entries that order after everything. Up to 2048 entries a line sorts
 // in shared memory in one block; longer lines run one kernel per network step.
 #include <cstdint>
+#include <cuda_runtime.h>
 #include <type_traits>
 
+#include "kernels/cuda/call.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/geometry.h"
+#include "kernels/cuda/geometry_build.h"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/sort_launch.h"
+#include "kernels/sort.h"
+#include "runtime/dtype.h"
+
+// ---- launch interface: what the adapters at the end call ----
+namespace tessel::kernels::cuda {
+
+// Lines along `dim` of x, values and indices (operands 0, 1, 2 of g). Writes
+// the first `count` entries of each line's sorted order (count = n for sort,
+// k for topk). `largest`: descending order (NaN first) instead of ascending
+// (NaN last); ties by index. by_index_after: re-sort the kept `count` entries
+// by index (topk with sorted = false). work: sort_workspace_bytes.
+void launch_sort(DType dtype, const RowGeometry<3>& g, const void* x, void* values, int64_t* indices, bool largest,
+                 int64_t count, bool by_index_after, void* work, cudaStream_t stream);
+size_t sort_workspace_bytes(DType dtype, int64_t lines, int64_t n, int64_t count);
+
+}  // namespace tessel::kernels::cuda
 
 namespace tessel::kernels::cuda {
 namespace {
@@ -209,5 +228,50 @@ void launch_sort(DType dtype, const RowGeometry<3>& g, const void* x, void* valu
     TESSEL_CUDA_CHECK_LAUNCH("sort");
   });
 }
+
+}  // namespace tessel::kernels::cuda
+
+// ---- KernelTable adapters: register the CUDA sort / topk kernels.
+namespace tessel::kernels::cuda {
+namespace {
+
+void run(const CudaCall& call, const Tensor& x, int d, const Tensor& values, const Tensor& indices, bool descending,
+         int64_t count, bool by_index_after) {
+  const RowGeometry<3> g = make_row_geometry<3>(x.shape(), d, {&x.strides(), &values.strides(), &indices.strides()});
+  Tensor work = scratch(call, Dims{int64_t(sort_workspace_bytes(x.dtype(), g.rows, g.n, count))}, DType::Bool);
+  launch_sort(x.dtype(), g, x.raw_data(), values.raw_data(), static_cast<int64_t*>(indices.raw_data()), descending,
+              count, by_index_after, work.raw_data(), call.stream());
+}
+
+void sort_cuda(const Tensor& x, int64_t dim, bool descending, const Tensor& values, const Tensor& indices) {
+  CudaCall call("sort", {&x, &values, &indices});
+  const int d = wrap_dim(dim, x.dim(), "sort");
+  TESSEL_CHECK(values.shape() == x.shape() && indices.shape() == x.shape() && indices.dtype() == DType::Int64 &&
+                   values.dtype() == x.dtype(),
+               "sort", "outputs {} and {} do not match input {}", values.desc(), indices.desc(), x.desc());
+  if (x.numel() == 0) return;
+  run(call, x, d, values, indices, descending, x.shape()[d], false);
+}
+
+void topk_cuda(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sorted, const Tensor& values,
+               const Tensor& indices) {
+  CudaCall call("topk", {&x, &values, &indices});
+  const int d = wrap_dim(dim, x.dim(), "topk");
+  const int64_t n = x.shape()[d];
+  TESSEL_CHECK(k >= 0 && k <= n, "topk", "k = {} is out of range for dimension {} of size {}", k, d, n);
+  Dims want = x.shape();
+  want[d] = k;
+  TESSEL_CHECK(values.shape() == want && indices.shape() == want && indices.dtype() == DType::Int64 &&
+                   values.dtype() == x.dtype(),
+               "topk", "outputs {} and {} do not match input {} with k = {}", values.desc(), indices.desc(), x.desc(),
+               k);
+  if (values.numel() == 0) return;
+  run(call, x, d, values, indices, largest, k, !sorted);
+}
+
+}  // namespace
+
+TESSEL_REGISTER_KERNEL(sort, DeviceType::CUDA, sort_cuda);
+TESSEL_REGISTER_KERNEL(topk, DeviceType::CUDA, topk_cuda);
 
 }  // namespace tessel::kernels::cuda

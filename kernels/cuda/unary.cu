@@ -1,11 +1,13 @@
 // CUDA unary ops: the expressions of kernels/unary_math.h (shared with the
 // CPU, tessel::tmath instead of CUDA's math library, --fmad=false), so float32
-// results equal the CPU's bit for bit. Backward is in unary_backward.cu.
+// results equal the CPU's bit for bit. Backward is in unary_backward.cu (its own nvcc object: the two compile in parallel).
 #include <type_traits>
 
+#include "kernels/cuda/call.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/geometry_build.h"
 #include "kernels/cuda/loops.cuh"
-#include "kernels/cuda/unary_launch.h"
+#include "kernels/unary.h"
 #include "kernels/unary_math.h"
 
 namespace tessel::kernels::cuda {
@@ -63,5 +65,23 @@ void launch_unary(UnaryOp op, DType dtype, const ElemGeometry<2>& g, void* out, 
 #undef X
   }
 }
+
+}  // namespace tessel::kernels::cuda
+
+// ---- KernelTable adapter: registers the CUDA unary kernel.
+namespace tessel::kernels::cuda {
+namespace {
+
+void unary_cuda(UnaryOp op, const Tensor& x, const Tensor& out) {
+  const char* name = unary_op_name(op);
+  CudaCall call(name, {&x, &out});
+  TESSEL_CHECK(x.shape() == out.shape() && x.dtype() == out.dtype(), name, "input {} and output {} must match",
+               x.desc(), out.desc());
+  launch_unary(op, x.dtype(), make_elem_geometry<2>({&out, &x}), out.raw_data(), x.raw_data(), call.stream());
+}
+
+}  // namespace
+
+TESSEL_REGISTER_KERNEL(unary, DeviceType::CUDA, unary_cuda);
 
 }  // namespace tessel::kernels::cuda

@@ -1,8 +1,10 @@
 // CUDA unary backward: dx = UnaryFn<op>::bwd(g, x, y) (kernels/unary_math.h),
 // floating types only, computed in float for 16-bit storage.
+#include "kernels/cuda/call.h"
 #include "kernels/cuda/convert.h"
+#include "kernels/cuda/geometry_build.h"
 #include "kernels/cuda/loops.cuh"
-#include "kernels/cuda/unary_launch.h"
+#include "kernels/unary.h"
 #include "kernels/unary_math.h"
 
 namespace tessel::kernels::cuda {
@@ -53,5 +55,25 @@ void launch_unary_backward(UnaryOp op, DType dtype, const ElemGeometry<4>& geo, 
 #undef X
   }
 }
+
+}  // namespace tessel::kernels::cuda
+
+// ---- KernelTable adapter: registers the CUDA unary backward kernel.
+namespace tessel::kernels::cuda {
+namespace {
+
+void unary_backward_cuda(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& dx) {
+  const char* name = unary_op_name(op);
+  CudaCall call(name, {&g, &x, &y, &dx});
+  for (const Tensor* t : {&g, &x, &y})
+    TESSEL_CHECK(t->shape() == dx.shape() && t->dtype() == dx.dtype(), name,
+                 "backward operands must match the gradient {}, got {}", dx.desc(), t->desc());
+  launch_unary_backward(op, dx.dtype(), make_elem_geometry<4>({&dx, &g, &x, &y}), dx.raw_data(), g.raw_data(),
+                        x.raw_data(), y.raw_data(), call.stream());
+}
+
+}  // namespace
+
+TESSEL_REGISTER_KERNEL(unary_backward, DeviceType::CUDA, unary_backward_cuda);
 
 }  // namespace tessel::kernels::cuda

@@ -34,10 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/mesh.h"
 #include "nn/module.h"
 #include "nn/optim.h"
 #include "nn/parallel/dp_param.h"
-#include "dtensor/mesh.h"
 
 namespace tessel::parallel {
 

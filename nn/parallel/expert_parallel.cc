@@ -7,8 +7,8 @@
 #include "autograd/function.h"
 #include "dtensor/ops.h"
 #include "nn/autocast.h"
-#include "runtime/numerics.h"
 #include "runtime/comm/comm.h"
+#include "runtime/numerics.h"
 
 namespace tessel::parallel {
 namespace {

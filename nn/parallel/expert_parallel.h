@@ -36,8 +36,8 @@
 #include <memory>
 #include <string>
 
-#include "nn/moe.h"
 #include "dtensor/mesh.h"
+#include "nn/moe.h"
 
 namespace tessel::parallel {
 

@@ -5,9 +5,9 @@
 
 #include "autograd/api.h"
 #include "dtensor/ops.h"
+#include "dtensor/redistribute.h"
 #include "nn/moe.h"
 #include "nn/parallel/expert_parallel.h"
-#include "dtensor/redistribute.h"
 
 namespace tessel::parallel {
 namespace {

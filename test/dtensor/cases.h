@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/ops.h"
 #include "dtensor/mesh.h"
+#include "dtensor/ops.h"
 
 namespace tessel::testing {
 

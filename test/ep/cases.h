@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/mesh.h"
 #include "nn/moe.h"
 #include "nn/parallel/plan.h"
-#include "dtensor/mesh.h"
 
 namespace tessel::testing {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm/comm.h"
 #include "dtensor/mesh.h"
 #include "dtensor/placement.h"
+#include "runtime/comm/comm.h"
 
 namespace tessel::testing {
 

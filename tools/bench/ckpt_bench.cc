@@ -15,12 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/api.h"
-#include "dtensor/ops.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
-#include "runtime/comm/comm.h"
 #include "dtensor/mesh.h"
+#include "dtensor/ops.h"
+#include "runtime/comm/comm.h"
 #include "tools/bench/machine.h"
 
 namespace tessel::tools {

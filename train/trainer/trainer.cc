@@ -7,12 +7,12 @@
 #include <optional>
 
 #include "autograd/api.h"
-#include "dtensor/ops.h"
 #include "checkpoint/manager.h"
+#include "dtensor/ops.h"
 #include "models/config.h"
-#include "nn/parallel/pipeline/pipeline.h"
 #include "nn/context.h"
 #include "nn/moe.h"
+#include "nn/parallel/pipeline/pipeline.h"
 #include "run/checkpoint.h"
 #include "run/run.h"
 #include "runtime/allocator.h"

@@ -4,8 +4,8 @@
 #include <chrono>
 
 #include "autograd/grad_mode.h"
-#include "runtime/error.h"
 #include "dtensor/placement.h"
+#include "runtime/error.h"
 
 namespace tessel::parallel::pipeline {
 namespace {

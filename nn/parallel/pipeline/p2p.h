@@ -17,8 +17,8 @@
 // wait_seconds(): the communication share of a pipeline step.
 #include <vector>
 
-#include "runtime/comm/comm.h"
 #include "dtensor/mesh.h"
+#include "runtime/comm/comm.h"
 #include "runtime/tensor.h"
 
 namespace tessel::parallel::pipeline {

@@ -6,8 +6,8 @@
 #include "autograd/api.h"
 #include "dtensor/ops.h"
 #include "kernels/elementwise.h"
-#include "runtime/numerics.h"
 #include "nn/parallel/parallelize.h"
+#include "runtime/numerics.h"
 
 namespace tessel::parallel::pipeline {
 namespace {

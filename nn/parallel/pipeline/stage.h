@@ -31,11 +31,11 @@
 #include <string>
 #include <vector>
 
-#include "nn/staged.h"
+#include "dtensor/mesh.h"
 #include "nn/parallel/pipeline/partition.h"
 #include "nn/parallel/plan.h"
+#include "nn/staged.h"
 #include "runtime/comm/comm.h"
-#include "dtensor/mesh.h"
 
 namespace tessel::parallel::pipeline {
 

@@ -5,13 +5,46 @@
 // (rows ty + 16 i, columns tx + 16 j: conflict-free shared-memory reads),
 // 16-deep K steps starting at each chunk's first k with zero padding past the
 // chunk end, chunk values folded by a register binary counter.
+#include <cstdint>
+#include <cuda_runtime.h>
 #include <type_traits>
 
+#include "kernels/cuda/call.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/convert.h"
-#include "kernels/cuda/gemm_launch.h"
+#include "kernels/cuda/cublaslt.h"
+#include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/lt_plan.h"
+#include "kernels/matmul.h"
+#include "runtime/dtype.h"
 #include "runtime/numerics.h"
+
+// ---- launch interface: the bitwise GEMM (docs/gemm.md's arithmetic, the
+// tiling in gemm_plan.h), called by the bmm adapter at the end ----
+namespace tessel::kernels::cuda {
+
+struct GemmParams {
+  int64_t M = 0, N = 0, K = 0, batch = 1;
+  // Element (i, k) of A[b] at A + b * a_bs + i * a_rs + k * a_cs; likewise B;
+  // C[b] row-major with row stride c_rs and unit column stride.
+  int64_t a_rs = 0, a_cs = 0, a_bs = 0;
+  int64_t b_rs = 0, b_cs = 0, b_bs = 0;
+  int64_t c_rs = 0, c_bs = 0;
+  int chunks = 16;
+  bool accumulate = false;
+  const void* A = nullptr;
+  const void* B = nullptr;
+  void* C = nullptr;
+};
+
+// `work`: plan.workspace_elems values of the compute type (float, or double
+// for float64), or null when the plan needs none. dtype: A, B and C
+// (float32/float64, or bfloat16/float16 computed in float, rounded once).
+void launch_gemm_bitwise(DType dtype, const GemmParams& p, const BitwiseGemmPlan& plan, void* work,
+                         cudaStream_t stream);
+
+}  // namespace tessel::kernels::cuda
 
 namespace tessel::kernels::cuda {
 namespace {
@@ -180,5 +213,62 @@ void launch_gemm_bitwise(DType dtype, const GemmParams& p, const BitwiseGemmPlan
     default: throw_unsupported_dtype("matmul", dtype, "floating point");
   }
 }
+
+}  // namespace tessel::kernels::cuda
+
+// The CUDA bmm: the bitwise GEMM in GemmMode::Bitwise, cuBLASLt
+// (cublaslt.cc) in GemmMode::Fast for float32/bfloat16/float16 when the
+// layout allows (else the bitwise kernel, which is deterministic too).
+namespace tessel::kernels::cuda {
+namespace {
+
+// The most workspace (compute-type elements) the bitwise GEMM may take to
+// split a deep chunk tree or to raise parallelism: 32 Mi elements.
+constexpr int64_t kGemmWorkspaceCap = int64_t(32) << 20;
+
+void bmm_cuda(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate, int v) {
+  CudaCall call("matmul", {&a, &b, &out});
+  TESSEL_CHECK(a.dim() == 3 && b.dim() == 3 && out.dim() == 3 && a.shape()[0] == b.shape()[0] &&
+                   a.shape()[2] == b.shape()[1] && out.shape()[0] == a.shape()[0] && out.shape()[1] == a.shape()[1] &&
+                   out.shape()[2] == b.shape()[2],
+               "bmm", "expects [B, M, K] x [B, K, N] -> [B, M, N], got {}, {} -> {}", a.desc(), b.desc(), out.desc());
+  TESSEL_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype(), "bmm", "operands {} and {} and output {} differ "
+               "in dtype", a.desc(), b.desc(), out.desc());
+  if (out.numel() == 0) return;
+  TESSEL_CHECK(out.stride(2) == 1 || out.shape()[2] == 1, "bmm", "output {} needs a unit column stride", out.desc());
+  GemmParams p;
+  p.batch = a.shape()[0];
+  p.M = a.shape()[1];
+  p.K = a.shape()[2];
+  p.N = b.shape()[2];
+  p.a_rs = a.strides()[1];
+  p.a_cs = a.strides()[2];
+  p.a_bs = p.batch > 1 ? a.strides()[0] : 0;
+  p.b_rs = b.strides()[1];
+  p.b_cs = b.strides()[2];
+  p.b_bs = p.batch > 1 ? b.strides()[0] : 0;
+  p.c_rs = out.strides()[1];
+  p.c_bs = out.strides()[0];
+  p.chunks = v;
+  p.accumulate = accumulate;
+  p.A = a.raw_data();
+  p.B = b.raw_data();
+  p.C = out.raw_data();
+  if (numerics::gemm_mode() == numerics::GemmMode::Fast && out.dtype() != DType::Float64) {
+    const LtPlan plan = plan_lt_matmul(p.M, p.N, p.K, p.batch, p.a_rs, p.a_cs, p.a_bs, p.b_rs, p.b_cs, p.b_bs, p.c_rs,
+                                       p.batch > 1 ? p.c_bs : 0, out.dtype(), LtEpilogue::None);
+    if (plan.ok && lt_matmul(call, plan, p.A, p.B, p.C, accumulate)) return;
+  }
+  const BitwiseGemmPlan plan =
+      plan_bitwise_gemm(p.M, p.N, p.K, p.batch, v, tessel::cuda::sm_count(call.device()), kGemmWorkspaceCap);
+  Tensor work;
+  if (plan.workspace_elems > 0)
+    work = scratch(call, Dims{plan.workspace_elems}, out.dtype() == DType::Float64 ? DType::Float64 : DType::Float32);
+  launch_gemm_bitwise(out.dtype(), p, plan, plan.workspace_elems > 0 ? work.raw_data() : nullptr, call.stream());
+}
+
+}  // namespace
+
+TESSEL_REGISTER_KERNEL(bmm, DeviceType::CUDA, bmm_cuda);
 
 }  // namespace tessel::kernels::cuda
