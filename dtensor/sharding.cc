@@ -1,5 +1,6 @@
 #include "dtensor/sharding.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -177,6 +178,281 @@ std::vector<int> pointwise_backward_chunks(const ShardingContext& ctx, ShardingP
     plan.out[0][bad] = Replicate();
   }
   TESSEL_FAIL(ctx.op, "internal error: no exact layout for the backward reductions");
+}
+
+namespace {
+
+// Einsum letters as small ids: 'a'-'z' 0-25, 'A'-'Z' 26-51; the dims "..."
+// stands for are 52 + j, j counted from the innermost, so that they line up
+// from the right across operands. A uint64_t is a set of ids.
+constexpr int kEllipsisId = 52;
+static_assert(kEllipsisId + kMaxDims <= 64, "einsum letter ids must fit a 64-bit set");
+
+int letter_id(char c) {
+  if (c >= 'a' && c <= 'z') return c - 'a';
+  if (c >= 'A' && c <= 'Z') return 26 + (c - 'A');
+  return -1;
+}
+
+std::string letter_name(int id) {
+  if (id < 26) return std::string(1, char('a' + id));
+  if (id < kEllipsisId) return std::string(1, char('A' + id - 26));
+  return TESSEL_FORMAT("...[-{}]", id - kEllipsisId + 1);  // the j-th "..." dim from the inside
+}
+
+// One operand of a spec bound to its tensor: the letter id of each dim, and
+// the set of letters it has (broadcast size-1 dims excluded).
+struct Bound {
+  std::vector<int> ids;
+  uint64_t has = 0;
+  int pos(int id) const {
+    for (size_t d = 0; d < ids.size(); ++d)
+      if (ids[d] == id) return int(d);
+    return -1;
+  }
+};
+
+// The parsed spec bound to ctx's shapes (operand 0 the output, 1 + i input
+// i), with the size of each letter; throws naming the op, spec and shapes.
+struct BoundSpec {
+  std::vector<Bound> ops;
+  int64_t size[64];
+};
+
+BoundSpec bind_einsum(const ShardingContext& ctx, const char* spec) {
+  const EinsumSpec es = parse_einsum(spec, ctx.op);
+  TESSEL_CHECK(es.in.size() == ctx.in.size() && ctx.out.size() == 1, ctx.op,
+               "einsum spec \"{}\" has {} input(s) and one output; the op has {} and {}", spec, es.in.size(),
+               ctx.in.size(), ctx.out.size());
+  std::string shapes;  // for the errors
+  for (const TensorSpec& t : ctx.in) shapes += TESSEL_FORMAT("{}{}", shapes.empty() ? "" : " x ", t.shape);
+  std::vector<std::pair<const std::string*, const TensorSpec*>> operands{{&es.out, &ctx.out[0]}};
+  for (size_t i = 0; i < es.in.size(); ++i) {
+    TESSEL_CHECK(ctx.in[i].defined, ctx.op, "einsum spec \"{}\": input {} is undefined", spec, i);
+    operands.push_back({&es.in[i], &ctx.in[i]});
+  }
+  BoundSpec b;
+  std::fill(b.size, b.size + 64, int64_t(1));
+  int in_batch = 0;  // the most leading dims any input's "..." stands for
+  b.ops.resize(operands.size());
+  for (size_t k = 1; k <= operands.size(); ++k) {  // the inputs, then the output
+    const size_t o = k % operands.size();
+    const std::string& letters = *operands[o].first;
+    const Dims& shape = operands[o].second->shape;
+    const bool ellipsis = letters.compare(0, 3, "...") == 0;
+    const int named = int(letters.size()) - (ellipsis ? 3 : 0);
+    const int batch = shape.size() - named;
+    TESSEL_CHECK(ellipsis ? batch >= 0 : batch == 0, ctx.op,
+                 "einsum spec \"{}\" does not fit operands {}: {} \"{}\" names {} dim(s){} but has shape {}", spec,
+                 shapes, o == 0 ? std::string("the output") : TESSEL_FORMAT("input {}", o - 1), letters, named,
+                 ellipsis ? " after \"...\"" : "", shape);
+    Bound bound;
+    for (int j = batch - 1; j >= 0; --j) bound.ids.push_back(kEllipsisId + j);
+    for (size_t c = ellipsis ? 3 : 0; c < letters.size(); ++c) bound.ids.push_back(letter_id(letters[c]));
+    if (o > 0) in_batch = std::max(in_batch, batch);
+    b.ops[o] = std::move(bound);
+  }
+  // Letter sizes: the one size other than 1 that the inputs give it (else 1).
+  for (size_t o = 1; o < operands.size(); ++o) {
+    const Dims& shape = operands[o].second->shape;
+    for (size_t d = 0; d < b.ops[o].ids.size(); ++d) {
+      const int id = b.ops[o].ids[d];
+      const int64_t n = shape[int(d)];
+      TESSEL_CHECK(n == 1 || b.size[id] == 1 || b.size[id] == n, ctx.op,
+                   "einsum spec \"{}\" does not fit operands {}: letter {} has sizes {} and {}", spec, shapes,
+                   letter_name(id), b.size[id], n);
+      if (n != 1) b.size[id] = n;
+    }
+  }
+  uint64_t in_has = 0;
+  for (size_t o = 0; o < operands.size(); ++o) {
+    for (size_t d = 0; d < b.ops[o].ids.size(); ++d)
+      if (operands[o].second->shape[int(d)] == b.size[b.ops[o].ids[d]]) b.ops[o].has |= uint64_t(1) << b.ops[o].ids[d];
+    if (o > 0) in_has |= b.ops[o].has;
+  }
+  // The output: as many leading dims as the inputs have, each letter the size they give it.
+  const Dims& oshape = ctx.out[0].shape;
+  bool out_ok = es.out.compare(0, 3, "...") != 0 || int(b.ops[0].ids.size()) - int(es.out.size() - 3) == in_batch;
+  for (size_t d = 0; d < b.ops[0].ids.size(); ++d)
+    out_ok = out_ok && (in_has >> b.ops[0].ids[d] & 1u) && oshape[int(d)] == b.size[b.ops[0].ids[d]];
+  TESSEL_CHECK(out_ok, ctx.op, "einsum spec \"{}\" does not fit operands {}: the output has shape {}", spec, shapes,
+               oshape);
+  return b;
+}
+
+}  // namespace
+
+EinsumSpec parse_einsum(const char* spec, const char* op) {
+  TESSEL_CHECK(spec != nullptr, op, "einsum spec is null");
+  const std::string s(spec);
+  auto fail = [&](const std::string& why) { TESSEL_FAIL(op, "einsum spec \"{}\": {}", s, why); };
+  const size_t arrow = s.find("->");
+  if (arrow == std::string::npos || s.find("->", arrow + 1) != std::string::npos)
+    fail("needs exactly one \"->\" between the inputs and the output, e.g. \"mk,kn->mn\"");
+  EinsumSpec es;
+  const std::string lhs = s.substr(0, arrow);
+  for (size_t start = 0;;) {
+    const size_t comma = lhs.find(',', start);
+    es.in.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  es.out = s.substr(arrow + 2);
+  uint64_t in_letters = 0;
+  bool in_ellipsis = false;
+  auto check_operand = [&](const std::string& g, const std::string& what) -> uint64_t {
+    uint64_t seen = 0;
+    const size_t first = g.compare(0, 3, "...") == 0 ? 3 : 0;
+    for (size_t c = first; c < g.size(); ++c) {
+      if (g[c] == '.') fail(what + " \"" + g + "\": \"...\" may only open an operand (leading batch dims)");
+      const int id = letter_id(g[c]);
+      if (id < 0) fail(what + " \"" + g + "\": '" + std::string(1, g[c]) + "' is not a letter (a-z, A-Z)");
+      if (seen >> id & 1u) fail(what + " \"" + g + "\": letter '" + std::string(1, g[c]) + "' repeats (no diagonals)");
+      seen |= uint64_t(1) << id;
+    }
+    if (int(g.size() - first) > kMaxDims) fail(what + " \"" + g + "\": more letters than a tensor has dims");
+    return seen;
+  };
+  for (size_t i = 0; i < es.in.size(); ++i) {
+    in_letters |= check_operand(es.in[i], "input " + std::to_string(i));
+    in_ellipsis = in_ellipsis || es.in[i].compare(0, 3, "...") == 0;
+  }
+  const uint64_t out_letters = check_operand(es.out, "the output");
+  for (int id = 0; id < kEllipsisId; ++id)
+    if ((out_letters >> id & 1u) && !(in_letters >> id & 1u))
+      fail("output letter '" + letter_name(id) + "' is in no input");
+  if (in_ellipsis != (es.out.compare(0, 3, "...") == 0))
+    fail(in_ellipsis ? "an input has \"...\" but the output does not (batch dims are kept, not summed)"
+                     : "the output has \"...\" but no input does");
+  return es;
+}
+
+ShardingPlan einsum(const ShardingContext& ctx, const char* spec, std::vector<int>* chunks) {
+  const BoundSpec b = bind_einsum(ctx, spec);
+  const int ni = int(ctx.in.size()), nd = ctx.mesh_ndim();
+  const bool bitwise = numerics::bitwise();
+  const Bound& out = b.ops[0];
+  uint64_t out_ids = 0;
+  for (int id : out.ids) out_ids |= uint64_t(1) << id;
+  // The letters a mesh dim may shard, in preference order: the output's, then the contracted ones.
+  std::vector<int> letters;
+  for (int id : out.ids)
+    if (b.size[id] > 1) letters.push_back(id);
+  for (int i = 0; i < ni; ++i)
+    for (int id : b.ops[size_t(1 + i)].ids)
+      if (b.size[id] > 1 && !(out_ids >> id & 1u) && std::find(letters.begin(), letters.end(), id) == letters.end())
+        letters.push_back(id);
+  std::vector<int64_t> numel;
+  for (const TensorSpec& t : ctx.in) numel.push_back(numel_of(t.shape));
+
+  // One plan: per mesh dim the cheapest candidate not banned there (banned: a set of letter ids per mesh dim).
+  auto choose = [&](const std::vector<uint64_t>& banned) {
+    ShardingPlan plan;
+    plan.in.resize(size_t(ni));
+    plan.out.resize(1);
+    std::vector<Placement> cand(static_cast<size_t>(ni)), best(static_cast<size_t>(ni), Replicate());
+    for (int m = 0; m < nd; ++m) {
+      auto cost = [&] {
+        int64_t k = 0;
+        for (int i = 0; i < ni; ++i) {
+          const Placement& cur = ctx.in[size_t(i)].placements[m];
+          const Placement& want = cand[size_t(i)];
+          if (!(cur == want || (cur.is_replicate() && want.is_shard()))) k += numel[size_t(i)];
+        }
+        return k;
+      };
+      std::fill(cand.begin(), cand.end(), Replicate());
+      std::fill(best.begin(), best.end(), Replicate());
+      Placement best_out = Replicate();
+      int64_t best_cost = cost();
+      auto consider = [&](Placement o) {
+        const int64_t k = cost();
+        if (k < best_cost) best_cost = k, best = cand, best_out = o;
+      };
+      for (int id : letters) {
+        if (banned[size_t(m)] >> id & 1u) continue;
+        for (int i = 0; i < ni; ++i) {
+          const Bound& in = b.ops[size_t(1 + i)];
+          cand[size_t(i)] = (in.has >> id & 1u) ? Shard(in.pos(id)) : Replicate();
+        }
+        consider((out_ids >> id & 1u) ? Shard(out.pos(id)) : Partial());
+      }
+      if (!bitwise) {
+        for (int i = 0; i < ni; ++i) {
+          if (!ctx.in[size_t(i)].placements[m].is_partial_sum()) continue;
+          std::fill(cand.begin(), cand.end(), Replicate());
+          cand[size_t(i)] = Partial();
+          consider(Partial());
+        }
+      }
+      for (int i = 0; i < ni; ++i) plan.in[size_t(i)].push_back(best[size_t(i)]);
+      plan.out[0].push_back(best_out);
+    }
+    return plan;
+  };
+
+  std::vector<uint64_t> banned(static_cast<size_t>(nd), 0);
+  if (!bitwise) {
+    if (chunks) chunks->clear();
+    return choose(banned);
+  }
+  // The canonical reductions: target 0 the output (the forward), 1 + i input
+  // i's gradient; each over the letters the target lacks, flattened in the
+  // order of the first other operand (the output first) holding them all.
+  struct Reduction {
+    int target, holder;
+    std::vector<int> dims;  // the holder's dims
+  };
+  std::vector<Reduction> reductions;
+  for (int t = 0; t <= (ctx.grad ? ni : 0); ++t) {
+    uint64_t summed = 0;
+    for (int o = 0; o <= ni; ++o)
+      if (o != t) summed |= b.ops[size_t(o)].has;
+    summed &= ~b.ops[size_t(t)].has;
+    int holder = -1;
+    for (int o = 0; o <= ni && holder < 0; ++o)
+      if (o != t && (b.ops[size_t(o)].has & summed) == summed) holder = o;
+    TESSEL_CHECK(holder >= 0, ctx.op,
+                 "einsum spec \"{}\": bitwise mode needs one operand holding every letter that {} sums over "
+                 "(its canonical order); none does",
+                 spec, t == 0 ? std::string("the forward") : TESSEL_FORMAT("input {}'s gradient", t - 1));
+    Reduction r{t, holder, {}};
+    const std::vector<int>& ids = b.ops[size_t(holder)].ids;
+    for (size_t d = 0; d < ids.size(); ++d)
+      if (summed >> ids[d] & 1u) r.dims.push_back(int(d));
+    reductions.push_back(std::move(r));
+  }
+  const int v = numerics::reduction_chunks();
+  for (;;) {
+    ShardingPlan plan = choose(banned);
+    std::vector<int> counts(static_cast<size_t>(ni + 1), 0);
+    bool exact = true;
+    for (const Reduction& r : reductions) {
+      const Placements& p = r.holder == 0 ? plan.out[0] : plan.in[size_t(r.holder - 1)];
+      const Dims& shape = r.holder == 0 ? ctx.out[0].shape : ctx.in[size_t(r.holder - 1)].shape;
+      const int k = local_chunks(shape, p, *ctx.mesh, r.dims, v);
+      if (k > 0) {
+        counts[size_t(r.target)] = k;
+        continue;
+      }
+      // Drop the first shard (mesh dim order) of a summed letter, and choose again.
+      int bad_m = -1, bad_id = -1;
+      for (int m = 0; m < nd && bad_m < 0; ++m)
+        for (int d : r.dims)
+          if (p[m].is_shard(d)) {
+            bad_m = m, bad_id = b.ops[size_t(r.holder)].ids[size_t(d)];
+            break;
+          }
+      TESSEL_ASSERT(bad_m >= 0 && !(banned[size_t(bad_m)] >> bad_id & 1u));
+      banned[size_t(bad_m)] |= uint64_t(1) << bad_id;
+      exact = false;
+      break;
+    }
+    if (exact) {
+      if (chunks) *chunks = std::move(counts);
+      return plan;
+    }
+  }
 }
 
 Placements map_dims(const Placements& in, const int* dim_map, Placement vanished) {
