@@ -176,9 +176,9 @@ TEST_CASE("einsum rule: inputs' shards are followed, contractions pend, the larg
 
 TEST_CASE("einsum rule, bitwise mode: no Partial input, no inexact reduction, the pieces' chunk counts",
           "[dtensor][bitwise]") {
+  numerics::ChunksGuard v4(4);  // V is global (a guard per rank thread would restore it under the others)
   const auto reports = on_ranks(2, [](int) -> std::string {
-    numerics::BitwiseGuard on(true);
-    numerics::ChunksGuard v4(4);
+    numerics::BitwiseGuard on(true);  // per thread
     MeshPtr mesh = Mesh::world({{"x", 2}});
     RankReport r;
     auto expect = [&](const char* spec, const std::vector<Dims>& shapes, const std::vector<Placements>& in,
