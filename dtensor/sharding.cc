@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -187,6 +188,10 @@ namespace {
 // from the right across operands. A uint64_t is a set of ids.
 constexpr int kEllipsisId = 52;
 static_assert(kEllipsisId + kMaxDims <= 64, "einsum letter ids must fit a 64-bit set");
+// The rule runs on every distributed call of its op (docs/distributed.md,
+// "Dispatch overhead"): the spec is parsed and bound into fixed arrays, and
+// strings are only built for an error.
+constexpr int kMaxEinsumInputs = 8;
 
 int letter_id(char c) {
   if (c >= 'a' && c <= 'z') return c - 'a';
@@ -200,82 +205,156 @@ std::string letter_name(int id) {
   return TESSEL_FORMAT("...[-{}]", id - kEllipsisId + 1);  // the j-th "..." dim from the inside
 }
 
-// One operand of a spec bound to its tensor: the letter id of each dim, and
-// the set of letters it has (broadcast size-1 dims excluded).
+// One operand of a parsed spec: where it is in the text, whether it opens
+// with "...", and the ids of its letters.
+struct SpecOperand {
+  int begin = 0, end = 0;  // [begin, end) in the spec
+  bool ellipsis = false;
+  int n = 0;
+  int8_t ids[kMaxDims] = {};
+};
+
+struct ParsedSpec {
+  SpecOperand in[kMaxEinsumInputs];
+  int ni = 0;
+  SpecOperand out;
+};
+
+std::string operand_text(const char* spec, const SpecOperand& o) {
+  return std::string(spec + o.begin, size_t(o.end - o.begin));
+}
+
+ParsedSpec parse_spec(const char* spec, const char* op) {
+  TESSEL_CHECK(spec != nullptr, op, "einsum spec is null");
+  auto fail = [&](const std::string& why) { TESSEL_FAIL(op, "einsum spec \"{}\": {}", spec, why); };
+  const char* arrow = std::strstr(spec, "->");
+  if (arrow == nullptr || std::strstr(arrow + 2, "->") != nullptr)
+    fail("needs exactly one \"->\" between the inputs and the output, e.g. \"mk,kn->mn\"");
+  const int lhs_end = int(arrow - spec);
+  // Reads o's letters; returns them as a set.
+  auto read = [&](SpecOperand& o, int index) -> uint64_t {
+    auto what = [&] {
+      return (index < 0 ? std::string("the output") : "input " + std::to_string(index)) + " \"" +
+             operand_text(spec, o) + "\"";
+    };
+    int c = o.begin;
+    if (o.end - c >= 3 && std::strncmp(spec + c, "...", 3) == 0) o.ellipsis = true, c += 3;
+    uint64_t seen = 0;
+    for (; c < o.end; ++c) {
+      const char ch = spec[c];
+      if (ch == '.') fail(what() + ": \"...\" may only open an operand (leading batch dims)");
+      const int id = letter_id(ch);
+      if (id < 0) fail(what() + ": '" + std::string(1, ch) + "' is not a letter (a-z, A-Z)");
+      if (seen >> id & 1u) fail(what() + ": letter '" + std::string(1, ch) + "' repeats (no diagonals)");
+      if (o.n == kMaxDims) fail(what() + ": more letters than a tensor has dims");
+      seen |= uint64_t(1) << id;
+      o.ids[o.n++] = int8_t(id);
+    }
+    return seen;
+  };
+  ParsedSpec ps;
+  uint64_t in_letters = 0;
+  bool in_ellipsis = false;
+  for (int begin = 0;;) {
+    int end = begin;
+    while (end < lhs_end && spec[end] != ',') ++end;
+    if (ps.ni == kMaxEinsumInputs) fail(TESSEL_FORMAT("more than {} inputs", kMaxEinsumInputs));
+    SpecOperand& o = ps.in[ps.ni];
+    o.begin = begin, o.end = end;
+    in_letters |= read(o, ps.ni);
+    in_ellipsis = in_ellipsis || o.ellipsis;
+    ++ps.ni;
+    if (end == lhs_end) break;
+    begin = end + 1;
+  }
+  ps.out.begin = lhs_end + 2;
+  ps.out.end = int(std::strlen(spec));
+  const uint64_t out_letters = read(ps.out, -1);
+  if (out_letters & ~in_letters) {
+    int id = 0;
+    while (!((out_letters & ~in_letters) >> id & 1u)) ++id;
+    fail("output letter '" + letter_name(id) + "' is in no input");
+  }
+  if (in_ellipsis != ps.out.ellipsis)
+    fail(in_ellipsis ? "an input has \"...\" but the output does not (batch dims are kept, not summed)"
+                     : "the output has \"...\" but no input does");
+  return ps;
+}
+
+// One operand bound to its tensor: the letter id of each dim ("..."
+// expanded), and the set of letters it has at full size (a size-1 dim that
+// broadcasts does not count).
 struct Bound {
-  std::vector<int> ids;
+  int n = 0;
+  int8_t ids[kMaxDims] = {};
   uint64_t has = 0;
   int pos(int id) const {
-    for (size_t d = 0; d < ids.size(); ++d)
-      if (ids[d] == id) return int(d);
+    for (int d = 0; d < n; ++d)
+      if (ids[d] == id) return d;
     return -1;
   }
 };
 
-// The parsed spec bound to ctx's shapes (operand 0 the output, 1 + i input
-// i), with the size of each letter; throws naming the op, spec and shapes.
 struct BoundSpec {
-  std::vector<Bound> ops;
-  int64_t size[64];
+  Bound ops[kMaxEinsumInputs + 1];  // 0 the output, 1 + i input i
+  int64_t size[64];                 // per letter id
 };
 
+// The spec bound to ctx's shapes; throws naming the op, the spec and the shapes.
 BoundSpec bind_einsum(const ShardingContext& ctx, const char* spec) {
-  const EinsumSpec es = parse_einsum(spec, ctx.op);
-  TESSEL_CHECK(es.in.size() == ctx.in.size() && ctx.out.size() == 1, ctx.op,
-               "einsum spec \"{}\" has {} input(s) and one output; the op has {} and {}", spec, es.in.size(),
-               ctx.in.size(), ctx.out.size());
-  std::string shapes;  // for the errors
-  for (const TensorSpec& t : ctx.in) shapes += TESSEL_FORMAT("{}{}", shapes.empty() ? "" : " x ", t.shape);
-  std::vector<std::pair<const std::string*, const TensorSpec*>> operands{{&es.out, &ctx.out[0]}};
-  for (size_t i = 0; i < es.in.size(); ++i) {
-    TESSEL_CHECK(ctx.in[i].defined, ctx.op, "einsum spec \"{}\": input {} is undefined", spec, i);
-    operands.push_back({&es.in[i], &ctx.in[i]});
-  }
+  const ParsedSpec ps = parse_spec(spec, ctx.op);
+  const int ni = int(ctx.in.size());
+  auto shapes = [&] {
+    std::string s;
+    for (const TensorSpec& t : ctx.in) s += TESSEL_FORMAT("{}{}", s.empty() ? "" : " x ", t.shape);
+    return s;
+  };
+  TESSEL_CHECK(ps.ni == ni && ctx.out.size() == 1, ctx.op,
+               "einsum spec \"{}\" has {} input(s) and one output; the op has {} and {}", spec, ps.ni, ni,
+               ctx.out.size());
   BoundSpec b;
   std::fill(b.size, b.size + 64, int64_t(1));
   int in_batch = 0;  // the most leading dims any input's "..." stands for
-  b.ops.resize(operands.size());
-  for (size_t k = 1; k <= operands.size(); ++k) {  // the inputs, then the output
-    const size_t o = k % operands.size();
-    const std::string& letters = *operands[o].first;
-    const Dims& shape = operands[o].second->shape;
-    const bool ellipsis = letters.compare(0, 3, "...") == 0;
-    const int named = int(letters.size()) - (ellipsis ? 3 : 0);
-    const int batch = shape.size() - named;
-    TESSEL_CHECK(ellipsis ? batch >= 0 : batch == 0, ctx.op,
+  for (int k = 1; k <= ni + 1; ++k) {  // the inputs, then the output
+    const int o = k % (ni + 1);
+    const SpecOperand& so = o == 0 ? ps.out : ps.in[o - 1];
+    const TensorSpec& t = o == 0 ? ctx.out[0] : ctx.in[size_t(o - 1)];
+    TESSEL_CHECK(o == 0 || t.defined, ctx.op, "einsum spec \"{}\": input {} is undefined", spec, o - 1);
+    const int batch = t.dim() - so.n;
+    TESSEL_CHECK(so.ellipsis ? batch >= 0 : batch == 0, ctx.op,
                  "einsum spec \"{}\" does not fit operands {}: {} \"{}\" names {} dim(s){} but has shape {}", spec,
-                 shapes, o == 0 ? std::string("the output") : TESSEL_FORMAT("input {}", o - 1), letters, named,
-                 ellipsis ? " after \"...\"" : "", shape);
-    Bound bound;
-    for (int j = batch - 1; j >= 0; --j) bound.ids.push_back(kEllipsisId + j);
-    for (size_t c = ellipsis ? 3 : 0; c < letters.size(); ++c) bound.ids.push_back(letter_id(letters[c]));
+                 shapes(), o == 0 ? std::string("the output") : TESSEL_FORMAT("input {}", o - 1),
+                 operand_text(spec, so), so.n, so.ellipsis ? " after \"...\"" : "", t.shape);
+    Bound& bd = b.ops[o];
+    for (int j = batch - 1; j >= 0; --j) bd.ids[bd.n++] = int8_t(kEllipsisId + j);
+    for (int c = 0; c < so.n; ++c) bd.ids[bd.n++] = so.ids[c];
     if (o > 0) in_batch = std::max(in_batch, batch);
-    b.ops[o] = std::move(bound);
   }
   // Letter sizes: the one size other than 1 that the inputs give it (else 1).
-  for (size_t o = 1; o < operands.size(); ++o) {
-    const Dims& shape = operands[o].second->shape;
-    for (size_t d = 0; d < b.ops[o].ids.size(); ++d) {
+  for (int o = 1; o <= ni; ++o) {
+    const Dims& shape = ctx.in[size_t(o - 1)].shape;
+    for (int d = 0; d < b.ops[o].n; ++d) {
       const int id = b.ops[o].ids[d];
-      const int64_t n = shape[int(d)];
+      const int64_t n = shape[d];
       TESSEL_CHECK(n == 1 || b.size[id] == 1 || b.size[id] == n, ctx.op,
-                   "einsum spec \"{}\" does not fit operands {}: letter {} has sizes {} and {}", spec, shapes,
+                   "einsum spec \"{}\" does not fit operands {}: letter {} has sizes {} and {}", spec, shapes(),
                    letter_name(id), b.size[id], n);
       if (n != 1) b.size[id] = n;
     }
   }
   uint64_t in_has = 0;
-  for (size_t o = 0; o < operands.size(); ++o) {
-    for (size_t d = 0; d < b.ops[o].ids.size(); ++d)
-      if (operands[o].second->shape[int(d)] == b.size[b.ops[o].ids[d]]) b.ops[o].has |= uint64_t(1) << b.ops[o].ids[d];
+  for (int o = 0; o <= ni; ++o) {
+    const Dims& shape = o == 0 ? ctx.out[0].shape : ctx.in[size_t(o - 1)].shape;
+    for (int d = 0; d < b.ops[o].n; ++d)
+      if (shape[d] == b.size[b.ops[o].ids[d]]) b.ops[o].has |= uint64_t(1) << b.ops[o].ids[d];
     if (o > 0) in_has |= b.ops[o].has;
   }
   // The output: as many leading dims as the inputs have, each letter the size they give it.
   const Dims& oshape = ctx.out[0].shape;
-  bool out_ok = es.out.compare(0, 3, "...") != 0 || int(b.ops[0].ids.size()) - int(es.out.size() - 3) == in_batch;
-  for (size_t d = 0; d < b.ops[0].ids.size(); ++d)
-    out_ok = out_ok && (in_has >> b.ops[0].ids[d] & 1u) && oshape[int(d)] == b.size[b.ops[0].ids[d]];
-  TESSEL_CHECK(out_ok, ctx.op, "einsum spec \"{}\" does not fit operands {}: the output has shape {}", spec, shapes,
+  bool out_ok = !ps.out.ellipsis || b.ops[0].n - ps.out.n == in_batch;
+  for (int d = 0; d < b.ops[0].n; ++d)
+    out_ok = out_ok && (in_has >> b.ops[0].ids[d] & 1u) && oshape[d] == b.size[b.ops[0].ids[d]];
+  TESSEL_CHECK(out_ok, ctx.op, "einsum spec \"{}\" does not fit operands {}: the output has shape {}", spec, shapes(),
                oshape);
   return b;
 }
@@ -283,47 +362,10 @@ BoundSpec bind_einsum(const ShardingContext& ctx, const char* spec) {
 }  // namespace
 
 EinsumSpec parse_einsum(const char* spec, const char* op) {
-  TESSEL_CHECK(spec != nullptr, op, "einsum spec is null");
-  const std::string s(spec);
-  auto fail = [&](const std::string& why) { TESSEL_FAIL(op, "einsum spec \"{}\": {}", s, why); };
-  const size_t arrow = s.find("->");
-  if (arrow == std::string::npos || s.find("->", arrow + 1) != std::string::npos)
-    fail("needs exactly one \"->\" between the inputs and the output, e.g. \"mk,kn->mn\"");
+  const ParsedSpec ps = parse_spec(spec, op);
   EinsumSpec es;
-  const std::string lhs = s.substr(0, arrow);
-  for (size_t start = 0;;) {
-    const size_t comma = lhs.find(',', start);
-    es.in.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  es.out = s.substr(arrow + 2);
-  uint64_t in_letters = 0;
-  bool in_ellipsis = false;
-  auto check_operand = [&](const std::string& g, const std::string& what) -> uint64_t {
-    uint64_t seen = 0;
-    const size_t first = g.compare(0, 3, "...") == 0 ? 3 : 0;
-    for (size_t c = first; c < g.size(); ++c) {
-      if (g[c] == '.') fail(what + " \"" + g + "\": \"...\" may only open an operand (leading batch dims)");
-      const int id = letter_id(g[c]);
-      if (id < 0) fail(what + " \"" + g + "\": '" + std::string(1, g[c]) + "' is not a letter (a-z, A-Z)");
-      if (seen >> id & 1u) fail(what + " \"" + g + "\": letter '" + std::string(1, g[c]) + "' repeats (no diagonals)");
-      seen |= uint64_t(1) << id;
-    }
-    if (int(g.size() - first) > kMaxDims) fail(what + " \"" + g + "\": more letters than a tensor has dims");
-    return seen;
-  };
-  for (size_t i = 0; i < es.in.size(); ++i) {
-    in_letters |= check_operand(es.in[i], "input " + std::to_string(i));
-    in_ellipsis = in_ellipsis || es.in[i].compare(0, 3, "...") == 0;
-  }
-  const uint64_t out_letters = check_operand(es.out, "the output");
-  for (int id = 0; id < kEllipsisId; ++id)
-    if ((out_letters >> id & 1u) && !(in_letters >> id & 1u))
-      fail("output letter '" + letter_name(id) + "' is in no input");
-  if (in_ellipsis != (es.out.compare(0, 3, "...") == 0))
-    fail(in_ellipsis ? "an input has \"...\" but the output does not (batch dims are kept, not summed)"
-                     : "the output has \"...\" but no input does");
+  for (int i = 0; i < ps.ni; ++i) es.in.push_back(operand_text(spec, ps.in[i]));
+  es.out = operand_text(spec, ps.out);
   return es;
 }
 
@@ -333,65 +375,68 @@ ShardingPlan einsum(const ShardingContext& ctx, const char* spec, std::vector<in
   const bool bitwise = numerics::bitwise();
   const Bound& out = b.ops[0];
   uint64_t out_ids = 0;
-  for (int id : out.ids) out_ids |= uint64_t(1) << id;
+  for (int d = 0; d < out.n; ++d) out_ids |= uint64_t(1) << out.ids[d];
   // The letters a mesh dim may shard, in preference order: the output's, then the contracted ones.
-  std::vector<int> letters;
-  for (int id : out.ids)
-    if (b.size[id] > 1) letters.push_back(id);
-  for (int i = 0; i < ni; ++i)
-    for (int id : b.ops[size_t(1 + i)].ids)
-      if (b.size[id] > 1 && !(out_ids >> id & 1u) && std::find(letters.begin(), letters.end(), id) == letters.end())
-        letters.push_back(id);
-  std::vector<int64_t> numel;
-  for (const TensorSpec& t : ctx.in) numel.push_back(numel_of(t.shape));
+  int letters[64];
+  int nl = 0;
+  uint64_t listed = 0;
+  for (int o = 0; o <= ni; ++o)
+    for (int d = 0; d < b.ops[o].n; ++d) {
+      const int id = b.ops[o].ids[d];
+      if (b.size[id] <= 1 || (listed >> id & 1u) || (o > 0 && (out_ids >> id & 1u))) continue;
+      listed |= uint64_t(1) << id;
+      letters[nl++] = id;
+    }
+  int64_t numel[kMaxEinsumInputs];
+  for (int i = 0; i < ni; ++i) numel[i] = numel_of(ctx.in[size_t(i)].shape);
 
   // One plan: per mesh dim the cheapest candidate not banned there (banned: a set of letter ids per mesh dim).
-  auto choose = [&](const std::vector<uint64_t>& banned) {
+  auto choose = [&](const uint64_t* banned) {
     ShardingPlan plan;
     plan.in.resize(size_t(ni));
     plan.out.resize(1);
-    std::vector<Placement> cand(static_cast<size_t>(ni)), best(static_cast<size_t>(ni), Replicate());
+    Placement cand[kMaxEinsumInputs], best[kMaxEinsumInputs];
     for (int m = 0; m < nd; ++m) {
       auto cost = [&] {
         int64_t k = 0;
         for (int i = 0; i < ni; ++i) {
           const Placement& cur = ctx.in[size_t(i)].placements[m];
-          const Placement& want = cand[size_t(i)];
-          if (!(cur == want || (cur.is_replicate() && want.is_shard()))) k += numel[size_t(i)];
+          if (!(cur == cand[i] || (cur.is_replicate() && cand[i].is_shard()))) k += numel[i];
         }
         return k;
       };
-      std::fill(cand.begin(), cand.end(), Replicate());
-      std::fill(best.begin(), best.end(), Replicate());
+      std::fill(cand, cand + ni, Replicate());
+      std::fill(best, best + ni, Replicate());
       Placement best_out = Replicate();
       int64_t best_cost = cost();
       auto consider = [&](Placement o) {
         const int64_t k = cost();
-        if (k < best_cost) best_cost = k, best = cand, best_out = o;
+        if (k < best_cost) best_cost = k, best_out = o, std::copy(cand, cand + ni, best);
       };
-      for (int id : letters) {
-        if (banned[size_t(m)] >> id & 1u) continue;
+      for (int l = 0; l < nl; ++l) {
+        const int id = letters[l];
+        if (banned[m] >> id & 1u) continue;
         for (int i = 0; i < ni; ++i) {
-          const Bound& in = b.ops[size_t(1 + i)];
-          cand[size_t(i)] = (in.has >> id & 1u) ? Shard(in.pos(id)) : Replicate();
+          const Bound& in = b.ops[1 + i];
+          cand[i] = (in.has >> id & 1u) ? Shard(in.pos(id)) : Replicate();
         }
         consider((out_ids >> id & 1u) ? Shard(out.pos(id)) : Partial());
       }
       if (!bitwise) {
         for (int i = 0; i < ni; ++i) {
           if (!ctx.in[size_t(i)].placements[m].is_partial_sum()) continue;
-          std::fill(cand.begin(), cand.end(), Replicate());
-          cand[size_t(i)] = Partial();
+          std::fill(cand, cand + ni, Replicate());
+          cand[i] = Partial();
           consider(Partial());
         }
       }
-      for (int i = 0; i < ni; ++i) plan.in[size_t(i)].push_back(best[size_t(i)]);
+      for (int i = 0; i < ni; ++i) plan.in[size_t(i)].push_back(best[i]);
       plan.out[0].push_back(best_out);
     }
     return plan;
   };
 
-  std::vector<uint64_t> banned(static_cast<size_t>(nd), 0);
+  uint64_t banned[kMaxMeshDims] = {};
   if (!bitwise) {
     if (chunks) chunks->clear();
     return choose(banned);
@@ -407,19 +452,18 @@ ShardingPlan einsum(const ShardingContext& ctx, const char* spec, std::vector<in
   for (int t = 0; t <= (ctx.grad ? ni : 0); ++t) {
     uint64_t summed = 0;
     for (int o = 0; o <= ni; ++o)
-      if (o != t) summed |= b.ops[size_t(o)].has;
-    summed &= ~b.ops[size_t(t)].has;
+      if (o != t) summed |= b.ops[o].has;
+    summed &= ~b.ops[t].has;
     int holder = -1;
     for (int o = 0; o <= ni && holder < 0; ++o)
-      if (o != t && (b.ops[size_t(o)].has & summed) == summed) holder = o;
+      if (o != t && (b.ops[o].has & summed) == summed) holder = o;
     TESSEL_CHECK(holder >= 0, ctx.op,
                  "einsum spec \"{}\": bitwise mode needs one operand holding every letter that {} sums over "
                  "(its canonical order); none does",
                  spec, t == 0 ? std::string("the forward") : TESSEL_FORMAT("input {}'s gradient", t - 1));
     Reduction r{t, holder, {}};
-    const std::vector<int>& ids = b.ops[size_t(holder)].ids;
-    for (size_t d = 0; d < ids.size(); ++d)
-      if (summed >> ids[d] & 1u) r.dims.push_back(int(d));
+    for (int d = 0; d < b.ops[holder].n; ++d)
+      if (summed >> b.ops[holder].ids[d] & 1u) r.dims.push_back(d);
     reductions.push_back(std::move(r));
   }
   const int v = numerics::reduction_chunks();
@@ -440,11 +484,11 @@ ShardingPlan einsum(const ShardingContext& ctx, const char* spec, std::vector<in
       for (int m = 0; m < nd && bad_m < 0; ++m)
         for (int d : r.dims)
           if (p[m].is_shard(d)) {
-            bad_m = m, bad_id = b.ops[size_t(r.holder)].ids[size_t(d)];
+            bad_m = m, bad_id = b.ops[r.holder].ids[d];
             break;
           }
-      TESSEL_ASSERT(bad_m >= 0 && !(banned[size_t(bad_m)] >> bad_id & 1u));
-      banned[size_t(bad_m)] |= uint64_t(1) << bad_id;
+      TESSEL_ASSERT(bad_m >= 0 && !(banned[bad_m] >> bad_id & 1u));
+      banned[bad_m] |= uint64_t(1) << bad_id;
       exact = false;
       break;
     }
