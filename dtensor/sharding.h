@@ -25,6 +25,7 @@
 // through as they come (Replicate or Partial). Rules must not emit
 // Partial(max/min) outputs when gradients are needed (ctx.grad).
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "dtensor/mesh.h"
@@ -73,6 +74,59 @@ ShardingPlan replicate(const ShardingContext& ctx);
 // — e.g. {0b11} for add, {0b01, 0b10} for mul, {0b01} for div — and the
 // output is Partial(sum); otherwise they are all-reduced first.
 ShardingPlan pointwise(const ShardingContext& ctx, std::initializer_list<uint32_t> linear_sets = {});
+
+// Einsum-style ops: one output, a sum of products of the inputs, described
+// by a spec of single-letter dims per operand, e.g. "mk,kn->mn" (matmul),
+// "bmk,bkn->bmn" (bmm), "...mk,...kn->...mn" (matmul with leading batch dims
+// and a shared 2-D right operand). Numpy's einsum syntax, restricted to:
+//   - letters a-z, A-Z; each at most once per operand (no diagonals);
+//   - "..." only at the start of an operand: the leading dims the letters do
+//     not name, lined up from the right across operands (an operand with
+//     fewer of them lacks the outer ones, so a shared weight "kn" — or
+//     "...kn" with no leading dims — is Replicate where "...mk" shards a
+//     batch dim); the output has "..." exactly when an input does;
+//   - every output letter appears in an input; a letter has one size in all
+//     operands, except that a size-1 input dim broadcasts (that input lacks
+//     the letter).
+// Malformed specs throw, naming the op and the spec.
+struct EinsumSpec {
+  std::vector<std::string> in;  // per input, its letters as written ("..." included)
+  std::string out;
+};
+EinsumSpec parse_einsum(const char* spec, const char* op = "einsum");
+
+// The sharding rule of an einsum-style op (ctx.in: the spec's inputs, all
+// defined; ctx.out: its one output). Per mesh dim, the candidates are, in
+// this order:
+//   1. each output letter (output order): Shard of it in every operand that
+//      has it, Replicate in the others;
+//   2. each contracted letter (in no output dim; first-appearance order):
+//      Shard of it in every input that has it; the output is Partial(sum);
+//   3. outside bitwise mode, each input that is Partial(sum) now: it stays
+//      Partial, the others are Replicate, the output is Partial(sum) (the op
+//      is linear in each input);
+//   4. Replicate everywhere.
+// Letters of size <= 1 are not candidates. The cheapest candidate wins, cost
+// = the elements of the inputs that a collective must move to reach it (an
+// input already in place, or a Replicate one sliced into a Shard, costs
+// nothing); a candidate must be strictly cheaper than replicating, and ties
+// go to the earlier one. So sharded inputs are followed, a contraction over
+// a sharded letter leaves a pending sum, and the larger input's layout wins
+// when the inputs disagree.
+//
+// Bitwise mode: no Partial input (the products do not commute with the
+// pending sum), and the op's canonical reductions must stay exact: the
+// forward sums over the contracted letters and input i's gradient over the
+// letters input i lacks, each flattened in the order of the first operand
+// holding them all (the output first for a gradient; the op's kernels must
+// reduce in that order — MatmulOp's do). A mesh dim whose shard of such a
+// letter makes a reduction inexact (local_chunks == 0) drops that candidate
+// and the choice is made again. If `chunks` is given it receives, in bitwise
+// mode, the local chunk counts: [0] the forward's, [1 + i] input i's
+// gradient's (0 when ctx.grad is false: no backward); outside bitwise mode
+// it is left empty. The 16-bit pending sums a plan may leave are DistCall's
+// business (the op's exact_widened), not this rule's.
+ShardingPlan einsum(const ShardingContext& ctx, const char* spec, std::vector<int>* chunks = nullptr);
 
 // Output placements for an op that maps input dims to output dims one to one
 // (dim_map[i] = output dim of input dim i, or -1 if the dim disappears):

@@ -74,127 +74,20 @@ struct MatmulOp {
     return {ga, gb};
   }
 
-  // Per mesh dim, the cheapest of: shard a batch dim, M (rows of a), N
-  // (columns of b), K (both; output Partial), keep a Partial operand
-  // (linear), or replicate. Cost: the elements a collective would move
-  // (slicing a replicated operand is free); ties go to the order listed.
-  // Bitwise mode: no Partial operand (the products do not commute with the
-  // pending sum), and every reduction a sharded dim cuts — K forward, N for
-  // a's gradient, M (all rows, for a shared weight) for b's — must give each
-  // piece a whole run of canonical chunks; a candidate that would not is
-  // dropped on that mesh dim.
+  // Rows of a times columns of b, over a's batch dims: b has them too, or b is
+  // 2-D and shared ("..." stands for no dims in b, so b stays Replicate where
+  // a batch dim is sharded). dtensor::einsum derives, per mesh dim, the
+  // candidates -- shard a batch dim, M, N, K (output Partial), keep a Partial
+  // operand (not in bitwise mode), replicate -- and keeps the cheapest. In
+  // bitwise mode it drops a shard that would cut a canonical reduction
+  // inexactly -- K forward, N for a's gradient, M (all rows, for a shared b:
+  // the letters b lacks, row-major as forward() folds them) for b's --
+  // and returns the chunk counts each piece then uses.
   ShardingPlan sharding(const ShardingContext& ctx) {
-    const TensorSpec& A = ctx.in[0];
-    const TensorSpec& B = ctx.in[1];
-    const bool bitwise = numerics::bitwise();
-    const int nd = ctx.mesh_ndim();
-    std::vector<uint32_t> banned(static_cast<size_t>(nd), 0);  // per mesh dim: candidate kinds ruled out
-    for (int attempt = 0;; ++attempt) {
-      ShardingPlan plan = choose(ctx, banned, bitwise);
-      if (!bitwise) return plan;
-      int bad_dim = -1;
-      uint32_t bad_kind = 0;
-      if (exact_chunks(ctx, plan, bad_dim, bad_kind)) return plan;
-      TESSEL_ASSERT(attempt < 8 * nd + 8 && bad_dim >= 0);
-      banned[size_t(bad_dim)] |= bad_kind;
-    }
-  }
-
-  enum Kind : uint32_t { kBatch = 1, kRows = 2, kCols = 4, kInner = 8, kPartialA = 16, kPartialB = 32, kRep = 64 };
-
-  ShardingPlan choose(const ShardingContext& ctx, const std::vector<uint32_t>& banned, bool bitwise) const {
-    const TensorSpec& A = ctx.in[0];
-    const TensorSpec& B = ctx.in[1];
-    const bool shared = B.dim() == 2;
-    const int na = A.dim(), nb = B.dim();
-    const int m_dim = na - 2, k_dim_a = na - 1, k_dim_b = nb - 2, n_dim_b = nb - 1;
-    ShardingPlan plan;
-    plan.in.resize(2);
-    plan.out.resize(1);
-    const int64_t sa = numel_of(A.shape), sb = numel_of(B.shape);
-    for (int m = 0; m < ctx.mesh_ndim(); ++m) {
-      const Placement ca = A.placements[m], cb = B.placements[m];
-      auto cost = [](const Placement& cur, const Placement& want, int64_t n) -> int64_t {
-        if (cur == want || (cur.is_replicate() && want.is_shard())) return 0;
-        return n;
-      };
-      struct Cand {
-        Placement pa, pb, out;
-        uint32_t kind;
-      };
-      Cand cands[kMaxDims + 6];
-      int nc = 0;
-      const uint32_t ban = banned[size_t(m)];
-      for (int d = 0; d < na - 2; ++d)
-        if (A.shape[d] > 1 && !(ban & kBatch)) cands[nc++] = {Shard(d), shared ? Replicate() : Shard(d), Shard(d), kBatch};
-      if (A.shape[m_dim] > 1 && !(ban & kRows)) cands[nc++] = {Shard(m_dim), Replicate(), Shard(m_dim), kRows};
-      if (B.shape[n_dim_b] > 1 && !(ban & kCols)) cands[nc++] = {Replicate(), Shard(n_dim_b), Shard(na - 1), kCols};
-      if (A.shape[k_dim_a] > 1 && !(ban & kInner)) cands[nc++] = {Shard(k_dim_a), Shard(k_dim_b), Partial(), kInner};
-      if (!bitwise) {
-        cands[nc++] = {Partial(), Replicate(), Partial(), kPartialA};
-        cands[nc++] = {Replicate(), Partial(), Partial(), kPartialB};
-      }
-      cands[nc++] = {Replicate(), Replicate(), Replicate(), kRep};
-      int best = nc - 1;
-      int64_t best_cost = cost(ca, Replicate(), sa) + cost(cb, Replicate(), sb);
-      for (int c = 0; c < nc; ++c) {
-        if (cands[c].out.is_partial() && cands[c].pa.is_partial() && !ca.is_partial_sum()) continue;
-        if (cands[c].out.is_partial() && cands[c].pb.is_partial() && !cb.is_partial_sum()) continue;
-        int64_t k = cost(ca, cands[c].pa, sa) + cost(cb, cands[c].pb, sb);
-        if (k < best_cost) best_cost = k, best = c;
-      }
-      plan.in[0].push_back(cands[best].pa);
-      plan.in[1].push_back(cands[best].pb);
-      plan.out[0].push_back(cands[best].out);
-    }
+    std::vector<int> c;  // bitwise mode: [0] the forward's, [1] a's gradient's, [2] b's
+    ShardingPlan plan = dtensor::einsum(ctx, "...mk,...kn->...mn", &c);
+    if (!c.empty()) chunks = c[0], chunks_n = c[1], chunks_m = c[2];
     return plan;
-  }
-
-  // Sets the chunk counts of the three reductions for `plan`; on failure names
-  // the mesh dim and the candidate kind that broke exactness.
-  bool exact_chunks(const ShardingContext& ctx, const ShardingPlan& plan, int& bad_dim, uint32_t& bad_kind) {
-    const TensorSpec& A = ctx.in[0];
-    const TensorSpec& B = ctx.in[1];
-    const int na = A.dim();
-    const bool shared = B.dim() == 2;
-    const int v = numerics::reduction_chunks();
-    std::vector<int> rows;  // the dims b's gradient sums over
-    if (shared) {
-      for (int d = 0; d < na - 1; ++d) rows.push_back(d);
-    } else {
-      rows.push_back(na - 2);
-    }
-    struct Check {
-      const Dims* shape;
-      const Placements* p;
-      std::vector<int> dims;
-      int* chunks;
-      bool needed;
-    };
-    Check checks[3] = {
-        {&A.shape, &plan.in[0], {na - 1}, &chunks, true},
-        {&ctx.out[0].shape, &plan.out[0], {na - 1}, &chunks_n, ctx.grad},
-        {&A.shape, &plan.in[0], rows, &chunks_m, ctx.grad},
-    };
-    for (Check& c : checks) {
-      if (!c.needed) continue;
-      const int k = dtensor::local_chunks(*c.shape, *c.p, *ctx.mesh, c.dims, v);
-      if (k > 0) {
-        *c.chunks = k;
-        continue;
-      }
-      for (int m = 0; m < ctx.mesh_ndim(); ++m) {
-        const Placement& p = (*c.p)[m];
-        for (int d : c.dims) {
-          if (!p.is_shard(d)) continue;
-          bad_dim = m;
-          bad_kind = d == na - 1 ? (c.chunks == &chunks ? kInner : kCols) : (d == na - 2 ? kRows : kBatch);
-          return false;
-        }
-      }
-      return false;
-    }
-    return true;
   }
 };
 
