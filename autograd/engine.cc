@@ -80,6 +80,21 @@ Edge gradient_edge(const Tensor& t) {
   return {acc, 0};
 }
 
+namespace {
+// What a gradient hook returned in place of g (undefined: keep g). Backward
+// functions and their kernels take a gradient shaped like the tensor it
+// belongs to and on its device -- the engine checks that here, once, instead
+// of every kernel re-checking its operands -- and in its dtype (converted).
+Tensor hook_result(const char* hook, const Tensor& g, Tensor r) {
+  if (!r.defined()) return g;
+  TESSEL_CHECK(r.shape() == g.shape() && r.device() == g.device(), hook,
+               "returned {} for the gradient {}; a hook may change the values, not the shape or the device",
+               r.desc(), g.desc());
+  if (r.dtype() != g.dtype()) r = r.to(g.dtype());
+  return r;
+}
+}  // namespace
+
 AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> l) : leaf(std::move(l)) {
   input_meta.push_back({leaf->shape, leaf->dtype, leaf->device});
 }
@@ -89,10 +104,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   if (!g.defined()) return {};
   Tensor var(leaf);
   AutogradMeta& m = ensure_autograd_meta(var);
-  for (auto& h : m.hooks) {
-    Tensor r = h.fn(g);
-    if (r.defined()) g = r;
-  }
+  for (auto& h : m.hooks) g = hook_result("a hook on a leaf's gradient", g, h.fn(g));
   if (g.dtype() != leaf->dtype) g = g.to(leaf->dtype);
   if (leaf->dist) {  // gradients come out with the placements of their parameters (or the ones the leaf asks for)
     const Placements& target = m.grad_placements ? *m.grad_placements : var.placements();
@@ -251,8 +263,8 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
 
     for (auto& h : node->pre_hooks) {
       if (h.output_nr < grads.size() && grads[h.output_nr].defined()) {
-        Tensor r = h.fn(grads[h.output_nr]);
-        if (r.defined()) grads[h.output_nr] = r;
+        Tensor& g = grads[h.output_nr];
+        g = hook_result("a hook on a gradient", g, h.fn(g));
       }
     }
     if (captures) {
@@ -313,8 +325,13 @@ std::vector<Tensor> root_gradients(const std::vector<Tensor>& roots, const std::
                    i, r.desc());
       g = ones_like(r);
     } else {
+      // As a hook's result (hook_result): the shape and device are the
+      // caller's to get right, the dtype is converted.
       TESSEL_CHECK(g.shape() == r.shape(), op, "gradient {} for output {} must have shape {}", g.desc(), i,
                    r.shape());
+      TESSEL_CHECK(g.device() == r.device(), op, "gradient {} for output {} ({}) must be on {}", g.desc(), i,
+                   r.desc(), r.device().str());
+      if (g.dtype() != r.dtype()) g = g.to(r.dtype());
     }
     out.push_back(g);
   }

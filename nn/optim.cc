@@ -131,6 +131,12 @@ void Optimizer::step() {
       TESSEL_CHECK(g.is_distributed() && g.placements() == s.param.placements(), name_,
                    "parameter '{}' ({}) has gradient {} in another layout", s.path, s.param.desc(), g.desc());
     }
+    // The update kernels take the pieces as they are (kernels/optim.h): a
+    // gradient set by hand (set_grad checks the global shape only) may have
+    // a piece of another shape, e.g. a sharded gradient of a plain parameter.
+    TESSEL_CHECK(raw::local_of(g).shape() == raw::local_of(s.param).shape(), name_,
+                 "parameter '{}' ({}) has gradient {}, whose local piece {} is not shaped like the parameter's {}",
+                 s.path, s.param.desc(), g.desc(), raw::local_of(g).shape(), raw::local_of(s.param).shape());
     if (s.buffers.empty()) {
       for (size_t i = 0, n = buffer_names().size(); i < n; ++i) s.buffers.push_back(state_zeros(s.param));
     }

@@ -325,3 +325,17 @@ TEST_CASE("fused attention: the composite handles what it does not, errors name 
   Tensor mk = empty({2, 2, 5, 8}, TensorOptions(DType::Float32).with_device(kMeta));
   CHECK(scaled_dot_product_attention(mq, mk, mk).shape() == Dims{2, 4, 5, 8});
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("attention errors come from the op, on Meta tensors too") {
+  const Tensor q = meta({1, 2, 4, 8}), k = meta({1, 2, 4, 8});
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, meta({1, 3, 4, 8}), meta({1, 3, 4, 8})),
+                    Catch::Contains("scaled_dot_product_attention") && Catch::Contains("multiple of key/value heads"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, meta({1, 2, 5, 8}), meta({1, 2, 5, 8})),
+                    Catch::Contains("scaled_dot_product_attention") && Catch::Contains("causal"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(q, k, meta({1, 2, 4, 4})),
+                    Catch::Contains("scaled_dot_product_attention") && Catch::Contains("inconsistent shapes"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(meta({2, 4, 8}), k, k), Catch::Contains("[B, H, T, D]"));
+}

@@ -151,6 +151,47 @@ TEST_CASE("backward of a non-scalar needs an explicit gradient") {
   CHECK(x.grad().to_vector<float>() == std::vector<float>{2.f, 20.f});
 }
 
+// Backward functions and their kernels take a gradient shaped like the output
+// it belongs to, on its device and in its dtype: the engine sees to it for the
+// gradients passed to backward() and for what hooks return.
+TEST_CASE("a gradient given to backward takes its output's dtype; another shape or device is refused") {
+  Tensor x = uniform({1, 3, 2, 4}, 1).requires_grad_();
+  auto [c, s] = rope_cache(3, 4);
+  Tensor g = uniform({1, 3, 2, 4}, 2, -1, 1, DType::Float64);
+  apply_rotary(x, c, s).backward(g);  // a float64 gradient of a float32 output: converted first
+  const Tensor from64 = x.grad();
+  x.zero_grad();
+  apply_rotary(x, c, s).backward(g.to(DType::Float32));
+  CHECK(from64.dtype() == DType::Float32);
+  CHECK(bitwise_equal(from64, x.grad()));
+  Tensor a = uniform({3, 4}, 3).requires_grad_(), b = uniform({4, 5}, 4);
+  matmul(a, b).backward(uniform({3, 5}, 5, -1, 1, DType::Float64));  // the GEMM kernels take one dtype
+  CHECK(bitwise_equal(a.grad(), matmul(uniform({3, 5}, 5, -1, 1, DType::Float64).to(DType::Float32), b.t())));
+  Tensor y = x * 2.0;
+  CHECK_THROWS_WITH(y.backward(zeros({3, 4})), Catch::Contains("backward") && Catch::Contains("[3, 4]"));
+  CHECK_THROWS_WITH(y.backward(empty({1, 3, 2, 4}, TensorOptions(kMeta))),
+                    Catch::Contains("backward") && Catch::Contains("meta"));
+  CHECK_THROWS_WITH(autograd::grad({y}, {x}, {zeros({2})}),
+                    Catch::Contains("autograd::grad") && Catch::Contains("[2]"));
+}
+
+TEST_CASE("a hook may change a gradient's values, not its shape or device; its dtype is converted") {
+  Tensor x = tensor({1.f, 2.f}).requires_grad_();
+  Tensor h = x * 2.0;
+  h.register_hook([](const Tensor& g) { return zeros({3}); });
+  CHECK_THROWS_WITH(sum(h).backward(), Catch::Contains("hook") && Catch::Contains("[3]") && Catch::Contains("[2]"));
+  Tensor leaf = tensor({1.f, 2.f}).requires_grad_();
+  leaf.register_hook([](const Tensor& g) { return g.reshape({2, 1}); });
+  CHECK_THROWS_WITH(sum(leaf * 2.0).backward(), Catch::Contains("hook") && Catch::Contains("[2, 1]"));
+  CHECK_FALSE(leaf.grad().defined());
+  Tensor z = tensor({1.f, 2.f}).requires_grad_();
+  Tensor e = exp(z);
+  e.register_hook([](const Tensor& g) { return mul(g.to(DType::Float64), 3.0); });
+  sum(e).backward();
+  CHECK(z.grad().dtype() == DType::Float32);
+  CHECK(z.grad().to_vector<float>() == (exp(z.detach()) * 3.0).to_vector<float>());
+}
+
 TEST_CASE("backward runs in a fixed order: same bits every time") {
   auto run = [] {
     Tensor x = uniform({32, 16}, 7).requires_grad_();

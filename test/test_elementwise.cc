@@ -131,3 +131,14 @@ TEST_CASE("gradients of unary ops") {
   CHECK_GRADCHECK([](const std::vector<Tensor>& v) { return gelu(v[0], "none"); }, {X()});
   CHECK_GRADCHECK([](const std::vector<Tensor>& v) { return swiglu(v[0], v[1]); }, {X(), grad_input({3, 5}, 11)});
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("elementwise errors come from the op, on Meta tensors too") {
+  CHECK_THROWS_WITH(meta({2, 3}) + meta({4}), Catch::Contains("add") && Catch::Contains("[2, 3]"));
+  CHECK_THROWS_WITH(where(meta({2}), meta({2}), meta({2})), Catch::Contains("where") && Catch::Contains("bool"));
+  CHECK_THROWS_WITH(where(meta({3}, DType::Bool), meta({2}), meta({2})), Catch::Contains("where"));
+  CHECK_THROWS_WITH(exp(meta({2}, DType::Bool)), Catch::Contains("bool"));
+  CHECK((meta({2, 1}) * meta({3}, DType::Float64)).shape() == Dims{2, 3});
+}

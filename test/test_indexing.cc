@@ -427,3 +427,28 @@ TEST_CASE("index_select, index_add, tril/triu and one_hot errors") {
   CHECK_THROWS_WITH(one_hot(tensor({1.f}), 3), Catch::Contains("one_hot") && Catch::Contains("float32"));
   CHECK_THROWS_WITH(one_hot(ids64({1}), -2), Catch::Contains("one_hot") && Catch::Contains("-2"));
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("indexing errors come from the op, on Meta tensors too") {
+  const Tensor x = meta({3, 4});
+  const Tensor i1 = meta({1, 1}, DType::Int64);
+  CHECK_THROWS_WITH(gather(x, 0, meta({2}, DType::Int64)), Catch::Contains("gather") && Catch::Contains("rank"));
+  CHECK_THROWS_WITH(gather(x, 0, meta({1, 5}, DType::Int64)), Catch::Contains("gather") && Catch::Contains("larger"));
+  CHECK_THROWS_WITH(gather(x, 0, meta({1, 1})), Catch::Contains("gather") && Catch::Contains("float32"));
+  CHECK_THROWS_WITH(scatter_add(x, 0, i1, meta({3, 4}, DType::Float64)),
+                    Catch::Contains("scatter_add") && Catch::Contains("float64"));
+  CHECK_THROWS_WITH(scatter_add(x, 0, meta({2, 1}, DType::Int64), meta({1, 4})),
+                    Catch::Contains("scatter_add") && Catch::Contains("larger than source"));
+  CHECK_THROWS_WITH(index_select(x, 0, meta({1, 2}, DType::Int64)),
+                    Catch::Contains("index_select") && Catch::Contains("0-D or 1-D"));
+  CHECK_THROWS_WITH(index_add(x, 0, meta({2}, DType::Int64), meta({1, 4})),
+                    Catch::Contains("index_add") && Catch::Contains("[2, 4]"));
+  CHECK_THROWS_WITH(index_add(x, 0, meta({1}, DType::Int64), meta({1, 4}, DType::Float16)),
+                    Catch::Contains("index_add") && Catch::Contains("float16"));
+  CHECK_THROWS_WITH(embedding(x, meta({2}, DType::Float32)),
+                    Catch::Contains("embedding") && Catch::Contains("int32 or int64"));
+  CHECK_THROWS_WITH(tril(meta({3})), Catch::Contains("tril") && Catch::Contains("2 dimensions"));
+  CHECK(gather(x, 1, meta({3, 2}, DType::Int64)).shape() == Dims{3, 2});
+}

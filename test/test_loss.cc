@@ -249,3 +249,17 @@ TEST_CASE("loss errors name the op, the value and the valid range") {
   CHECK_THROWS_WITH(nll_loss(x, targets({0, 1, 2}), -100, "max"), Catch::Contains("nll_loss"));
   CHECK_THROWS_WITH(cross_entropy(scalar_tensor(1.0), targets({0})), Catch::Contains("class dimension"));
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("cross_entropy / nll_loss errors come from the op, on Meta tensors too") {
+  const Tensor x = meta({3, 4});
+  CHECK_THROWS_WITH(cross_entropy(x, meta({2}, DType::Int64)),
+                    Catch::Contains("cross_entropy") && Catch::Contains("[3]"));
+  CHECK_THROWS_WITH(cross_entropy(x, meta({3}, DType::Int32)),
+                    Catch::Contains("cross_entropy") && Catch::Contains("int32"));
+  CHECK_THROWS_WITH(nll_loss(meta({3, 4}, DType::Int64), meta({3}, DType::Int64)),
+                    Catch::Contains("nll_loss") && Catch::Contains("floating"));
+  CHECK(cross_entropy(x, meta({3}, DType::Int64)).shape() == Dims{});
+}

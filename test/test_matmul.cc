@@ -142,3 +142,17 @@ TEST_CASE("matmul errors name the op and shapes") {
   CHECK_THROWS_WITH(linear(zeros({2, 3}), zeros({4, 5})), Catch::Contains("linear") && Catch::Contains("in_features"));
   CHECK_THROWS_WITH(matmul(zeros({2, 2, 3}), zeros({3, 2, 3})), Catch::Contains("matmul"));
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("matmul errors come from the op, on Meta tensors too") {
+  CHECK_THROWS_WITH(matmul(meta({2, 3}), meta({4, 5})), Catch::Contains("matmul") && Catch::Contains("[2, 3]"));
+  CHECK_THROWS_WITH(bmm(meta({2, 3, 4}), meta({3, 4, 5})), Catch::Contains("bmm") && Catch::Contains("batch"));
+  CHECK_THROWS_WITH(bmm(meta({2, 3, 4}), meta({2, 5, 5})), Catch::Contains("bmm") && Catch::Contains("inner"));
+  CHECK_THROWS_WITH(matmul(meta({2, 2}, DType::Int64), meta({2, 2}, DType::Int64)), Catch::Contains("floating"));
+  CHECK_THROWS_WITH(linear(meta({2, 3}), meta({4, 5})), Catch::Contains("linear") && Catch::Contains("in_features"));
+  CHECK_THROWS_WITH(linear(meta({2, 3}), meta({4, 3}), meta({5})),
+                    Catch::Contains("linear") && Catch::Contains("bias"));
+  CHECK(bmm(meta({2, 3, 4}), meta({2, 4, 5})).shape() == Dims{2, 3, 5});
+}

@@ -255,3 +255,17 @@ TEST_CASE("layer_norm timing [8192, 768] float32", "[.bench]") {
                                << " ms wall (" << (c2 - c1) / 2 << " ms CPU/2)");
   }
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("layer_norm / rms_norm errors come from the op, on Meta tensors too") {
+  const Tensor x = meta({2, 4});
+  CHECK_THROWS_WITH(layer_norm(x, {3}), Catch::Contains("layer_norm") && Catch::Contains("normalized_shape [3]"));
+  CHECK_THROWS_WITH(layer_norm(x, {4}, meta({3})), Catch::Contains("layer_norm") && Catch::Contains("weight"));
+  CHECK_THROWS_WITH(layer_norm(x, {4}, meta({4}, DType::Float64)),
+                    Catch::Contains("layer_norm") && Catch::Contains("float64"));
+  CHECK_THROWS_WITH(layer_norm(x, {4}, Tensor(), meta({5})), Catch::Contains("layer_norm") && Catch::Contains("bias"));
+  CHECK_THROWS_WITH(rms_norm(meta({4}, DType::Int64), {4}), Catch::Contains("rms_norm") && Catch::Contains("floating"));
+  CHECK(rms_norm(x, {4}, meta({4})).shape() == Dims{2, 4});
+}

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "autograd/api.h"
+#include "dtensor/ops.h"
 #include "kernels/cpu/optim_ref.h"
 #include "kernels/optim.h"
 #include "nn/clip.h"
@@ -20,6 +21,7 @@
 #include "nn/schedule.h"
 #include "runtime/allocator.h"
 #include "runtime/threadpool.h"
+#include "test/util/dist.h"
 #include "test/util/util.h"
 
 using namespace tessel;
@@ -706,6 +708,34 @@ TEST_CASE("optimizer errors name the optimizer, the option and the value") {
   nn::AdamW opt({q}, nn::AdamWOptions{});
   q.set_grad(zeros({2}, DType::Float64));
   CHECK_THROWS_WITH(opt.step(), Catch::Contains("AdamW") && Catch::Contains("'0'") && Catch::Contains("float64"));
+}
+
+// set_grad checks the global shape only: a sharded gradient of a plain
+// parameter has a piece of another shape. The optimizer refuses it (the
+// update kernels take the pieces as they are and check the state only).
+TEST_CASE("optimizers refuse a gradient whose local piece is not shaped like the parameter") {
+  const auto reports = on_ranks(2, [](int) {
+    RankReport rep;
+    MeshPtr mesh = Mesh::world({{"tp", 2}});
+    Tensor w = ones({4}).requires_grad_();
+    nn::SGD sgd(std::vector<Tensor>{w}, nn::SGDOptions{});
+    nn::AdamW adamw(std::vector<Tensor>{w}, nn::AdamWOptions{});
+    w.set_grad(distribute_tensor(ones({4}), mesh, {Shard(0)}));
+    for (nn::Optimizer* opt : {static_cast<nn::Optimizer*>(&sgd), static_cast<nn::Optimizer*>(&adamw)}) {
+      std::string msg;
+      try {
+        opt->step();
+      } catch (const Error& e) {
+        msg = e.what();
+      }
+      const std::string name = opt == &sgd ? "SGD" : "AdamW";
+      rep.expect(msg.find(name + ": parameter '0'") != std::string::npos && msg.find("[2]") != std::string::npos,
+                 name + " did not refuse the gradient: '" + msg + "'");
+    }
+    rep.expect(w.to_vector<float>() == std::vector<float>{1, 1, 1, 1}, "the parameter changed");
+    return rep.str();
+  });
+  CHECK(first_failure(reports) == "");
 }
 
 // ---- timing ---------------------------------------------------------------------------------------

@@ -578,3 +578,15 @@ TEST_CASE("random op errors name the op") {
   CHECK_NOTHROW(tessel::randint(0, int64_t(UINT32_MAX), {2}, kKey));
   CHECK_NOTHROW(tessel::randint(INT32_MIN, INT32_MAX, {2}, kKey, DType::Int32));
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("dropout errors come from the op, on Meta tensors too") {
+  using Catch::Contains;
+  using tessel::testing::meta;
+  CHECK_THROWS_WITH(dropout(meta({2}), 1.2, kKey), Contains("dropout") && Contains("1.2"));
+  CHECK_THROWS_WITH(dropout(meta({2}, DType::Int64), 0.5, kKey), Contains("dropout") && Contains("int64"));
+  CHECK_THROWS_WITH(dropout(meta({2, 3}), 0.5, kKey, true, {{2, 2}, {0, 0}}), Contains("dropout"));
+  CHECK(dropout(meta({2, 3}), 0.5, kKey).shape() == Dims{2, 3});
+}

@@ -146,3 +146,13 @@ TEST_CASE("gradients of reductions") {
   CHECK_GRADCHECK([](const std::vector<Tensor>& v) { return var(v[0], {2}); }, {X()});
   CHECK_GRADCHECK([](const std::vector<Tensor>& v) { return stddev(v[0], {0}, 0, true); }, {X()});
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("reduction errors come from the op, on Meta tensors too") {
+  CHECK_THROWS_WITH(sum(meta({2, 3}), {2}), Catch::Contains("sum") && Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(amax(meta({0, 3}), {0}), Catch::Contains("empty dimension"));
+  CHECK_THROWS_WITH(mean(meta({3}, DType::Int64)), Catch::Contains("mean") && Catch::Contains("int64"));
+  CHECK(sum(meta({2, 3}, DType::Int32), {1}).dtype() == DType::Int64);
+}

@@ -207,3 +207,20 @@ TEST_CASE("rotary errors") {
   CHECK_THROWS_WITH(apply_rotary(zeros({1, 2, 2, 8}), c, s.narrow(0, 0, 4)),
                     Catch::Contains("apply_rotary") && Catch::Contains("cos"));
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("apply_rotary errors come from the op, on Meta tensors too") {
+  const Tensor c = meta({8, 4}), s = meta({8, 4});
+  CHECK_THROWS_WITH(apply_rotary(meta({2, 8, 8}), c, s), Catch::Contains("apply_rotary") && Catch::Contains("[batch"));
+  CHECK_THROWS_WITH(apply_rotary(meta({1, 4, 2, 6}), c, s),
+                    Catch::Contains("apply_rotary") && Catch::Contains("exceeds"));
+  CHECK_THROWS_WITH(apply_rotary(meta({1, 4, 2, 8}), c, meta({8, 3})),
+                    Catch::Contains("apply_rotary") && Catch::Contains("cos"));
+  CHECK_THROWS_WITH(apply_rotary(meta({1, 4, 2, 8}), c, s, 5),
+                    Catch::Contains("apply_rotary") && Catch::Contains("[5, 9)"));
+  CHECK_THROWS_WITH(apply_rotary(meta({1, 2, 2, 8}), c, s, meta({3}, DType::Int64)),
+                    Catch::Contains("apply_rotary") && Catch::Contains("positions"));
+  CHECK(apply_rotary(meta({1, 4, 2, 8}), c, s).shape() == Dims{1, 4, 2, 8});
+}

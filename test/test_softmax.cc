@@ -213,3 +213,12 @@ TEST_CASE("softmax timing [8192, 50304] float32", "[.bench]") {
                             << (c2 - c1) / 2 << " ms CPU/2)");
   }
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("softmax errors come from the op, on Meta tensors too") {
+  CHECK_THROWS_WITH(softmax(meta({4}, DType::Int64), 0), Catch::Contains("softmax") && Catch::Contains("int64"));
+  CHECK_THROWS_WITH(log_softmax(meta({2, 3}), 2), Catch::Contains("log_softmax") && Catch::Contains("out of range"));
+  CHECK(log_softmax(meta({2, 3}), 1).shape() == Dims{2, 3});
+}

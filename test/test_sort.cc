@@ -175,3 +175,16 @@ TEST_CASE("sort and topk errors") {
   CHECK_THROWS_WITH(argsort(x, 5), Catch::Contains("sort") && Catch::Contains("5"));
   CHECK_THROWS_WITH(topk(scalar_tensor(1.0), 2), Catch::Contains("topk") && Catch::Contains("k = 2"));
 }
+
+// The op checks its inputs once and the kernels do not re-check them: every
+// error here comes from the op, so it comes on Meta tensors too (no kernel
+// runs there), as in a Meta model or before a distributed op.
+TEST_CASE("sort / topk errors come from the op, on Meta tensors too") {
+  const Tensor x = meta({2, 3});
+  CHECK_THROWS_WITH(topk(x, 4), Catch::Contains("topk") && Catch::Contains("k = 4") && Catch::Contains("size 3"));
+  CHECK_THROWS_WITH(topk(x, -1), Catch::Contains("topk") && Catch::Contains("-1"));
+  CHECK_THROWS_WITH(sort(x, -3), Catch::Contains("sort") && Catch::Contains("-3"));
+  auto [v, i] = topk(x, 2);
+  CHECK(v.shape() == Dims{2, 2});
+  CHECK(i.dtype() == DType::Int64);
+}

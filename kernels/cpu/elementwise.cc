@@ -130,6 +130,10 @@ void copy_typed(const Tensor& src, const Tensor& dst) {
 }
 
 void copy_cpu(const Tensor& src, const Tensor& dst) {
+  // The one shape check left in an elementwise kernel: copy has no op in
+  // front of it but many callers below the tape (copy_, to, redistribute, the
+  // data-parallel buckets, pipeline stages), and a mismatch would write out of
+  // bounds.
   TESSEL_CHECK(src.shape() == dst.shape(), "copy", "source {} and destination {} differ in shape", src.desc(),
                dst.desc());
   dispatch_all(dst.dtype(), "copy", [&](auto dtag) {

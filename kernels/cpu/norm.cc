@@ -131,18 +131,8 @@ void norm_backward_typed(const Tensor& g, const Tensor& x, const Tensor& w, cons
   }
 }
 
-void check_norm_args(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
-  TESSEL_CHECK(x.dim() == 2 && x.is_contiguous(), op, "kernel expects a contiguous [M, N] input, got {}", x.desc());
-  for (const Tensor* t : {&w, &b})
-    TESSEL_CHECK(!t->defined() || (t->dim() == 1 && t->shape()[0] == x.shape()[1] && t->dtype() == x.dtype() &&
-                                   t->is_contiguous()),
-                 op, "kernel expects a contiguous [{}] {} parameter, got {}", x.shape()[1], dtype_name(x.dtype()),
-                 t->desc());
-}
-
 void layer_norm_forward_cpu(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                             const Tensor& mean, const Tensor& rstd, int v) {
-  check_norm_args("layer_norm", x, w, b);
   if (x.numel() == 0) return;
   dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
     norm_forward_typed<typename decltype(tag)::type, false>(x, w, b, eps, y, mean, rstd, v);
@@ -151,7 +141,6 @@ void layer_norm_forward_cpu(const Tensor& x, const Tensor& w, const Tensor& b, d
 
 void layer_norm_backward_cpu(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& mean,
                              const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db, int v) {
-  check_norm_args("layer_norm_backward", x, w, Tensor());
   if (x.shape()[1] == 0) return;
   if (x.shape()[0] == 0) {  // empty sums: zero weight/bias gradients
     for (const Tensor* t : {&dw, &db})
@@ -164,7 +153,6 @@ void layer_norm_backward_cpu(const Tensor& g, const Tensor& x, const Tensor& w, 
 }
 
 void rms_norm_forward_cpu(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd, int v) {
-  check_norm_args("rms_norm", x, w, Tensor());
   if (x.numel() == 0) return;
   dispatch_floating(x.dtype(), "rms_norm", [&](auto tag) {
     norm_forward_typed<typename decltype(tag)::type, true>(x, w, Tensor(), eps, y, Tensor(), rstd, v);
@@ -173,7 +161,6 @@ void rms_norm_forward_cpu(const Tensor& x, const Tensor& w, double eps, const Te
 
 void rms_norm_backward_cpu(const Tensor& g, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                            const Tensor& dw, int v) {
-  check_norm_args("rms_norm_backward", x, w, Tensor());
   if (x.shape()[1] == 0) return;
   if (x.shape()[0] == 0) {
     if (dw.defined()) std::memset(dw.raw_data(), 0, dw.nbytes());

@@ -58,6 +58,10 @@ void with_grad_type(DType t, const char* op, F&& f) {
   }
 }
 
+// The optimizer (nn/optim.cc) checks what a user hands it -- parameters
+// float32, gradients' dtype, device and shape -- so the kernels check only the
+// state it keeps (exp_avg, exp_avg_sq, momentum_buffer), which no op checks:
+// they are called from the optimizer, not through call().
 void check_f32(const char* op, const char* what, const Tensor& t) {
   TESSEL_CHECK(t.dtype() == DType::Float32, op, "{} must be float32, got {}", what, t.desc());
 }
@@ -92,12 +96,10 @@ void adamw_typed(const Tensor& param, const Tensor& grad, const Tensor& m, const
 
 void adamw_step_cpu(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const AdamWScalars& s) {
-  check_f32("adamw_step", "param", param);
   check_f32("adamw_step", "exp_avg", m);
   check_f32("adamw_step", "exp_avg_sq", v);
-  TESSEL_CHECK(grad.shape() == param.shape() && m.shape() == param.shape() && v.shape() == param.shape(),
-               "adamw_step", "shapes differ: param {}, grad {}, exp_avg {}, exp_avg_sq {}", param.desc(), grad.desc(),
-               m.desc(), v.desc());
+  TESSEL_CHECK(m.shape() == param.shape() && v.shape() == param.shape(), "adamw_step",
+               "shapes differ: param {}, exp_avg {}, exp_avg_sq {}", param.desc(), m.desc(), v.desc());
   with_grad_type(grad.dtype(), "adamw_step",
                  [&](auto tag) { adamw_typed<typename decltype(tag)::type>(param, grad, m, v, s); });
 }
@@ -147,9 +149,6 @@ void sgd_typed(const Tensor& param, const Tensor& grad, const Tensor& buf, const
 }
 
 void sgd_step_cpu(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDScalars& s) {
-  check_f32("sgd_step", "param", param);
-  TESSEL_CHECK(grad.shape() == param.shape(), "sgd_step", "shapes differ: param {}, grad {}", param.desc(),
-               grad.desc());
   if (s.use_momentum) {
     TESSEL_CHECK(buf.defined(), "sgd_step", "momentum {} needs a momentum buffer", s.momentum);
     check_f32("sgd_step", "momentum_buffer", buf);

@@ -23,6 +23,8 @@ void rope_typed(const Tensor& x, const Tensor& cos_t, const Tensor& sin_t, const
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T_; ++t) {
       const int64_t pos = pb ? pb[b * psb + t * pst] : offset + t;
+      // Positions are data (the op can check the offset form, not a
+      // positions tensor's values): checked here, before any table read.
       TESSEL_CHECK(pos >= 0 && pos < P, "apply_rotary",
                    "position {} of token (batch {}, time {}) is outside the cos/sin tables, which cover positions "
                    "[0, {})",
@@ -56,11 +58,6 @@ void rope_typed(const Tensor& x, const Tensor& cos_t, const Tensor& sin_t, const
 
 void rope_apply_cpu(const Tensor& x, const Tensor& cos_t, const Tensor& sin_t, const Tensor& positions,
                     int64_t offset, bool interleaved, bool inverse, const Tensor& out) {
-  TESSEL_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.is_contiguous() && cos_t.is_contiguous() &&
-                   sin_t.is_contiguous() && cos_t.shape() == sin_t.shape() && cos_t.dim() == 2 &&
-                   2 * cos_t.shape()[1] <= x.shape()[3],
-               "rope_apply", "bad arguments x {}, cos {}, sin {}, out {}", x.desc(), cos_t.desc(), sin_t.desc(),
-               out.desc());
   if (x.numel() == 0) return;
   dispatch_floating(x.dtype(), "apply_rotary", [&](auto tag) {
     rope_typed<typename decltype(tag)::type>(x, cos_t, sin_t, positions, offset, interleaved, inverse, out);

@@ -112,6 +112,9 @@ void device_to_device(const Tensor& src, const Tensor& dst) {
 }
 
 void copy_cuda(const Tensor& src, const Tensor& dst) {
+  // Kept, as on the CPU (kernels/cpu/elementwise.cc copy_cpu): copy has no op
+  // in front of it but many callers below the tape. The second check is about
+  // devices: a Meta tensor has no memory to copy.
   TESSEL_CHECK(src.shape() == dst.shape(), "copy", "source {} and destination {} differ in shape", src.desc(),
                dst.desc());
   TESSEL_CHECK(!src.device().is_meta() && !dst.device().is_meta(), "copy", "cannot copy {} -> {}", src.desc(),

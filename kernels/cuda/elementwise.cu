@@ -166,20 +166,9 @@ void launch_where(DType dtype, const ElemGeometry<4>& g, void* out, const bool* 
 namespace tessel::kernels::cuda {
 namespace {
 
-void check_same_shape(const char* op, const Tensor& out, std::initializer_list<const Tensor*> ins) {
-  for (const Tensor* t : ins)
-    TESSEL_CHECK(t->shape() == out.shape(), op, "operand {} and output {} differ in shape (broadcast first)",
-                 t->desc(), out.desc());
-}
-
 void binary_cuda(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* name = binary_op_name(op);
   CudaCall call(name, {&a, &b, &out});
-  check_same_shape(name, out, {&a, &b});
-  TESSEL_CHECK(a.dtype() == b.dtype(), name, "operands {} and {} differ in dtype", a.desc(), b.desc());
-  const DType want = is_comparison(op) || is_logical(op) ? DType::Bool : a.dtype();
-  TESSEL_CHECK(out.dtype() == want, name, "output {} must be {} for inputs {}", out.desc(), dtype_name(want),
-               a.desc());
   launch_binary(op, a.dtype(), make_elem_geometry<3>({&out, &a, &b}), out.raw_data(), a.raw_data(), b.raw_data(),
                 call.stream());
 }
@@ -197,10 +186,6 @@ void fill_cuda(const Tensor& dst, Scalar value) {
 
 void where_cuda(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   CudaCall call("where", {&cond, &a, &b, &out});
-  check_same_shape("where", out, {&cond, &a, &b});
-  TESSEL_CHECK(cond.dtype() == DType::Bool && a.dtype() == out.dtype() && b.dtype() == out.dtype(), "where",
-               "needs a bool condition and operands of the output's dtype, got {}, {}, {} -> {}", cond.desc(),
-               a.desc(), b.desc(), out.desc());
   launch_where(out.dtype(), make_elem_geometry<4>({&out, &cond, &a, &b}), out.raw_data(),
                static_cast<const bool*>(cond.raw_data()), a.raw_data(), b.raw_data(), call.stream());
 }

@@ -261,10 +261,11 @@ void launch_loss_reduce(DType loss_dtype, DType out_dtype, const void* losses, i
 namespace tessel::kernels::cuda {
 namespace {
 
+// Target values are data: checked here (on the GPU, the first bad one read
+// back), where a Meta run never comes; the layouts (contiguous [M, K] scores,
+// int64 [M] targets) are the op's (autograd/ops/loss.cc).
 void check_targets_cuda(const Tensor& targets, int64_t k, int64_t ignore_index, const char* op) {
   CudaCall call(op, {&targets});
-  TESSEL_CHECK(targets.dtype() == DType::Int64 && targets.is_contiguous(), op,
-               "targets must be a contiguous int64 tensor, got {}", targets.desc());
   const int64_t m = targets.numel();
   if (m == 0) return;
   const int64_t none = std::numeric_limits<int64_t>::max();
@@ -280,13 +281,6 @@ void check_targets_cuda(const Tensor& targets, int64_t k, int64_t ignore_index, 
               value, pos, k, ignore_index);
 }
 
-void check_layout(const char* op, const Tensor& x, const Tensor& targets) {
-  TESSEL_CHECK(x.dim() == 2 && x.is_contiguous() && targets.dim() == 1 && targets.shape()[0] == x.shape()[0] &&
-                   targets.is_contiguous() && targets.dtype() == DType::Int64,
-               op, "kernel expects contiguous [M, K] scores and int64 [M] targets, got {} and {}", x.desc(),
-               targets.desc());
-}
-
 LossArgs args(const Tensor& x, const Tensor& targets, int64_t ignore_index) {
   LossArgs a;
   a.m = x.shape()[0];
@@ -300,7 +294,6 @@ LossArgs args(const Tensor& x, const Tensor& targets, int64_t ignore_index) {
 void ce_forward_cuda(const Tensor& logits, const Tensor& targets, int64_t ignore, double eps, const Tensor& losses,
                      const Tensor& row_max, const Tensor& sum_exp, const Tensor& count, int v) {
   CudaCall call("cross_entropy", {&logits, &targets, &losses, &row_max, &sum_exp, &count});
-  check_layout("cross_entropy", logits, targets);
   LossArgs a = args(logits, targets, ignore);
   a.label_smoothing = eps;
   a.chunks = v;
@@ -315,9 +308,6 @@ void ce_backward_cuda(const Tensor& g, const Tensor& logits, const Tensor& targe
                       const Tensor& sum_exp, const Tensor& count, int64_t ignore, double eps, LossReduction red,
                       const Tensor& dlogits) {
   CudaCall call("cross_entropy_backward", {&g, &logits, &targets, &row_max, &sum_exp, &count, &dlogits});
-  check_layout("cross_entropy_backward", logits, targets);
-  TESSEL_CHECK(g.is_contiguous() && dlogits.is_contiguous(), "cross_entropy_backward",
-               "gradient {} and result {} must be contiguous", g.desc(), dlogits.desc());
   LossArgs a = args(logits, targets, ignore);
   a.label_smoothing = eps;
   a.reduction = red;
@@ -332,7 +322,6 @@ void ce_backward_cuda(const Tensor& g, const Tensor& logits, const Tensor& targe
 void nll_forward_cuda(const Tensor& logp, const Tensor& targets, int64_t ignore, const Tensor& losses,
                       const Tensor& count) {
   CudaCall call("nll_loss", {&logp, &targets, &losses, &count});
-  check_layout("nll_loss", logp, targets);
   LossArgs a = args(logp, targets, ignore);
   a.losses = losses.raw_data();
   a.count = static_cast<int64_t*>(count.raw_data());
@@ -342,7 +331,6 @@ void nll_forward_cuda(const Tensor& logp, const Tensor& targets, int64_t ignore,
 void nll_backward_cuda(const Tensor& g, const Tensor& targets, const Tensor& count, int64_t ignore, LossReduction red,
                        const Tensor& dlogp) {
   CudaCall call("nll_loss_backward", {&g, &targets, &count, &dlogp});
-  check_layout("nll_loss_backward", dlogp, targets);
   LossArgs a;
   a.m = dlogp.shape()[0];
   a.k = dlogp.shape()[1];
@@ -357,9 +345,6 @@ void nll_backward_cuda(const Tensor& g, const Tensor& targets, const Tensor& cou
 
 void loss_reduce_cuda(const Tensor& losses, const Tensor& count, bool mean, const Tensor& out, int v) {
   CudaCall call("loss_reduce", {&losses, &count, &out});
-  TESSEL_CHECK(losses.dim() == 1 && losses.is_contiguous() &&
-                   (losses.dtype() == DType::Float32 || losses.dtype() == DType::Float64),
-               "loss_reduce", "expects contiguous float32/float64 [M] losses, got {}", losses.desc());
   launch_loss_reduce(losses.dtype(), out.dtype(), losses.raw_data(), losses.numel(),
                      static_cast<const int64_t*>(count.raw_data()), mean, out.raw_data(), v, call.stream());
 }

@@ -8,6 +8,8 @@
 
 namespace tessel::testing {
 
+Tensor meta(const Dims& shape, DType dtype) { return empty(shape, TensorOptions(dtype).with_device(kMeta)); }
+
 Tensor uniform(const Dims& shape, uint64_t seed, double lo, double hi, DType dtype) {
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> dist(lo, hi);

@@ -15,6 +15,10 @@ Tensor uniform(const Dims& shape, uint64_t seed, double lo = -1.0, double hi = 1
 // Integers in [lo, hi).
 Tensor randint(const Dims& shape, uint64_t seed, int64_t lo, int64_t hi, DType dtype = DType::Int64);
 
+// A Meta tensor (shape and dtype, no memory): ops run their checks on it and
+// no kernel runs, as in a Meta model or call()'s run before a distributed op.
+Tensor meta(const Dims& shape, DType dtype = DType::Float32);
+
 // True when a and b have the same shape, dtype and identical bits everywhere.
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 // Largest |a - b| (as double) and whether every element is within atol + rtol*|b|.
