@@ -27,11 +27,11 @@ struct SoftplusOp {
     return out;
   }
 
-  // One gradient per tensor input. grads[0] may arrive in another dtype
-  // (e.g. float32 into a bfloat16 op); the kernel wants x's.
+  // One gradient per tensor input. grads[0] is shaped like the output, on its
+  // device, in its dtype (the engine sees to it), so it is the kernel's g.
   std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) {
     const Tensor& xs = x.get();
-    Tensor g = detail::cast_raw(grads[0], xs.dtype());
+    const Tensor& g = grads[0];
     Tensor dx = raw::empty(xs.shape(), xs.dtype(), xs.device());
     kernels::softplus_backward(xs.device(), g, xs, beta, threshold, dx);
     return {dx};
