@@ -23,26 +23,49 @@ namespace {
 // softplus of every element through the scalar reference in the compute type
 // C, rounded once to x's dtype (the contract of kernels/softplus.h).
 template <class C>
-Tensor reference(const Tensor& x, double beta, double threshold) {
+Tensor softplus_reference(const Tensor& x, double beta, double threshold) {
   std::vector<double> v = x.to(DType::Float64).contiguous().to_vector<double>();
   for (double& e : v) e = double(kernels::softplus_value<C>(C(e), C(beta), C(threshold)));
   return tensor(v, x.shape(), DType::Float64).to(x.dtype());
 }
 
-Tensor reference(const Tensor& x, double beta, double threshold) {
-  return x.dtype() == DType::Float64 ? reference<double>(x, beta, threshold) : reference<float>(x, beta, threshold);
+Tensor softplus_reference(const Tensor& x, double beta, double threshold) {
+  return x.dtype() == DType::Float64 ? softplus_reference<double>(x, beta, threshold)
+                                     : softplus_reference<float>(x, beta, threshold);
+}
+
+// dx = softplus'(x) * g through the scalar reference, rounded once to x's dtype.
+template <class C>
+Tensor softplus_grad_reference(const Tensor& g, const Tensor& x, double beta, double threshold) {
+  std::vector<double> gv = g.to(DType::Float64).contiguous().to_vector<double>();
+  std::vector<double> xv = x.to(DType::Float64).contiguous().to_vector<double>();
+  for (size_t i = 0; i < xv.size(); ++i)
+    xv[i] = double(kernels::softplus_grad<C>(C(gv[i]), C(xv[i]), C(beta), C(threshold)));
+  return tensor(xv, x.shape(), DType::Float64).to(x.dtype());
 }
 
 }  // namespace
+
+TEST_CASE("softplus backward: the kernel gives the scalar reference's bits, every dtype", "[softplus]") {
+  for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16}) {
+    INFO(dtype_name(dt));
+    Tensor x = uniform({23, 31}, 5, -30, 30, dt).requires_grad_();
+    Tensor g = uniform({23, 31}, 6, -2, 2, dt);
+    softplus(x, 2.0, 15.0).backward(g);
+    Tensor want = dt == DType::Float64 ? softplus_grad_reference<double>(g, x.detach(), 2.0, 15.0)
+                                       : softplus_grad_reference<float>(g, x.detach(), 2.0, 15.0);
+    CHECK(bitwise_equal(x.grad(), want));
+  }
+}
 
 TEST_CASE("softplus: the kernel gives the scalar reference's bits, every dtype, any strides", "[softplus]") {
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16}) {
     for (double beta : {1.0, 0.5, 3.0}) {
       INFO(dtype_name(dt) << " beta " << beta);
       Tensor x = uniform({37, 29}, 1, -30, 30, dt);  // both sides of the threshold
-      CHECK(bitwise_equal(softplus(x, beta), reference(x, beta, 20.0)));
+      CHECK(bitwise_equal(softplus(x, beta), softplus_reference(x, beta, 20.0)));
       Tensor xt = x.t();  // strided
-      CHECK(bitwise_equal(softplus(xt, beta, 5.0), reference(xt, beta, 5.0)));
+      CHECK(bitwise_equal(softplus(xt, beta, 5.0), softplus_reference(xt, beta, 5.0)));
     }
   }
 }
