@@ -81,17 +81,23 @@ Edge gradient_edge(const Tensor& t) {
 }
 
 namespace {
-// What a gradient hook returned in place of g (undefined: keep g). Backward
-// functions and their kernels take a gradient shaped like the tensor it
-// belongs to and on its device -- the engine checks that here, once, instead
-// of every kernel re-checking its operands -- and in its dtype (converted).
-Tensor hook_result(const char* hook, const Tensor& g, Tensor r) {
+// Backward functions and their kernels take a gradient shaped like the
+// tensor it belongs to and on its device -- the engine checks that where a
+// gradient comes from outside the graph (a hook, the caller of backward()),
+// once, instead of every kernel re-checking its operands -- and in its dtype
+// (converted). `g` stands for the gradient of `like`; `what` says where g
+// came from and what may differ.
+Tensor conformed_gradient(const char* op, const char* what, Tensor g, const Tensor& like) {
+  TESSEL_CHECK(g.shape() == like.shape() && g.device() == like.device(), op,
+               "{} {} for the gradient of {}; it must have that shape and device", what, g.desc(), like.desc());
+  if (g.dtype() != like.dtype()) g = g.to(like.dtype());
+  return g;
+}
+
+// What a gradient hook returned in place of g (undefined: keep g).
+Tensor hook_result(const char* hook, const Tensor& g, const Tensor& r) {
   if (!r.defined()) return g;
-  TESSEL_CHECK(r.shape() == g.shape() && r.device() == g.device(), hook,
-               "returned {} for the gradient {}; a hook may change the values, not the shape or the device",
-               r.desc(), g.desc());
-  if (r.dtype() != g.dtype()) r = r.to(g.dtype());
-  return r;
+  return conformed_gradient(hook, "returned (a hook may change the values, not the shape or the device)", r, g);
 }
 }  // namespace
 
@@ -325,13 +331,7 @@ std::vector<Tensor> root_gradients(const std::vector<Tensor>& roots, const std::
                    i, r.desc());
       g = ones_like(r);
     } else {
-      // As a hook's result (hook_result): the shape and device are the
-      // caller's to get right, the dtype is converted.
-      TESSEL_CHECK(g.shape() == r.shape(), op, "gradient {} for output {} must have shape {}", g.desc(), i,
-                   r.shape());
-      TESSEL_CHECK(g.device() == r.device(), op, "gradient {} for output {} ({}) must be on {}", g.desc(), i,
-                   r.desc(), r.device().str());
-      if (g.dtype() != r.dtype()) g = g.to(r.dtype());
+      g = conformed_gradient(op, TESSEL_FORMAT("gradient given for output {}:", i).c_str(), g, r);
     }
     out.push_back(g);
   }
