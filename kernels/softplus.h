@@ -4,7 +4,8 @@
 // its arithmetic), one CPU file (kernels/cpu/softplus.cc) and one CUDA file
 // (kernels/cuda/softplus.cu).
 //
-// Order of operations (the contract every backend reproduces bit for bit).
+// Order of operations (the contract every backend reproduces bit for bit;
+// for float64, tmath forwards to each platform's libm, so within an ulp).
 // C is the compute type: float for float16/bfloat16/float32 tensors (16-bit
 // values are widened on load and each output is rounded once on store),
 // double for float64. beta and threshold are rounded to C once. Per element:

@@ -20,7 +20,9 @@
 #   bitwise mode; its JSON line), copies logs to $OUT when set, and ends with one line:
 #     gpu_check: tests N passed, M failed, K skipped; bench <status>
 #   Extra args go to gpu_tests (e.g. a Catch2 test-name filter);
-#   GPU_CHECK_SKIP_TESTS=1 runs the bench alone, GPU_CHECK_SKIP_BENCH=1 the tests alone. Each test case runs in its
+#   GPU_CHECK_SKIP_TESTS=1 runs the bench alone, GPU_CHECK_SKIP_BENCH=1 the tests alone;
+#   GPU_CHECK_BENCH_ARGS adds arguments to the bench (e.g. "--profile
+#   --no-reference --no-bitwise-cost" with CUDA_LAUNCH_BLOCKING=1: GPU time per op). Each test case runs in its
 #   own process (GPU_CHECK_JOBS at a time, default 4; GPU_CHECK_TEST_TIMEOUT
 #   s each, default 90; none starts after GPU_CHECK_TEST_BUDGET s, default
 #   180: those are NOTRUN and count as failed); the bench is limited to
@@ -199,7 +201,7 @@ run() {
     echo "== bench_step_cuda =="
     timeout -k 5 "${GPU_CHECK_BENCH_TIMEOUT:-180}" "$BUNDLE/bin/bench_step_cuda" --model nanogpt --config gpt2-124m \
         --device cuda --gemm fast --steps 10 --warmup 3 --torch-script "$BUNDLE/bin/step_cuda_torch.py" \
-        > "$out/bench_step_cuda.log" 2>&1
+        ${GPU_CHECK_BENCH_ARGS:-} > "$out/bench_step_cuda.log" 2>&1
     local rc=$?
     (( rc != 0 )) && bench_status="failed (rc=$rc)"
     grep -a -v '^{' "$out/bench_step_cuda.log" | tail -n 12 | cut -c1-300

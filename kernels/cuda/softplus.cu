@@ -1,5 +1,7 @@
 // CUDA softplus (kernels/softplus.h): the same scalar reference as the CPU
-// (tessel::tmath, --fmad=false), so every dtype gives the CPU's bits. One
+// (tessel::tmath, --fmad=false), so float32 and the 16-bit dtypes give the
+// CPU's bits; float64 goes through CUDA's libm (tmath's double overloads) and
+// agrees with the CPU to an ulp. One
 // thread per element through launch_elementwise (loops.cuh).
 #include "kernels/cuda/call.h"
 #include "kernels/cuda/convert.h"

@@ -112,8 +112,13 @@ TEST_CASE("CUDA softplus equals the CPU, forward and backward", "[softplus][cuda
   TESSEL_REQUIRE_GPU();
   for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16}) {
     INFO(dtype_name(dt));
+    // float64 is outside the bitwise contract: tmath's double overloads are
+    // the platform's libm on the CPU and CUDA's on the GPU, which differ in
+    // the last bit (seen on an H100). Those agree to a few ulps.
+    CompareOptions opts;
+    if (dt == DType::Float64) opts = CompareOptions{/*bitwise=*/false, /*rtol=*/1e-14, /*atol=*/1e-300};
     Tensor x = uniform({65, 129}, 4, -30, 30, dt).requires_grad_();
-    CHECK_CUDA_MATCHES([](const std::vector<Tensor>& in) { return softplus(in[0], 1.5, 10.0); }, {x});
-    CHECK_CUDA_MATCHES([](const std::vector<Tensor>& in) { return softplus(in[0].t()); }, {x});
+    CHECK_CUDA_MATCHES([](const std::vector<Tensor>& in) { return softplus(in[0], 1.5, 10.0); }, {x}, opts);
+    CHECK_CUDA_MATCHES([](const std::vector<Tensor>& in) { return softplus(in[0].t()); }, {x}, opts);
   }
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "nn/optim.h"
 #include "runtime/allocator.h"
 #include "runtime/numerics.h"
+#include "runtime/profile.h"
 
 namespace tessel::tools {
 namespace {
@@ -92,8 +94,13 @@ Timing time_steps(const StepCudaBenchOptions& o, models::ModelConfig cfg, const 
   Tensor x = ids.narrow(1, 0, o.seq), y = ids.narrow(1, 1, o.seq);
   allocator_for(dev)->reset_peak();
   std::vector<double> times;
+  // --profile: the timed steps' per-op host times. Kernels are asynchronous,
+  // so run with CUDA_LAUNCH_BLOCKING=1 to make them the GPU's times per op.
+  profile::Profiler profiler;
+  std::optional<profile::Scope> profiling;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     synchronize(dev);
+    if (o.profile && s == o.warmup) profiling.emplace(&profiler);
     const auto t0 = Clock::now();
     opt.zero_grad();
     Tensor loss;
@@ -110,6 +117,12 @@ Timing time_steps(const StepCudaBenchOptions& o, models::ModelConfig cfg, const 
     if (s >= o.warmup) times.push_back(ms);
     if (s == o.warmup + o.steps - 1) t.last_loss = loss.item<float>();
     out << fmt::format(FMT_STRING("[gemm {}] step {:3d}  {:8.2f} ms{}\n"), gemm, s, ms, s < o.warmup ? "  (warmup)" : "");
+  }
+  if (o.profile) {
+    double total_ms = 0;
+    for (double ms : times) total_ms += ms;
+    out << "[gemm " << gemm << "] profile of the " << o.steps << " timed steps:\n"
+        << profiler.table(total_ms / 1000.0, 40);
   }
   t.step_ms = median(times);
   t.peak_bytes = allocator_for(dev)->stats().peak_bytes;

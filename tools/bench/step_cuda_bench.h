@@ -32,6 +32,7 @@ struct StepCudaBenchOptions {
   double peak_tflops = 0;      // 0: H100 SXM dense peak for the dtype
   bool bitwise_cost = true;    // with gemm fast: also time the bitwise GEMM (its cost)
   bool reference = true;       // run the PyTorch reference when available
+  bool profile = false;        // print the per-op profile of the timed steps
   std::string python = "python3";
   std::string torch_script;    // default: next to the sources / the binary
 };
