@@ -21,6 +21,11 @@
 #     gpu_check: tests N passed, M failed, K skipped; bench <status>
 #   Extra args go to gpu_tests (e.g. a Catch2 test-name filter);
 #   GPU_CHECK_SKIP_TESTS=1 runs the bench alone, GPU_CHECK_SKIP_BENCH=1 the tests alone;
+#   GPU_CHECK_SANITIZER=memcheck (racecheck, initcheck, synccheck) runs each
+#   test case under NVIDIA's compute-sanitizer (bundle with 'bundle --sanitizer'),
+#   a report making the case SANITIZER(<tool>); GPU_CHECK_SANITIZER_ARGS adds
+#   options (initcheck needs "--check-bulk-copy yes" to see TMA stores, which
+#   cuBLASLt and cuDNN use on Hopper: without it their outputs read as uninitialized);
 #   GPU_CHECK_BENCH_ARGS adds arguments to the bench (e.g. "--profile
 #   --no-reference --no-bitwise-cost" with CUDA_LAUNCH_BLOCKING=1: GPU time per op). Each test case runs in its
 #   own process (GPU_CHECK_JOBS at a time, default 4; GPU_CHECK_TEST_TIMEOUT
@@ -67,6 +72,22 @@ bundle() {
     cp -L "$path" "$BUNDLE/lib/$lib"
     echo "$lib bundled (from $real)" >> "$BUNDLE/MANIFEST"
   done < <(ldd "$BUNDLE/bin/gpu_tests" "$BUNDLE/bin/bench_step_cuda" | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u)
+  if [[ "${1:-}" == "--sanitizer" ]]; then
+    # NVIDIA's compute-sanitizer from PyPI (the toolkit here has none), packed
+    # small: its 32-bit helpers and docs are dropped.
+    local cache="${XDG_CACHE_HOME:-$HOME/.cache}/tessel/compute-sanitizer"
+    mkdir -p "$cache"
+    if ! ls "$cache"/nvidia_cuda_sanitizer_api-13*.whl >/dev/null 2>&1; then
+      python3 -m pip download --no-deps -d "$cache" 'nvidia-cuda-sanitizer-api>=13,<14' >&2
+    fi
+    local tmp
+    tmp="$(mktemp -d)"
+    (cd "$tmp" && unzip -q "$(ls "$cache"/nvidia_cuda_sanitizer_api-13*.whl | tail -n 1)" 'nvidia/cu13/compute-sanitizer/*' &&
+      rm -rf nvidia/cu13/compute-sanitizer/{x86,docs,include} &&
+      tar cJf "$BUNDLE/compute-sanitizer.tar.xz" -C nvidia/cu13 compute-sanitizer)
+    rm -rf "$tmp"
+    echo "compute-sanitizer.tar.xz bundled (nvidia-cuda-sanitizer-api from PyPI)" >> "$BUNDLE/MANIFEST"
+  fi
   (cd "$ROOT" && git rev-parse HEAD 2>/dev/null || echo unknown) > "$BUNDLE/COMMIT"
   local size
   size=$(du -sm "$BUNDLE" | cut -f1)
@@ -92,12 +113,17 @@ run_one_test() {
   spec=$(sed -e 's/\\/\\\\/g' -e 's/,/\\,/g' -e 's/\[/\\[/g' -e 's/\]/\\]/g' <<<"$name")
   local t0 rc status
   t0=$(date +%s)
-  timeout -k 5 "${GPU_CHECK_TEST_TIMEOUT:-90}" "$BUNDLE/bin/gpu_tests" "$spec" > "$log" 2>&1
+  local wrap=()
+  [[ -n "${GPU_CHECK_SANITIZER:-}" ]] &&
+    wrap=("$BUNDLE/cs/compute-sanitizer/compute-sanitizer" --tool "$GPU_CHECK_SANITIZER" --error-exitcode 99 --print-limit 20 ${GPU_CHECK_SANITIZER_ARGS:-})
+  timeout -k 5 "${GPU_CHECK_TEST_TIMEOUT:-90}" "${wrap[@]}" "$BUNDLE/bin/gpu_tests" "$spec" > "$log" 2>&1
   rc=$?
   local summary
   summary=$(grep -a '^\[tessel-summary\]' "$log" | tail -n 1)
   if (( rc == 124 || rc == 137 )); then
     status=TIMEOUT
+  elif (( rc == 99 )) && [[ -n "${GPU_CHECK_SANITIZER:-}" ]]; then
+    status="SANITIZER($GPU_CHECK_SANITIZER)"
   elif [[ -z "$summary" ]]; then
     status="CRASH(rc=$rc)"
   elif [[ "$summary" == *"failed=0"* && "$summary" == *"skipped=1"* ]]; then
@@ -145,6 +171,16 @@ run() {
     echo "gpu_check: carry them (e.g. copy them into gpu_bundle/lib before the run) or point CUDA_PATH at a toolkit"
   fi
 
+  if [[ -n "${GPU_CHECK_SANITIZER:-}" ]]; then
+    if [[ ! -f "$BUNDLE/compute-sanitizer.tar.xz" ]]; then
+      echo "gpu_check: GPU_CHECK_SANITIZER needs a bundle built with 'tools/gpu_check.sh bundle --sanitizer'"
+      echo "gpu_check: tests 0 passed, 1 failed, 0 skipped; bench not run"
+      exit 1
+    fi
+    mkdir -p "$BUNDLE/cs" && tar xJf "$BUNDLE/compute-sanitizer.tar.xz" -C "$BUNDLE/cs"
+    echo "gpu_check: every test case under compute-sanitizer --tool $GPU_CHECK_SANITIZER"
+    export GPU_CHECK_SANITIZER
+  fi
   local p=0 f=0 s=0
   if [[ "${GPU_CHECK_SKIP_TESTS:-0}" == 1 ]]; then
     echo "== gpu_tests skipped (GPU_CHECK_SKIP_TESTS=1) =="
@@ -161,7 +197,7 @@ run() {
   fi
   local deadline=$(( t_start + ${GPU_CHECK_TEST_BUDGET:-180} ))
   export -f run_one_test
-  export BUNDLE GPU_CHECK_TEST_TIMEOUT
+  export BUNDLE GPU_CHECK_TEST_TIMEOUT GPU_CHECK_SANITIZER_ARGS
   local i=${#names[@]} k
   for (( k = 0; k < i; k++ )); do
     printf '%s\0%s\0' "$k" "${names[$k]}"
