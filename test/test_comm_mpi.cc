@@ -4,6 +4,8 @@
 // every rank runs every test case.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -189,6 +191,11 @@ TEST_CASE("comm mpi: a stalled rank gives a CommError within the timeout", "[com
     REQUIRE(comm_error);
     REQUIRE(contains(e, fmt::format(FMT_STRING("barrier on 'world/split(0)' (mpi backend, rank {} of {}): timed out after 0.5 s"),
                                     w.rank(), w.size())));
+    // It names the peer that never came, and where it runs (init_mpi's host table).
+    char host[64] = {};
+    gethostname(host, sizeof host - 1);
+    REQUIRE(contains(e, fmt::format(FMT_STRING("waiting for rank {} (world rank {}, host {})"), w.size() - 1,
+                                    w.size() - 1, host)));
     REQUIRE(s >= 0.45);
     REQUIRE(s < 1.9);  // before the late rank arrived
   }

@@ -49,8 +49,12 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   ~MpiWork() override;
 
   void then(Stage s) { stages_.push_back(std::move(s)); }
-  MPI_Request* request() {
+  // peer: the communicator rank the request waits on, or -1 for a request of
+  // a collective call (MPI_Ibcast, ...) where MPI does not say which peer is
+  // late. A timeout names the peers of the requests still pending.
+  MPI_Request* request(int peer = -1) {
     reqs_.push_back(MPI_REQUEST_NULL);
+    req_peers_.push_back(peer);
     return &reqs_.back();
   }
   const std::vector<MPI_Status>& statuses() const { return statuses_; }
@@ -76,11 +80,21 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   // Buffers that must live while requests are pending.
   detail::Meta my_meta;
   std::vector<detail::Meta> metas;
+  // The cross-rank check's messages, one per peer: this rank's Meta and, for
+  // all_to_all_v, how many elements it sends to that peer.
+  struct MetaMsg {
+    detail::Meta meta;
+    int64_t count = 0;
+  };
+  std::vector<MetaMsg> meta_out, meta_in;
   std::vector<int> sc, sd, rc, rd;
   std::vector<int64_t> peer_counts, my_counts;
   std::vector<const void*> srcs;
   // Turns the MPI error of a completed request into a message (p2p truncation).
   std::function<void(int code)> on_request_error;
+  // "rank 1 (world rank 3, host h2)": how a timeout names a peer (set by the
+  // communicator; without it, "rank 1").
+  std::function<std::string(int peer)> describe_peer;
 
  private:
   friend class OpQueue;
@@ -90,6 +104,9 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   bool progress();  // step, respecting the collective queue
   bool all_posted() const { return done_ || next_ == stages_.size(); }
   [[noreturn]] void timeout();
+  // Who the pending requests wait on: "rank 1 (world rank 3, host h2)", or
+  // what is known when a collective call hides it.
+  std::string pending_peers();
 
   // Weak: the queue holds its queued operations (no ownership cycle).
   std::weak_ptr<OpQueue> queue_;
@@ -98,6 +115,7 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   std::vector<Stage> stages_;
   size_t next_ = 0;
   std::vector<MPI_Request> reqs_;
+  std::vector<int> req_peers_;  // parallel to reqs_
   std::vector<MPI_Status> statuses_;
   bool queued_ = false;
   bool done_ = false;
