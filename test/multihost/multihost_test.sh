@@ -330,6 +330,7 @@ case_bad_input() {
   fi
   # Different builds: host 2 runs a copy of the binary with one more byte (a
   # different executable, as a stale copy on one machine would be).
+  echo "unreachable host: $(grep -a -m1 -i -E 'error|unable|could not' "$out")"
   cp "$TESSEL" "$MH_DIR/tessel-other"; printf 'x' >>"$MH_DIR/tessel-other"
   if TESSEL_COMM_TIMEOUT=30 run_mpi -np 1 --host "${MH_IP[1]}" "$TESSEL" "${TRAIN[@]}" --mesh dp=2 --out-dir "$SHARED/bad4" \
        : -np 1 --host "${MH_IP[2]}" "$MH_DIR/tessel-other" "${TRAIN[@]}" --mesh dp=2 --out-dir "$SHARED/bad4" >"$out" 2>&1 ||
@@ -337,6 +338,7 @@ case_bad_input() {
      [[ -f "$SHARED/bad4/metrics.jsonl" ]]; then
     echo "different builds: no clear error:"; tail -n 10 "$out"; ok=1
   fi
+  echo "different builds: $(grep -a -m1 'different tessel builds' "$out")"
   return $ok
 }
 
