@@ -12,9 +12,7 @@
 // hostfile's slots are checked against -n here, before anything starts. ssh
 // does not carry the caller's environment, so every TESSEL_* variable (and
 // OMP_NUM_THREADS) set here is forwarded with -x: all ranks must compute
-// with the same settings. The daemons' connection keepalive is set longer
-// than TESSEL_COMM_TIMEOUT, so after a network fault the ranks report which
-// collective and peer they lost before mpirun tears the job down.
+// with the same settings.
 #include <unistd.h>
 
 #include <cstdio>
@@ -25,7 +23,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm/comm.h"
 #include "runtime/error.h"
 #include "tools/cli/commands.h"
 
@@ -124,13 +121,6 @@ void register_launch(CLI::App& app) {
         setenv("OMPI_MCA_oob_tcp_if_include", tcp_if.c_str(), 1);
       }
       if (!agent.empty()) setenv("OMPI_MCA_plm_rsh_agent", agent.c_str(), 1);
-      // The daemons notice a dead host by TCP keepalive (default: after 8
-      // minutes). Detect it in about a minute, but only after the ranks' own
-      // collective timeout, so their error (op, communicator, peer) comes first.
-      const long comm_s = long(comm::default_timeout().count() / 1000);
-      setenv("OMPI_MCA_oob_tcp_keepalive_time", std::to_string(comm_s + 30).c_str(), 0);
-      setenv("OMPI_MCA_oob_tcp_keepalive_intvl", "10", 0);
-      setenv("OMPI_MCA_oob_tcp_keepalive_probes", "3", 0);
       for (char** e = environ; *e; ++e) {
         const std::string kv = *e;
         const std::string name = kv.substr(0, kv.find('='));
