@@ -59,6 +59,18 @@ BASE=(train --model llama --config tiny --batch-size 8 --seq-len 32 --eval-every
 TRAIN=("${BASE[@]}" --steps $STEPS)
 
 mh_setup 2 2 || { echo "FAIL setup: could not create the hosts"; failed=1; summary; exit 1; }
+# A script that dies mid-way (a bug, a signal) must not read as a pass: the
+# cases it never reported count as failed, then the hosts are removed.
+finished=0
+on_exit() {
+  if (( !finished )); then
+    echo "FAIL: the test script stopped before reporting every case"
+    failed=$(( ${#CASES[@]} - passed - skipped ))
+    summary
+  fi
+  mh_teardown
+}
+trap on_exit EXIT
 SHARED="$MH_DIR/shared"   # what every host sees: the checkpoints and metrics
 mkdir -p "$SHARED"
 
@@ -103,8 +115,9 @@ wait_ckpt() {
   local root=$1 step=$2 until=$((SECONDS + 120)) d n
   for (( ; ; )); do
     for d in "$root"/step-*; do
-      [[ -f "$d/metadata.json" ]] || continue
-      n=${d##*/step-}; n=$((10#$n))
+      # step-N.tmp holds metadata.json just before its rename: not complete yet.
+      [[ "$d" =~ /step-([0-9]+)$ && -f "$d/metadata.json" ]] || continue
+      n=$((10#${BASH_REMATCH[1]}))
       (( n >= step )) && return 0
     done
     if (( SECONDS > until )) || ! kill -0 "$JOB" 2>/dev/null; then
@@ -236,6 +249,10 @@ resume_on_host1() {
   local newest; newest=$(ls -d "$SHARED/$name/checkpoints"/step-* 2>/dev/null | grep -v -E '\.(tmp|deleting)$' | tail -n 1)
   echo "resuming $(basename "$newest") of $name on host 1 alone: $mesh"
   echo "${MH_IP[1]} slots=2" >"$MH_DIR/hostfile.h1"
+  # The failed job's daemon on host 1 may still be shutting down; a new one
+  # starting beside it once failed to connect back to mpirun.
+  local until=$((SECONDS + 15))
+  while [[ -n "$(ip netns pids "${MH_NS[1]}")" ]] && (( SECONDS < until )); do sleep 0.2; done
   clean_rank_files
   MH_HOSTFILE="$MH_DIR/hostfile.h1" TESSEL_COMM_TIMEOUT=60 run_mpi -np "$np" "$MH_DIR/rank" "$TESSEL" "${LONG[@]}" \
     --mesh "$mesh" --resume --out-dir "$SHARED/$name" >"$MH_DIR/$name.resume.log" 2>&1 ||
@@ -354,5 +371,12 @@ for c in "${CASES[@]}"; do
   [[ -n "${JOB:-}" ]] && kill "$JOB" 2>/dev/null
   JOB=""
 done
+# bash abandons a whole top-level command (this loop) on an expansion error
+# and goes on with the next one: every case must have reported.
+if (( passed + failed != ${#CASES[@]} )); then
+  echo "FAIL: only $((passed + failed)) of ${#CASES[@]} cases reported"
+  failed=$(( ${#CASES[@]} - passed ))
+fi
+finished=1
 summary
 [[ $failed -eq 0 ]]
