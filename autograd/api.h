@@ -1,5 +1,6 @@
 #pragma once
 // The whole differentiable API: #include "autograd/api.h".
+#include "autograd/anomaly.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 // Every op family's header, autograd/ops/<family>.h (generated from the

@@ -1,5 +1,6 @@
 #include "autograd/engine.h"
 
+#include "autograd/anomaly.h"
 #include "autograd/trace.h"
 
 #include <atomic>
@@ -283,10 +284,18 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
     std::vector<Tensor> outs;
     bool is_accumulator = dynamic_cast<AccumulateGrad*>(node) != nullptr;
     if (any && !(captures && is_accumulator)) {
+      std::vector<Tensor> grads_in;  // anomaly detection names the incoming gradients
+      if (TESSEL_UNLIKELY(anomaly::enabled()) && !is_accumulator) grads_in = grads;
       {
         profile::Timer timer(node->name(), ".bwd");
-        outs = node->apply(std::move(grads));
+        try {
+          outs = node->apply(std::move(grads));
+        } catch (const OutOfMemoryError& e) {
+          e.rethrow_during(std::string(node->name()) + ".bwd");
+        }
       }
+      if (TESSEL_UNLIKELY(anomaly::enabled()) && !is_accumulator)
+        anomaly::check_backward(node->name(), node->forward_module, grads_in, outs);
       if (TESSEL_UNLIKELY(trace::current() != nullptr) && !is_accumulator) trace::backward_grads(node->name(), outs);
     }
     if (!retain_graph) node->release_saved();

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/anomaly.h"
 #include "autograd/autograd_meta.h"
 #include "autograd/grad_context.h"
 #include "autograd/grad_mode.h"
@@ -107,7 +108,11 @@ auto call(Op op, const Args&... args) {
   std::optional<Out> out;
   {
     NoGradGuard no_grad;
-    out.emplace(op.forward(args...));
+    try {
+      out.emplace(op.forward(args...));
+    } catch (const OutOfMemoryError& e) {
+      e.rethrow_in(detail::op_name(op));  // the message names the op that asked
+    }
   }
   if (record) {
     auto node = std::make_shared<detail::OpNode<Op>>();
@@ -117,7 +122,9 @@ auto call(Op op, const Args&... args) {
     node->name_ = detail::op_name(op);
     node->op.emplace(std::move(op));
     node->num_outputs = detail::set_history_all(*out, node);
+    if (TESSEL_UNLIKELY(anomaly::enabled())) node->forward_module = anomaly::module_path();
   }
+  if (TESSEL_UNLIKELY(anomaly::enabled())) detail::check_anomaly(detail::op_name(op), *out, args...);
   if (TESSEL_UNLIKELY(trace::current() != nullptr)) detail::trace_outputs(detail::op_name(op), *out);
   return std::move(*out);
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct Node : std::enable_shared_from_this<Node> {
 
   uint64_t seq;                    // recording order (unique, increasing)
   uint32_t num_outputs = 1;
+  std::string forward_module;      // anomaly detection: the module the forward ran in
   std::vector<Edge> next_edges;    // one per tensor input
   std::vector<InputMeta> input_meta;
   // Hooks on the gradient of output `nr` (tensor hooks of non-leaf tensors).

@@ -30,6 +30,7 @@
 #include "autograd/grad_context.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "autograd/anomaly.h"
 #include "autograd/trace.h"
 #include "dtensor/sharding.h"
 #include "runtime/numerics.h"
@@ -195,6 +196,19 @@ void log_replicated_fallback(const char* op);
 
 double now_seconds();
 
+// Anomaly detection (autograd/anomaly.h): an op's outputs and inputs.
+inline void collect_outputs(std::vector<const Tensor*>& v, const Tensor& out) { v.push_back(&out); }
+inline void collect_outputs(std::vector<const Tensor*>& v, const std::vector<Tensor>& out) {
+  for (const Tensor& t : out) v.push_back(&t);
+}
+template <class Out, class... Args>
+void check_anomaly(const char* name, const Out& out, const Args&... args) {
+  std::vector<const Tensor*> inputs, outputs;
+  (collect(inputs, args), ...);
+  collect_outputs(outputs, out);
+  anomaly::check_forward(name, inputs, outputs);
+}
+
 // Op tracing (autograd/trace.h): the outputs of a forward op.
 template <class Out>
 void trace_outputs(const char* name, const Out& out) {
@@ -277,7 +291,11 @@ ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&
   std::optional<Out> local_out;
   {
     NoGradGuard ng;
-    local_out.emplace(run_forward(op, c.local_in, args...));
+    try {
+      local_out.emplace(run_forward(op, c.local_in, args...));
+    } catch (const OutOfMemoryError& e) {
+      e.rethrow_in(name);  // the message names the op that asked
+    }
   }
   if (prof) t3 = now_seconds();
   Out out;
@@ -295,6 +313,7 @@ ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&
     connect(*node, placed);
     node->name_ = name;
     node->info = make_grad_info(c, name);
+    if (TESSEL_UNLIKELY(anomaly::enabled())) node->forward_module = anomaly::module_path();
     if constexpr (has_partial_exact<Op>::value) node->info.partial_exact = op.partial_exact();
     node->op.emplace(std::move(op));
     if constexpr (std::is_same_v<Out, Tensor>) {
@@ -313,6 +332,7 @@ ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&
     s.wrap_s += now_seconds() - t3;
     ++s.calls;
   }
+  if (TESSEL_UNLIKELY(anomaly::enabled())) check_anomaly(name, out, args...);
   trace_outputs(name, out);
   return out;
 }

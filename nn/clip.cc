@@ -106,7 +106,7 @@ std::vector<float> square_sums(const std::vector<Tensor>& params, const char* op
 float norm_of_square_sums(const std::vector<float>& sums) {
   std::vector<float> leaves;
   for (float x : sums)
-    if (x >= 0) leaves.push_back(x);
+    if (!(x < 0)) leaves.push_back(x);  // -1 marks "no gradient"; a NaN sum must stay (x >= 0 dropped it)
   if (leaves.empty()) return 0.0f;
   size_t padded = 1;
   while (padded < leaves.size()) padded *= 2;

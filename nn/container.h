@@ -5,7 +5,9 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/anomaly.h"
 #include "nn/module.h"
+#include "runtime/macros.h"
 
 namespace tessel::nn {
 
@@ -16,6 +18,15 @@ class UnaryModule : public Module {
   virtual Tensor forward(const Tensor& x) = 0;
   // forward(x) with the forward hooks around it (call submodules this way).
   Tensor operator()(const Tensor& x) {
+    if (TESSEL_UNLIKELY(anomaly::enabled())) {  // messages name the module an op ran in
+      anomaly::ModuleScope scope(path());
+      return call_hooked(x);
+    }
+    return call_hooked(x);
+  }
+
+ private:
+  Tensor call_hooked(const Tensor& x) {
     if (!has_forward_hooks()) return forward(x);
     Tensor in = run_forward_pre_hooks(x);
     return run_forward_hooks(in, forward(in));

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/anomaly.h"
 #include "autograd/api.h"
 #include "autograd/autograd_meta.h"
 #include "dtensor/ops.h"
@@ -115,6 +116,14 @@ void Optimizer::check_not_replaced(const std::string& path, const Tensor& p) con
 }
 
 void Optimizer::step() {
+  try {
+    step_slots();
+  } catch (const OutOfMemoryError& e) {
+    e.rethrow_during(name_ + ".step");
+  }
+}
+
+void Optimizer::step_slots() {
   NoGradGuard no_grad;
   for (Slot& s : slots_) {
     check_not_replaced(s.path, s.param);
@@ -141,8 +150,17 @@ void Optimizer::step() {
       for (size_t i = 0, n = buffer_names().size(); i < n; ++i) s.buffers.push_back(state_zeros(s.param));
     }
     ++s.step;
+    // Anomaly detection: what was non-finite before the update, named if the update makes the parameter so.
+    std::vector<std::pair<std::string, int64_t>> before;
+    if (TESSEL_UNLIKELY(anomaly::enabled())) {
+      before.emplace_back("gradient", anomaly::count_nonfinite(g));
+      before.emplace_back("parameter", anomaly::count_nonfinite(s.param));
+      const std::vector<std::string> names = buffer_names();
+      for (size_t i = 0; i < names.size(); ++i) before.emplace_back(names[i], anomaly::count_nonfinite(s.buffers[i]));
+    }
     update(s, g, lr_ * groups_[size_t(s.group)].lr_scale, group_weight_decay_[size_t(s.group)]);
     s.param.bump_version();
+    if (TESSEL_UNLIKELY(anomaly::enabled())) anomaly::check_update(name_, s.path, s.param, before);
   }
   ++num_steps_;
 }

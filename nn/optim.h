@@ -128,6 +128,7 @@ class Optimizer {
   ParsedState parse_state(const std::vector<NamedTensor>& state) const;
 
   [[noreturn]] void fail_option(const char* option, double value, const char* requirement) const;
+  void step_slots();  // step() without its out-of-memory naming
   // Throws when a layout replaced `p` (AutogradMeta::replaced_by).
   void check_not_replaced(const std::string& path, const Tensor& p) const;
   void check_nonnegative(const char* option, double value) const;

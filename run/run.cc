@@ -1,6 +1,7 @@
 #include "run/run.h"
 
 #include <algorithm>
+#include <cmath>
 #include <regex>
 #include <set>
 #include <unordered_set>
@@ -172,6 +173,7 @@ void RunState::on_backward() {
 
 void RunState::set_step_context() const {
   nn::set_forward_context({options.seed, uint64_t(step), 0, -1});
+  anomaly::set_step(step + 1);  // the step being run, as the metrics number it
 }
 
 void RunState::check_parameters_unchanged() const {
@@ -289,6 +291,7 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   s->params = s->dp ? s->dp->parameters() : s->pipe ? s->pipe->stage().parameters() : m.parameters();
 
   if (opts.loss_scaling) s->scaler.emplace(*opts.loss_scaling);
+  if (opts.detect_anomaly) s->anomaly.emplace(true);
   s->caller_context = nn::forward_context();
   s->set_step_context();
   RunState* raw_state = s.get();
@@ -392,6 +395,18 @@ StepReport RunBase::step_optimizer() {
                   : s.options.clip > 0 && !r.skipped ? nn::clip_grad_norm_(s.params, s.options.clip)
                                                      : nn::grad_norm(s.params);
   }
+  if (!r.skipped && s.options.stop_on_nonfinite && !std::isfinite(r.grad_norm)) {
+    // The norm is global, so every rank stops here alike, before the update.
+    const std::optional<double> loss = std::exchange(s.last_loss, std::nullopt);
+    TESSEL_FAIL(kRun,
+                "step {} of {}: the global gradient norm is {}{}; stopped before the update, so the parameters and "
+                "optimizer state are those after step {} (and the newest checkpoint is intact). To find the op that "
+                "produced it, rerun from the last checkpoint with --detect-anomaly (RunOptions::detect_anomaly); "
+                "RunOptions::stop_on_nonfinite = false trains on",
+                s.step + 1, s.model_type, r.grad_norm,
+                loss ? TESSEL_FORMAT(" (the step's loss was {})", *loss) : std::string(), s.step);
+  }
+  s.last_loss.reset();
   if (s.options.lr_schedule) s.opt->set_lr(s.options.lr_schedule->lr(s.step));
   r.lr = s.opt->lr();
   {
@@ -456,6 +471,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
     out.comm_wait_mean_s = r.comm_wait_mean_s;
     out.moe_dropped_tokens = r.moe_dropped_tokens;
     s.micro = m;  // the schedule ran every micro-batch's backward
+    s.last_loss = out.loss;
     return out;
   }
   const bool moe = !nn::moe_layers(*s.model).empty();
@@ -477,6 +493,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
   }
   out.loss = out.loss_sum / double(m);
   if (moe) out.moe_dropped_tokens = dropped;
+  s.last_loss = out.loss;
   return out;
 }
 

@@ -110,6 +110,16 @@ struct RunOptions {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   int virtual_stages = 0;                  // 0: 2 for interleaved, else 1
   std::string pipeline_split = "layers";   // layers | params
+  // Anomaly detection (autograd/anomaly.h) on the thread that called
+  // parallelize, for the Run's lifetime: the first op, backward node or
+  // optimizer update that yields an inf or NaN stops the run with an
+  // anomaly::AnomalyError naming it (step, rank, module, inputs). Slow: every
+  // op's outputs are read once more. For finding a NaN, not for training.
+  bool detect_anomaly = false;
+  // step_optimizer throws before the update when the global gradient norm is
+  // inf or NaN (a loss-scaled step that skips is not an error): parameters
+  // and optimizer state stay those of the previous step. false: train on.
+  bool stop_on_nonfinite = true;
 };
 
 // What step_optimizer did.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/anomaly.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "run/run.h"
 
@@ -38,6 +39,8 @@ class RunState {
   std::vector<std::string> param_paths;  // the model's parameter paths after layout
 
   std::optional<nn::GradScaler> scaler;  // RunOptions::loss_scaling
+  std::optional<anomaly::Guard> anomaly;  // RunOptions::detect_anomaly
+  std::optional<double> last_loss;        // forward_backward's, for the non-finite gradient message
   int64_t scaled = 0;  // scale_loss() calls in this step (loss scaling: each backward needs one)
 
   int64_t step = 0;   // optimizer steps done

@@ -18,12 +18,51 @@ size_t cpu_size_class(size_t n) {
   return (n + step - 1) / step * step;
 }
 
+int64_t parse_bytes(const std::string& text, const char* what) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string suffix = text.substr(used);
+  double scale = 1;
+  if (suffix.size() == 1 || (suffix.size() == 2 && (suffix[1] == 'B' || suffix[1] == 'b'))) {
+    switch (suffix[0]) {
+      case 'K': case 'k': scale = double(int64_t(1) << 10); suffix.clear(); break;
+      case 'M': case 'm': scale = double(int64_t(1) << 20); suffix.clear(); break;
+      case 'G': case 'g': scale = double(int64_t(1) << 30); suffix.clear(); break;
+      case 'T': case 't': scale = double(int64_t(1) << 40); suffix.clear(); break;
+      default: break;
+    }
+  }
+  TESSEL_CHECK(used > 0 && suffix.empty() && v >= 0 && v * scale < 9.2e18, what,
+               "expected a byte count such as 1073741824, 512M or 2G, got '{}'", text);
+  return int64_t(v * scale);
+}
+
 namespace {
 
-void* system_alloc(size_t bytes) {
-  void* p = std::aligned_alloc(64, bytes);
-  if (!p) TESSEL_FAIL("cpu allocator", "out of memory allocating {} bytes", bytes);
-  return p;
+// nullptr when the system has no memory left (the caller throws OutOfMemoryError with its stats).
+void* system_alloc(size_t bytes) { return std::aligned_alloc(64, bytes); }
+
+int64_t initial_cpu_limit() {
+  const char* env = std::getenv("TESSEL_CPU_MEMORY_LIMIT");
+  return env && *env ? parse_bytes(env, "TESSEL_CPU_MEMORY_LIMIT") : 0;
+}
+
+[[noreturn]] void cpu_oom(const AllocatorStats& st, int64_t requested, int64_t limit, bool over_limit) {
+  OutOfMemoryError::Info info;
+  info.device = "cpu";
+  info.requested = requested;
+  info.in_use = st.current_bytes;
+  info.peak = st.peak_bytes;
+  info.cached = st.cached_bytes;
+  info.limit = limit;
+  info.detail = over_limit ? "the CPU allocator's limit: TESSEL_CPU_MEMORY_LIMIT or Allocator::set_limit"
+                           : "the system refused the allocation";
+  throw OutOfMemoryError(std::move(info));
 }
 
 class PoolingCpuAllocator final : public Allocator {
@@ -42,8 +81,24 @@ class PoolingCpuAllocator final : public Allocator {
       stats_.cached_bytes -= cls;
       return p;
     }
+    if (limit_ > 0 && stats_.current_bytes + stats_.cached_bytes > limit_) {
+      release_cache_locked();  // a full cache must not be what refuses a request
+      if (stats_.current_bytes > limit_) {
+        stats_.current_bytes -= cls;
+        cpu_oom(stats_, int64_t(nbytes), limit_, true);
+      }
+    }
+    void* p = system_alloc(cls);
+    if (!p) {
+      release_cache_locked();
+      p = system_alloc(cls);
+    }
+    if (!p) {
+      stats_.current_bytes -= cls;
+      cpu_oom(stats_, int64_t(nbytes), limit_, false);
+    }
     ++stats_.system_allocs;
-    return system_alloc(cls);
+    return p;
   }
 
   void deallocate(void* p, size_t nbytes, Stream) override {
@@ -65,6 +120,21 @@ class PoolingCpuAllocator final : public Allocator {
   }
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mu_);
+    release_cache_locked();
+  }
+  Device device() const override { return kCPU; }
+  void set_limit(int64_t bytes) override {
+    TESSEL_CHECK(bytes >= 0, "Allocator::set_limit", "the limit must be >= 0 bytes (0: none), got {}", bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_ = bytes;
+  }
+  int64_t limit() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limit_;
+  }
+
+ private:
+  void release_cache_locked() {
     for (auto& [cls, list] : free_) {
       for (void* p : list) {
         std::free(p);
@@ -74,12 +144,11 @@ class PoolingCpuAllocator final : public Allocator {
       list.clear();
     }
   }
-  Device device() const override { return kCPU; }
 
- private:
   mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   AllocatorStats stats_;
+  int64_t limit_ = initial_cpu_limit();
 };
 
 // TESSEL_CPU_ALLOCATOR=system: no pooling (for sanitizers and leak checks).
@@ -89,10 +158,13 @@ class SystemCpuAllocator final : public Allocator {
     if (nbytes == 0) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.requests;
+    if (limit_ > 0 && stats_.current_bytes + int64_t(nbytes) > limit_) cpu_oom(stats_, int64_t(nbytes), limit_, true);
+    void* p = system_alloc(cpu_size_class(nbytes));
+    if (!p) cpu_oom(stats_, int64_t(nbytes), limit_, false);
     ++stats_.system_allocs;
     stats_.current_bytes += int64_t(nbytes);
     if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
-    return system_alloc(cpu_size_class(nbytes));
+    return p;
   }
   void deallocate(void* p, size_t nbytes, Stream) override {
     if (!p) return;
@@ -111,10 +183,20 @@ class SystemCpuAllocator final : public Allocator {
   }
   void empty_cache() override {}
   Device device() const override { return kCPU; }
+  void set_limit(int64_t bytes) override {
+    TESSEL_CHECK(bytes >= 0, "Allocator::set_limit", "the limit must be >= 0 bytes (0: none), got {}", bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_ = bytes;
+  }
+  int64_t limit() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limit_;
+  }
 
  private:
   mutable std::mutex mu_;
   AllocatorStats stats_;
+  int64_t limit_ = initial_cpu_limit();
 };
 
 Allocator* g_allocators[kNumDeviceTypes] = {};

@@ -4,6 +4,7 @@
 // buffer a step needs was freed by the previous step and is reused.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "runtime/device.h"
 
@@ -30,6 +31,12 @@ class Allocator {
   virtual void reset_peak() = 0;
   virtual void empty_cache() = 0;  // give cached blocks back to the system
   virtual Device device() const = 0;
+  // A cap on the bytes this allocator holds (tensors' and cached; 0: none).
+  // A request beyond it first gives the cache back, then throws
+  // OutOfMemoryError, as a full device would. The CPU's starts from
+  // TESSEL_CPU_MEMORY_LIMIT (bytes, or with a K/M/G suffix: "512M").
+  virtual void set_limit(int64_t bytes) = 0;
+  virtual int64_t limit() const = 0;
 };
 
 // The process-wide CPU allocator (pooling unless TESSEL_CPU_ALLOCATOR=system).
@@ -37,6 +44,10 @@ Allocator* cpu_allocator();
 // The allocator for a device; CUDA registers its caching allocator at load time.
 Allocator* allocator_for(Device d);
 void register_allocator(DeviceType type, Allocator* a);
+
+// "512M" -> 536870912 (suffixes K, M, G, T, powers of 1024; none: bytes);
+// throws naming `what` on anything else.
+int64_t parse_bytes(const std::string& text, const char* what);
 
 // The size class a request of n bytes is served from (exposed for tests).
 size_t cpu_size_class(size_t n);

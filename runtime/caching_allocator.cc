@@ -38,19 +38,30 @@ void* CachingAllocator::allocate(size_t nbytes, Stream stream) {
     it->second.pop_back();
     st.cached_bytes -= int64_t(cls);
   } else {
-    p = backend_->raw_alloc(device, cls);
-    if (!p) {
-      // Give the cache back to the device and try once more.
-      release_cached_locked(device);
+    const bool over_limit = limit_ > 0 && st.current_bytes + st.cached_bytes + int64_t(cls) > limit_;
+    if (over_limit) release_cached_locked(device);  // a full cache must not be what refuses a request
+    if (!(limit_ > 0 && st.current_bytes + int64_t(cls) > limit_)) {
       p = backend_->raw_alloc(device, cls);
+      if (!p) {
+        // Give the cache back to the device and try once more.
+        release_cached_locked(device);
+        p = backend_->raw_alloc(device, cls);
+      }
     }
     if (!p) {
       size_t free_b = 0, total_b = 0;
       backend_->mem_info(device, &free_b, &total_b);
-      TESSEL_FAIL("allocate",
-                  "out of memory on {}:{} allocating {} bytes (class {}): {} bytes in use by tensors (peak {}), "
-                  "device reports {} free of {}",
-                  device_type_name(type_), device, nbytes, cls, st.current_bytes, st.peak_bytes, free_b, total_b);
+      OutOfMemoryError::Info info;
+      info.device = TESSEL_FORMAT("{}:{}", device_type_name(type_), device);
+      info.requested = int64_t(nbytes);
+      info.in_use = st.current_bytes;
+      info.peak = st.peak_bytes;
+      info.cached = st.cached_bytes;
+      info.limit = limit_;
+      info.detail = limit_ > 0 && st.current_bytes + int64_t(cls) > limit_
+                        ? std::string("the allocator's limit, Allocator::set_limit")
+                        : TESSEL_FORMAT("the device reports {} bytes free of {}; size class {}", free_b, total_b, cls);
+      throw OutOfMemoryError(std::move(info));
     }
     ++st.system_allocs;
   }
@@ -164,6 +175,17 @@ void CachingAllocator::reset_peak() {
 size_t CachingAllocator::pending_frees() const {
   std::lock_guard<std::mutex> lock(mu_);
   return pending_.size();
+}
+
+void CachingAllocator::set_limit(int64_t bytes) {
+  TESSEL_CHECK(bytes >= 0, "Allocator::set_limit", "the limit must be >= 0 bytes (0: none), got {}", bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+}
+
+int64_t CachingAllocator::limit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_;
 }
 
 }  // namespace tessel

@@ -81,6 +81,9 @@ class CachingAllocator final : public Allocator {
   // Synchronises the devices that hold cached blocks and frees those blocks.
   void empty_cache() override;
   Device device() const override { return Device(type_, 0); }
+  // Per device: the bytes held on each device (tensors' and cached) stay within it.
+  void set_limit(int64_t bytes) override;
+  int64_t limit() const override;
 
   // Marks the block holding `p` (a pointer allocate() returned) as used on
   // `stream` too: when freed, it waits for that stream's queued work.
@@ -126,6 +129,7 @@ class CachingAllocator final : public Allocator {
   std::unordered_map<Key, std::vector<void*>, KeyHash> free_;
   std::vector<Pending> pending_;
   std::vector<AllocatorStats> per_device_;
+  int64_t limit_ = 0;  // set_limit (0: none)
 };
 
 }  // namespace tessel

@@ -53,4 +53,44 @@ void throw_unsupported_dtype(const char* op, DType t, const char* accepted) {
 
 void throw_error(const std::string& msg) { throw Error(msg); }
 
+namespace {
+
+std::string bytes_str(int64_t b) {
+  const double d = double(b);
+  if (b >= (int64_t(1) << 30)) return fmt::format(FMT_STRING("{:.2f} GiB"), d / double(1 << 30));
+  if (b >= (int64_t(1) << 20)) return fmt::format(FMT_STRING("{:.2f} MiB"), d / double(1 << 20));
+  if (b >= (int64_t(1) << 10)) return fmt::format(FMT_STRING("{:.2f} KiB"), d / double(1 << 10));
+  return fmt::format(FMT_STRING("{} B"), b);
+}
+
+std::string oom_message(const OutOfMemoryError::Info& i, const std::string& op, const std::string& during) {
+  std::string where = op.empty() ? "" : " in op '" + op + "'";
+  if (!during.empty()) where += (op.empty() ? " in '" : " during '") + during + "'";
+  std::string m = fmt::format(FMT_STRING("out of memory{} on {}: asked for {} ({} bytes); tensors hold {} (peak {}), {} "
+                                         "more is cached for reuse"),
+                              where, i.device, bytes_str(i.requested), i.requested,
+                              bytes_str(i.in_use), bytes_str(i.peak), bytes_str(i.cached));
+  if (i.limit > 0) m += fmt::format(FMT_STRING(", limit {}"), bytes_str(i.limit));
+  if (!i.detail.empty()) m += " (" + i.detail + ")";
+  m += ". Where a rank's memory goes (parameters, gradients, optimizer state, communication buffers) is what "
+       "`tessel train` prints at start (tessel::Run::memory()); a smaller batch, more micro-batches, more "
+       "sharding (--zero 3; tp or pp over more devices) or a higher limit lowers it";
+  return m;
+}
+
+}  // namespace
+
+OutOfMemoryError::OutOfMemoryError(Info info, std::string op, std::string during)
+    : Error(oom_message(info, op, during)), info_(std::move(info)), op_(std::move(op)), during_(std::move(during)) {}
+
+void OutOfMemoryError::rethrow_in(const char* op) const {
+  if (!op_.empty()) throw *this;
+  throw OutOfMemoryError(info_, op, during_);
+}
+
+void OutOfMemoryError::rethrow_during(const std::string& phase) const {
+  if (!during_.empty()) throw *this;
+  throw OutOfMemoryError(info_, op_, phase);
+}
+
 }  // namespace tessel

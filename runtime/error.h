@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace tessel {
 
@@ -18,6 +20,36 @@ class Error : public std::runtime_error {
 class CommError : public Error {
  public:
   using Error::Error;
+};
+
+// Thrown by an allocator that cannot serve a request (the device is full, or
+// its memory limit: TESSEL_CPU_MEMORY_LIMIT, Allocator::set_limit). The op
+// that asked is named on the way out: call() and the backward engine add it
+// (the innermost op names it; outer ones pass the error on unchanged).
+class OutOfMemoryError : public Error {
+ public:
+  struct Info {
+    std::string device;       // "cpu", "cuda:0"
+    int64_t requested = 0;    // bytes asked for
+    int64_t in_use = 0;       // bytes held by tensors at the time
+    int64_t peak = 0;         // the allocator's peak of in_use
+    int64_t cached = 0;       // bytes freed by tensors but held for reuse
+    int64_t limit = 0;        // 0: none
+    std::string detail;       // what the device or the limit said
+  };
+  explicit OutOfMemoryError(Info info, std::string op = "", std::string during = "");
+  const Info& info() const { return info_; }
+  const std::string& op() const { return op_; }        // the innermost op that asked
+  const std::string& during() const { return during_; }  // the backward node or optimizer step around it
+  // This error with `op` named, unless an inner op already is.
+  [[noreturn]] void rethrow_in(const char* op) const;
+  // This error marked as raised during `phase` ("mul.bwd", "AdamW.step"),
+  // unless it already is; the op is named by the ops inside.
+  [[noreturn]] void rethrow_during(const std::string& phase) const;
+
+ private:
+  Info info_;
+  std::string op_, during_;
 };
 
 [[noreturn]] void throw_error(const std::string& msg);

@@ -75,6 +75,8 @@ const std::vector<Field>& fields() {
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
       {"bitwise", &C::bitwise, "bitwise mode: any mesh gives the one-device run's bits"},
       {"profile", &C::profile, "print a per-op time profile of the training steps (rank 0; also TESSEL_PROFILE=1)"},
+      {"detect_anomaly", &C::detect_anomaly,
+       "stop at the first op, backward or optimizer update that yields an inf/NaN, naming it (slow; finding a NaN)"},
       {"dump", &C::dump, "write per-op forward/backward tensor hashes to FILE (compare with tessel verify)"},
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},

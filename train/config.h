@@ -72,6 +72,7 @@ struct TrainConfig {
   bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
   bool bitwise = false;           // every layout gives the one-device run's bits (docs/numerics.md)
   bool profile = false;           // per-op self times of rank 0's steps, printed at the end (runtime/profile.h)
+  bool detect_anomaly = false;    // stop at the first inf/NaN an op, backward or optimizer update yields (autograd/anomaly.h)
   std::string dump;               // per-op forward/backward tensor hashes to this file (tessel verify)
   std::string pipeline_schedule = "1f1b";  // with a "pp" mesh dim: gpipe | 1f1b | interleaved
   int64_t virtual_stages = 0;              // chunks per pp rank; 0: 1, or 2 for interleaved

@@ -37,6 +37,17 @@ void DumpRecorder::record(const char* phase, const char* op, int index, const Te
   std::fprintf(f_, "%s\n", j.dump().c_str());
 }
 
+void DumpRecorder::anomaly(const std::string& message) {
+  if (!f_) return;
+  nlohmann::json j;
+  j["step"] = step_;
+  j["i"] = seq_++;
+  j["phase"] = "anomaly";
+  j["message"] = message;
+  std::fprintf(f_, "%s\n", j.dump().c_str());
+  std::fflush(f_);  // the run is about to stop
+}
+
 namespace {
 
 bool timing(const std::string& key) {
@@ -61,10 +72,15 @@ std::string where(const nlohmann::json& j) {
 // where the runs part.
 std::optional<std::string> first_dump_divergence(const std::string& a, const std::string& b) {
   std::map<int64_t, std::set<std::string>> seen;  // step -> hashes of b (a backward may run forward ops)
+  std::optional<std::string> b_anomaly;
   std::ifstream fb(b);
   std::string l;
   while (std::getline(fb, l)) {
     const nlohmann::json j = nlohmann::json::parse(l);
+    if (j.value("phase", "") == "anomaly") {
+      b_anomaly = j.at("message").get<std::string>();
+      continue;
+    }
     seen[j.at("step").get<int64_t>()].insert(
         j.at("hash").get<std::string>());
   }
@@ -73,6 +89,8 @@ std::optional<std::string> first_dump_divergence(const std::string& a, const std
   while (std::getline(fa, l)) {
     const nlohmann::json j = nlohmann::json::parse(l);
     ++n;
+    if (j.at("phase") == "anomaly")  // --detect-anomaly stopped run a here
+      return a + " stopped at step " + j.at("step").dump() + " on an anomaly: " + j.at("message").get<std::string>();
     const std::string dt = j.at("dtype").get<std::string>();
     if (dt != "float32" && dt != "bfloat16" && dt != "float16" && dt != "float64") continue;  // index plumbing
     // Views and copies compute nothing (a view of a parameter has no
@@ -88,6 +106,7 @@ std::optional<std::string> first_dump_divergence(const std::string& a, const std
              j["hash"].get<std::string>() + ") in that step";
   }
   TESSEL_CHECK(n > 0, "verify", "'{}' is empty", a);
+  if (b_anomaly) return b + " stopped on an anomaly: " + *b_anomaly;
   return std::nullopt;
 }
 

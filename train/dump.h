@@ -2,6 +2,7 @@
 // `tessel train --dump FILE`: every op's output hash in the forward and every
 // backward node's gradient hashes, per step, as JSON lines (autograd/trace.h):
 //   {"step":1,"i":0,"phase":"fwd","op":"embedding","k":0,"shape":[8,16,64],"dtype":"float32","hash":"..."}
+// and, when --detect-anomaly stops the run, {"step":..,"i":..,"phase":"anomaly","message":"..."}.
 // `tessel verify` lines two dumps up and names the first op and tensor that
 // differ (docs/numerics.md "Localising a divergence").
 #include <cstdint>
@@ -20,6 +21,9 @@ class DumpRecorder final : public trace::Recorder {
   ~DumpRecorder() override;
   void set_step(int64_t step) { step_ = step; }
   void record(const char* phase, const char* op, int index, const Tensor& full, uint64_t hash) override;
+  // {"step", "i", "phase": "anomaly", "message"}: where --detect-anomaly
+  // stopped this rank (written by the ranks that write).
+  void anomaly(const std::string& message);
 
  private:
   std::FILE* f_ = nullptr;

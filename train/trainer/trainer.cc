@@ -143,6 +143,7 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.pipeline_schedule = cfg.pipeline_schedule;
   o.virtual_stages = int(cfg.virtual_stages);
   o.pipeline_split = cfg.pipeline_split;
+  o.detect_anomaly = cfg.detect_anomaly;
   return o;
 }
 
@@ -336,15 +337,21 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     if (profiler) profiling.emplace(profiler.get());
     const Batch batch = loader.global_batch(step);
     StepLoss loss;
-    {
-      std::optional<trace::Scope> tracing;  // --dump: this step's forwards and backwards
-      if (dump) {
-        dump->set_step(step + 1);
-        tracing.emplace(dump.get());
+    StepReport report;
+    try {
+      {
+        std::optional<trace::Scope> tracing;  // --dump: this step's forwards and backwards
+        if (dump) {
+          dump->set_step(step + 1);
+          tracing.emplace(dump.get());
+        }
+        loss = run.forward_backward(batch.inputs, batch.targets);
       }
-      loss = run.forward_backward(batch.inputs, batch.targets);
+      report = run.step_optimizer();
+    } catch (const anomaly::AnomalyError& e) {
+      if (dump) dump->anomaly(e.what());  // the trace ends where --detect-anomaly stopped (tessel verify says so)
+      throw;
     }
-    const StepReport report = run.step_optimizer();
     profiling.reset();  // the profile covers what the step time covers
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     train_seconds += secs;
