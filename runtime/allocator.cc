@@ -21,8 +21,11 @@ size_t cpu_size_class(size_t n) {
 namespace {
 
 void* system_alloc(size_t bytes) {
-  void* p = std::aligned_alloc(64, bytes);
-  if (!p) TESSEL_FAIL("cpu allocator", "out of memory allocating {} bytes", bytes);
+  // posix_memalign, not aligned_alloc: the system allocator asks for exact
+  // sizes, and aligned_alloc requires a multiple of the alignment (ASan
+  // reports any other size as an error).
+  void* p = nullptr;
+  if (posix_memalign(&p, 64, bytes) != 0 || !p) TESSEL_FAIL("cpu allocator", "out of memory allocating {} bytes", bytes);
   return p;
 }
 
@@ -83,6 +86,8 @@ class PoolingCpuAllocator final : public Allocator {
 };
 
 // TESSEL_CPU_ALLOCATOR=system: no pooling (for sanitizers and leak checks).
+// Every block is exactly the size asked for, not its size class: ASan then
+// sees a kernel that reads or writes past a tensor's end.
 class SystemCpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes, Stream) override {
@@ -92,7 +97,7 @@ class SystemCpuAllocator final : public Allocator {
     ++stats_.system_allocs;
     stats_.current_bytes += int64_t(nbytes);
     if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
-    return system_alloc(cpu_size_class(nbytes));
+    return system_alloc(nbytes);
   }
   void deallocate(void* p, size_t nbytes, Stream) override {
     if (!p) return;
@@ -121,12 +126,17 @@ Allocator* g_allocators[kNumDeviceTypes] = {};
 
 }  // namespace
 
-Allocator* cpu_allocator() {
-  static Allocator* a = [] {
+bool cpu_allocator_pools() {
+  static const bool pools = [] {
     const char* env = std::getenv("TESSEL_CPU_ALLOCATOR");
-    if (env && std::strcmp(env, "system") == 0) return static_cast<Allocator*>(new SystemCpuAllocator());
-    return static_cast<Allocator*>(new PoolingCpuAllocator());
+    return !(env && std::strcmp(env, "system") == 0);
   }();
+  return pools;
+}
+
+Allocator* cpu_allocator() {
+  static Allocator* a = cpu_allocator_pools() ? static_cast<Allocator*>(new PoolingCpuAllocator())
+                                              : static_cast<Allocator*>(new SystemCpuAllocator());
   return a;
 }
 
