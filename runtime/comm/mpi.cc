@@ -95,7 +95,12 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // Queued operations point at this communicator (their stages use it) and
+    // nothing can advance them any more.
+    queue_->abandon(!finalized);
     if (finalized) return;
+    // Requests still in flight (abandoned or timed-out operations) keep their
+    // communicator until they complete: MPI_Comm_free only marks it.
     if (coll_ != MPI_COMM_NULL) MPI_Comm_free(&coll_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
@@ -122,24 +127,22 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   std::shared_ptr<Communicator> split(int color, int key) override;
 
  private:
-  // Operations keep their communicator alive (their stages use it).
   std::shared_ptr<MpiWork> collective(const std::string& where) {
-    auto w = std::make_shared<MpiWork>(queue_, pool_, where);
-    w->owner = shared_from_this();
-    return w;
+    return std::make_shared<MpiWork>(queue_, pool_, where);
   }
-  std::shared_ptr<MpiWork> p2p(const std::string& where) {
-    auto w = std::make_shared<MpiWork>(nullptr, pool_, where);
-    w->owner = shared_from_this();
-    return w;
-  }
+  std::shared_ptr<MpiWork> p2p(const std::string& where) { return std::make_shared<MpiWork>(nullptr, pool_, where); }
   WorkPtr finish(const std::shared_ptr<MpiWork>& w, bool async) {
     // Post what can be posted now (an async send must be on the wire before
     // the caller blocks elsewhere); later stages advance in is_completed() and
     // wait().
     w->start();
-    if (!async) w->wait();
-    return w;
+    if (!async) {
+      w->wait();
+      return detail::done_work();
+    }
+    // The caller's handle keeps this communicator alive for the operation's
+    // stages (mpi_work.h: who owns what).
+    return std::make_shared<mpi_detail::MpiWorkHandle>(w, shared_from_this());
   }
   // Stage 0: every rank's Meta (and, for all_to_all_v, its send counts).
   void add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine, const std::vector<int64_t>* send_counts = nullptr);
@@ -546,13 +549,16 @@ void do_finalize_mpi() {
     if (!st.initialized) return;
     st.initialized = false;
   }
-  // Operations that timed out may have completed since (the peer arrived late).
+  // The world first: dropping it abandons operations still queued on it
+  // (stale ones among them are checked next).
+  detail::set_process_world(nullptr);
+  // Operations that timed out or were abandoned may have completed since (the
+  // peer arrived late).
   if (!mpi_detail::drain_stale(std::chrono::seconds(2))) {
-    std::fprintf(stderr, "tessel: an MPI operation that timed out never completed; calling MPI_Abort\n");
+    std::fprintf(stderr, "tessel: an MPI operation that timed out or was abandoned never completed; calling MPI_Abort\n");
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  detail::set_process_world(nullptr);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (st.we_initialized && !finalized) MPI_Finalize();
