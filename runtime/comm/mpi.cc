@@ -104,7 +104,12 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // Queued operations point at this communicator (their stages use it) and
+    // nothing can advance them any more.
+    queue_->abandon(!finalized);
     if (finalized) return;
+    // Requests still in flight (abandoned or timed-out operations) keep their
+    // communicator until they complete: MPI_Comm_free only marks it.
     if (coll_ != MPI_COMM_NULL) MPI_Comm_free(&coll_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
@@ -131,18 +136,24 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   std::shared_ptr<Communicator> split(int color, int key) override;
 
  private:
-  // Operations keep their communicator alive (their stages use it).
   std::shared_ptr<MpiWork> collective(const std::string& where) {
     auto w = std::make_shared<MpiWork>(queue_, pool_, where);
-    w->owner = shared_from_this();
-    w->describe_peer = [this](int peer) { return describe_peer(peer); };  // owner keeps `this` alive
+    w->describe_peer = peer_describer();
     return w;
   }
   std::shared_ptr<MpiWork> p2p(const std::string& where) {
     auto w = std::make_shared<MpiWork>(nullptr, pool_, where);
-    w->owner = shared_from_this();
-    w->describe_peer = [this](int peer) { return describe_peer(peer); };
+    w->describe_peer = peer_describer();
     return w;
+  }
+  // Weak: an operation must not keep its communicator alive (the caller's
+  // MpiWorkHandle does; a queued operation owning it was a leak).
+  std::function<std::string(int)> peer_describer() {
+    std::weak_ptr<MpiComm> self = weak_from_this();
+    return [self](int peer) {
+      if (auto c = self.lock()) return c->describe_peer(peer);
+      return fmt::format(FMT_STRING("rank {}"), peer);
+    };
   }
   // "rank 1 (world rank 3, host node7)": a peer as the person reading a
   // timeout needs it -- which process, on which machine.
@@ -157,8 +168,13 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
     // the caller blocks elsewhere); later stages advance in is_completed() and
     // wait().
     w->start();
-    if (!async) w->wait();
-    return w;
+    if (!async) {
+      w->wait();
+      return detail::done_work();
+    }
+    // The caller's handle keeps this communicator alive for the operation's
+    // stages (mpi_work.h: who owns what).
+    return std::make_shared<mpi_detail::MpiWorkHandle>(w, shared_from_this());
   }
   // Stage 0: every rank's Meta (and, for all_to_all_v, its send counts).
   void add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine, const std::vector<int64_t>* send_counts = nullptr);
@@ -679,13 +695,16 @@ void do_finalize_mpi() {
     if (!st.initialized) return;
     st.initialized = false;
   }
-  // Operations that timed out may have completed since (the peer arrived late).
+  // The world first: dropping it abandons operations still queued on it
+  // (stale ones among them are checked next).
+  detail::set_process_world(nullptr);
+  // Operations that timed out or were abandoned may have completed since (the
+  // peer arrived late).
   if (!mpi_detail::drain_stale(std::chrono::seconds(2)) || st.init_timed_out) {
-    std::fprintf(stderr, "tessel: an MPI operation that timed out never completed; calling MPI_Abort\n");
+    std::fprintf(stderr, "tessel: an MPI operation that timed out or was abandoned never completed; calling MPI_Abort\n");
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  detail::set_process_world(nullptr);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (st.we_initialized && !finalized) MPI_Finalize();

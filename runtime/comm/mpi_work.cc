@@ -165,6 +165,24 @@ bool MpiWork::requests_done() {
   return flag != 0;
 }
 
+void MpiWork::abandon(bool mpi_alive) {
+  queued_ = false;
+  if (done_) return;  // failed or timed out already (a timed-out one is on the stale list)
+  std::string msg = fmt::format(
+      FMT_STRING("{}: its communicator was destroyed before this operation had posted all its steps; wait for "
+                 "asynchronous collectives before dropping their communicator"),
+      where);
+  error_ = std::make_exception_ptr(CommError(msg));
+  done_ = true;
+  if (mpi_alive && !requests_done()) register_stale(shared_from_this());
+}
+
+void OpQueue::abandon(bool mpi_alive) {
+  std::deque<std::shared_ptr<MpiWork>> q;
+  q.swap(q_);
+  for (auto& w : q) w->abandon(mpi_alive);
+}
+
 void OpQueue::push(const std::shared_ptr<MpiWork>& w) {
   w->queued_ = true;
   q_.push_back(w);

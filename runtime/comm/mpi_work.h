@@ -41,12 +41,20 @@ class ScratchPool {
 
 class OpQueue;
 
-class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> {
+// One operation's state. Ownership (no cycle): the communicator owns its
+// OpQueue, which owns the operations still posting their stages; an operation
+// refers back to its communicator only through the raw `this` its stages
+// capture, and to the queue weakly. What the caller gets is an MpiWorkHandle,
+// which keeps the operation and its communicator alive (an async operation
+// outlives the caller's last reference to its communicator). When the
+// communicator goes (no caller holds it or one of its operations), its
+// queued operations can never run again: OpQueue::abandon() fails them.
+class MpiWork final : public std::enable_shared_from_this<MpiWork> {
  public:
   using Stage = std::function<void(MpiWork&)>;
   // queue: the communicator's collective queue (null for point-to-point).
   MpiWork(std::shared_ptr<OpQueue> queue, std::shared_ptr<ScratchPool> pool, std::string where);
-  ~MpiWork() override;
+  ~MpiWork();
 
   void then(Stage s) { stages_.push_back(std::move(s)); }
   // peer: the communicator rank the request waits on, or -1 for a request of
@@ -67,8 +75,8 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   // Starts the operation: posts what can be posted now (collectives wait for
   // the earlier collectives of their communicator to post all their stages).
   void start();
-  void wait() override;
-  bool is_completed() override;
+  void wait();
+  bool is_completed();
 
   // For an operation that timed out: have its pending requests completed
   // since? Never runs further stages; errors count as completed.
@@ -76,7 +84,6 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
 
   std::string where;
   Clock::time_point deadline;
-  std::shared_ptr<void> owner;  // the communicator: its stages use it
   // Buffers that must live while requests are pending.
   detail::Meta my_meta;
   std::vector<detail::Meta> metas;
@@ -107,8 +114,11 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   // Who the pending requests wait on: "rank 1 (world rank 3, host h2)", or
   // what is known when a collective call hides it.
   std::string pending_peers();
+  // Its communicator is gone with this operation still queued: fail it
+  // (mpi_alive: MPI is not finalized, so pending requests can be tested).
+  void abandon(bool mpi_alive);
 
-  // Weak: the queue holds its queued operations (no ownership cycle).
+  // Weak: the queue holds its queued operations.
   std::weak_ptr<OpQueue> queue_;
   std::shared_ptr<ScratchPool> pool_;
   std::vector<char> scratch_;
@@ -131,12 +141,32 @@ class OpQueue {
   void push(const std::shared_ptr<MpiWork>& w);
   // Steps the front operations until one still has stages left to post.
   void advance();
+  // The communicator is being destroyed: nothing can post the queued
+  // operations' remaining stages. Each fails with a CommError (for whoever
+  // still waits on it); one with MPI requests in flight is kept on the stale
+  // list (its buffers must outlive them); the queue is emptied.
+  void abandon(bool mpi_alive);
 
  private:
   std::deque<std::shared_ptr<MpiWork>> q_;
 };
 
-// Operations that timed out; finalize_mpi() checks whether they completed.
+// What a caller holds for an operation: keeps the operation and its
+// communicator (`owner`) alive while the caller may still wait on it.
+class MpiWorkHandle final : public Work {
+ public:
+  MpiWorkHandle(std::shared_ptr<MpiWork> work, std::shared_ptr<void> owner)
+      : work_(std::move(work)), owner_(std::move(owner)) {}
+  void wait() override { work_->wait(); }
+  bool is_completed() override { return work_->is_completed(); }
+
+ private:
+  std::shared_ptr<MpiWork> work_;
+  std::shared_ptr<void> owner_;
+};
+
+// Operations that timed out or were abandoned with MPI requests in flight;
+// finalize_mpi() checks whether they completed.
 void register_stale(std::shared_ptr<MpiWork> w);
 // True when every stale operation completed within `grace`; clears the list.
 bool drain_stale(std::chrono::milliseconds grace);
