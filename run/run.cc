@@ -16,6 +16,7 @@
 #include "nn/clip.h"
 #include "nn/moe.h"
 #include "nn/parallel/parallelize.h"
+#include "nn/parallel/plan.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "nn/staged.h"
 #include "run/run_state.h"
@@ -73,7 +74,7 @@ void check_mesh_dims(const Mesh& mesh, const parallel::ParallelPlan& plan, const
 std::vector<nn::Module*> matching_modules(nn::Module& model, const std::string& pattern) {
   std::regex re;
   try {
-    re = std::regex(pattern);
+    re = parallel::compile_regex(pattern);
   } catch (const std::regex_error& e) {
     TESSEL_FAIL(kOp, "RunOptions::fsdp_units '{}' is not a valid regex: {}", pattern, e.what());
   }

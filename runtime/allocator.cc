@@ -44,8 +44,14 @@ int64_t parse_bytes(const std::string& text, const char* what) {
 
 namespace {
 
-// nullptr when the system has no memory left (the caller throws OutOfMemoryError with its stats).
-void* system_alloc(size_t bytes) { return std::aligned_alloc(64, bytes); }
+// nullptr when the system has no memory left (the caller throws OutOfMemoryError
+// with its stats). posix_memalign, not aligned_alloc: the system allocator asks
+// for exact sizes, and aligned_alloc requires a multiple of the alignment (ASan
+// reports any other size as an error).
+void* system_alloc(size_t bytes) {
+  void* p = nullptr;
+  return posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
+}
 
 int64_t initial_cpu_limit() {
   const char* env = std::getenv("TESSEL_CPU_MEMORY_LIMIT");
@@ -152,6 +158,8 @@ class PoolingCpuAllocator final : public Allocator {
 };
 
 // TESSEL_CPU_ALLOCATOR=system: no pooling (for sanitizers and leak checks).
+// Every block is exactly the size asked for, not its size class: ASan then
+// sees a kernel that reads or writes past a tensor's end.
 class SystemCpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes, Stream) override {
@@ -159,7 +167,7 @@ class SystemCpuAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.requests;
     if (limit_ > 0 && stats_.current_bytes + int64_t(nbytes) > limit_) cpu_oom(stats_, int64_t(nbytes), limit_, true);
-    void* p = system_alloc(cpu_size_class(nbytes));
+    void* p = system_alloc(nbytes);  // exact: ASan sees an overrun
     if (!p) cpu_oom(stats_, int64_t(nbytes), limit_, false);
     ++stats_.system_allocs;
     stats_.current_bytes += int64_t(nbytes);
@@ -203,12 +211,17 @@ Allocator* g_allocators[kNumDeviceTypes] = {};
 
 }  // namespace
 
-Allocator* cpu_allocator() {
-  static Allocator* a = [] {
+bool cpu_allocator_pools() {
+  static const bool pools = [] {
     const char* env = std::getenv("TESSEL_CPU_ALLOCATOR");
-    if (env && std::strcmp(env, "system") == 0) return static_cast<Allocator*>(new SystemCpuAllocator());
-    return static_cast<Allocator*>(new PoolingCpuAllocator());
+    return !(env && std::strcmp(env, "system") == 0);
   }();
+  return pools;
+}
+
+Allocator* cpu_allocator() {
+  static Allocator* a = cpu_allocator_pools() ? static_cast<Allocator*>(new PoolingCpuAllocator())
+                                              : static_cast<Allocator*>(new SystemCpuAllocator());
   return a;
 }
 

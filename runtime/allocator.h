@@ -14,7 +14,7 @@ struct AllocatorStats {
   int64_t requests = 0;       // allocate() calls
   int64_t system_allocs = 0;  // calls that reached the system allocator
   int64_t system_frees = 0;
-  int64_t current_bytes = 0;  // bytes handed out and not yet returned (size-class rounded)
+  int64_t current_bytes = 0;  // bytes handed out and not yet returned (size-class rounded when pooling)
   int64_t peak_bytes = 0;
   int64_t cached_bytes = 0;   // bytes held in free lists
 };
@@ -41,6 +41,9 @@ class Allocator {
 
 // The process-wide CPU allocator (pooling unless TESSEL_CPU_ALLOCATOR=system).
 Allocator* cpu_allocator();
+// False under TESSEL_CPU_ALLOCATOR=system: every request then reaches the
+// system allocator with its exact size (no size classes, nothing cached).
+bool cpu_allocator_pools();
 // The allocator for a device; CUDA registers its caching allocator at load time.
 Allocator* allocator_for(Device d);
 void register_allocator(DeviceType type, Allocator* a);

@@ -168,7 +168,9 @@ TEST_CASE("clip_grad_norm_ makes no full-size temporaries") {
   AllocatorStats after = al->stats();
   CHECK(after.requests - before.requests <= 1);  // the per-parameter sums
   CHECK(after.peak_bytes - base < 4096);
-  CHECK(after.system_allocs == before.system_allocs);
+  // Without the pool (TESSEL_CPU_ALLOCATOR=system) every request reaches the
+  // system; the two checks above still hold.
+  if (cpu_allocator_pools()) CHECK(after.system_allocs == before.system_allocs);
 }
 
 TEST_CASE("clip_grad_norm_ errors and non-finite norms") {

@@ -594,7 +594,9 @@ TEST_CASE("optimizer steps allocate nothing in steady state") {
   AllocatorStats before = a->stats();
   for (int s = 4; s < 20; ++s) iteration(s);
   AllocatorStats after = a->stats();
-  CHECK(after.system_allocs == before.system_allocs);
+  // Without the pool (TESSEL_CPU_ALLOCATOR=system) every request reaches the
+  // system; what follows (no requests at all) holds either way.
+  if (cpu_allocator_pools()) CHECK(after.system_allocs == before.system_allocs);
 
   // step() itself requests no memory at all.
   net_loss(*net, 0).backward();

@@ -31,7 +31,7 @@ ExpertLayers find_expert_layers(nn::Module& model, const Mesh& mesh, const Paral
   std::vector<std::string> names;
   for (auto& [path, m] : modules) names.push_back(path);
   for (const ExpertRule& rule : plan.experts) {
-    const std::regex re(rule.match);
+    const std::regex re = compile_regex(rule.match);
     int ep = -1;
     for (int m = 0; m < mesh.ndim(); ++m)
       if (mesh.name(m) == rule.dim) ep = m;
@@ -73,8 +73,8 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
   for (auto& [path, slot] : slots) param_names.push_back(path);
   for (auto& [path, m] : model.named_modules()) module_names.push_back(path);
   std::vector<std::regex> param_re, module_re;
-  for (const ParamRule& r : plan.params) param_re.emplace_back(r.match);
-  for (const ModuleRule& r : plan.modules) module_re.emplace_back(r.match);
+  for (const ParamRule& r : plan.params) param_re.push_back(compile_regex(r.match));
+  for (const ModuleRule& r : plan.modules) module_re.push_back(compile_regex(r.match));
   for (size_t i = 0; i < plan.params.size(); ++i) {
     bool hit = false;
     for (const auto& n : param_names) hit = hit || std::regex_match(n, param_re[i]);

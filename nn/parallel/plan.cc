@@ -1,6 +1,7 @@
 #include "nn/parallel/plan.h"
 
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -8,6 +9,12 @@
 #include "runtime/error.h"
 
 namespace tessel::parallel {
+
+std::regex compile_regex(const std::string& pattern) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  return std::regex(pattern);
+}
 
 Placements DimLayout::on(const Mesh& mesh, const Placements& base) const {
   Placements p = base;
@@ -55,7 +62,7 @@ nlohmann::ordered_json layout_json(const DimLayout& l) {
 
 void check_regex(const std::string& re, const std::string& where) {
   try {
-    std::regex r(re);
+    compile_regex(re);
   } catch (const std::regex_error& e) {
     TESSEL_FAIL("plan", "{}: '{}' is not a valid regex ({})", where, re, e.what());
   }

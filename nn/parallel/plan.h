@@ -108,4 +108,11 @@ std::vector<std::string> builtin_plan_names();
 // A plan by name (builtin) or, if `spec` names a file (ends in .json), loaded from it.
 ParallelPlan load_plan(const std::string& spec, bool sequence_parallel = false);
 
+// std::regex(pattern), one construction at a time in the process: libstdc++'s
+// regex compiler fills the locale's shared ctype<char>::narrow cache without
+// synchronization (a data race ThreadSanitizer reports), and parallelize()
+// and Run build a plan's regexes on every rank thread at once. Matching with
+// the compiled regex needs no lock. Throws std::regex_error.
+std::regex compile_regex(const std::string& pattern);
+
 }  // namespace tessel::parallel

@@ -14,7 +14,9 @@
 // or a hang. TESSEL_COMM_CHECK=0 skips that exchange (one latency per op).
 #include <mpi.h>
 #include <sched.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -70,14 +72,21 @@ struct MpiState {
   std::mutex mu;
   bool initialized = false;     // by init_mpi
   bool we_initialized = false;  // MPI_Init was ours to finalize
+  std::vector<std::string> hosts;  // world rank -> host name (exchanged by init_mpi)
+  bool init_timed_out = false;     // the identity exchange never completed: abort at exit
 };
 MpiState& state() {
   static MpiState* s = new MpiState;  // never destroyed: used from atexit
   return *s;
 }
 
+std::string world_host(int world_rank) {
+  const auto& h = state().hosts;
+  return world_rank >= 0 && size_t(world_rank) < h.size() ? h[size_t(world_rank)] : std::string("?");
+}
+
 // Message tags of the pairwise exchanges on a communicator's internal copy.
-constexpr int kTagScatter = 1, kTagGather = 2, kTagAllToAll = 3;
+constexpr int kTagScatter = 1, kTagGather = 2, kTagAllToAll = 3, kTagMeta = 4;
 
 class MpiComm final : public Communicator, public std::enable_shared_from_this<MpiComm> {
  public:
@@ -95,7 +104,12 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // Queued operations point at this communicator (their stages use it) and
+    // nothing can advance them any more.
+    queue_->abandon(!finalized);
     if (finalized) return;
+    // Requests still in flight (abandoned or timed-out operations) keep their
+    // communicator until they complete: MPI_Comm_free only marks it.
     if (coll_ != MPI_COMM_NULL) MPI_Comm_free(&coll_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
@@ -122,24 +136,45 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   std::shared_ptr<Communicator> split(int color, int key) override;
 
  private:
-  // Operations keep their communicator alive (their stages use it).
   std::shared_ptr<MpiWork> collective(const std::string& where) {
     auto w = std::make_shared<MpiWork>(queue_, pool_, where);
-    w->owner = shared_from_this();
+    w->describe_peer = peer_describer();
     return w;
   }
   std::shared_ptr<MpiWork> p2p(const std::string& where) {
     auto w = std::make_shared<MpiWork>(nullptr, pool_, where);
-    w->owner = shared_from_this();
+    w->describe_peer = peer_describer();
     return w;
+  }
+  // Weak: an operation must not keep its communicator alive (the caller's
+  // MpiWorkHandle does; a queued operation owning it was a leak).
+  std::function<std::string(int)> peer_describer() {
+    std::weak_ptr<MpiComm> self = weak_from_this();
+    return [self](int peer) {
+      if (auto c = self.lock()) return c->describe_peer(peer);
+      return fmt::format(FMT_STRING("rank {}"), peer);
+    };
+  }
+  // "rank 1 (world rank 3, host node7)": a peer as the person reading a
+  // timeout needs it -- which process, on which machine.
+  std::string describe_peer(int peer) const {
+    const int wr = world_ranks_[size_t(peer)];
+    const std::string host = world_host(wr);
+    if (name_ == "world") return fmt::format(FMT_STRING("rank {} (host {})"), peer, host);
+    return fmt::format(FMT_STRING("rank {} (world rank {}, host {})"), peer, wr, host);
   }
   WorkPtr finish(const std::shared_ptr<MpiWork>& w, bool async) {
     // Post what can be posted now (an async send must be on the wire before
     // the caller blocks elsewhere); later stages advance in is_completed() and
     // wait().
     w->start();
-    if (!async) w->wait();
-    return w;
+    if (!async) {
+      w->wait();
+      return detail::done_work();
+    }
+    // The caller's handle keeps this communicator alive for the operation's
+    // stages (mpi_work.h: who owns what).
+    return std::make_shared<mpi_detail::MpiWorkHandle>(w, shared_from_this());
   }
   // Stage 0: every rank's Meta (and, for all_to_all_v, its send counts).
   void add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine, const std::vector<int64_t>* send_counts = nullptr);
@@ -180,21 +215,38 @@ void MpiComm::add_meta_stage(MpiWork& w, const Meta& m, const Tensor* mine,
   w.metas.resize(size_t(size_));
   const bool pairwise = send_counts != nullptr;
   if (pairwise) w.my_counts = *send_counts;  // the caller's vector may be gone when the stage runs
+  // Pairwise messages rather than one MPI_Iallgather: the same latency at the
+  // sizes tessel runs, and a peer that never arrives is known by name (a
+  // timeout says which receive is still pending -- the stalled rank, the
+  // host behind a dead link).
   w.then([this, pairwise](MpiWork& w) {
-    check_mpi(MPI_Iallgather(&w.my_meta, int(sizeof(Meta)), MPI_BYTE, w.metas.data(), int(sizeof(Meta)), MPI_BYTE,
-                             coll_, w.request()),
-              w.where, "MPI_Iallgather");
-    if (pairwise) {
-      // peer_counts[s] = what rank s sends to this rank.
-      w.peer_counts.resize(size_t(size_));
-      check_mpi(MPI_Ialltoall(w.my_counts.data(), 1, MPI_INT64_T, w.peer_counts.data(), 1, MPI_INT64_T, coll_,
-                              w.request()),
-                w.where, "MPI_Ialltoall");
+    w.meta_out.assign(size_t(size_), MpiWork::MetaMsg{});
+    w.meta_in.assign(size_t(size_), MpiWork::MetaMsg{});
+    constexpr int bytes = int(sizeof(MpiWork::MetaMsg));
+    for (int i = 1; i < size_; ++i) {
+      const int s = (rank_ + size_ - i) % size_;
+      check_mpi(MPI_Irecv(&w.meta_in[size_t(s)], bytes, MPI_BYTE, s, kTagMeta, coll_, w.request(s)), w.where,
+                "MPI_Irecv");
+    }
+    for (int i = 1; i < size_; ++i) {
+      const int s = (rank_ + i) % size_;
+      w.meta_out[size_t(s)].meta = w.my_meta;
+      w.meta_out[size_t(s)].count = pairwise ? w.my_counts[size_t(s)] : 0;
+      check_mpi(MPI_Isend(&w.meta_out[size_t(s)], bytes, MPI_BYTE, s, kTagMeta, coll_, w.request(s)), w.where,
+                "MPI_Isend");
     }
   });
   // A copy of this rank's tensor description: `mine` may be gone when the stage runs.
   std::string my_desc = mine ? mine->desc() : std::string();
-  w.then([this, my_desc](MpiWork& w) {
+  w.then([this, my_desc, pairwise](MpiWork& w) {
+    for (int s = 0; s < size_; ++s) w.metas[size_t(s)] = s == rank_ ? w.my_meta : w.meta_in[size_t(s)].meta;
+    if (pairwise) {
+      // peer_counts[s] = what rank s sends to this rank.
+      w.peer_counts.resize(size_t(size_));
+      for (int s = 0; s < size_; ++s) {
+        w.peer_counts[size_t(s)] = s == rank_ ? w.my_counts[size_t(s)] : w.meta_in[size_t(s)].count;
+      }
+    }
     detail::check_metas(w.where, w.metas.data(), size_, [&](int r) {
       const Meta& m = w.metas[size_t(r)];
       if (OpKind(m.kind) == OpKind::AllGatherV || OpKind(m.kind) == OpKind::ReduceScatterV) {
@@ -213,14 +265,14 @@ void MpiComm::post_exchange(MpiWork& w, const void* sbuf, void* rbuf, DType dt, 
     const int s = (rank_ + size_ - i) % size_;
     if (w.rc[size_t(s)] == 0) continue;
     check_mpi(MPI_Irecv(static_cast<char*>(rbuf) + size_t(w.rd[size_t(s)]) * isz, w.rc[size_t(s)], ty, s, tag, coll_,
-                        w.request()),
+                        w.request(s)),
               w.where, "MPI_Irecv");
   }
   for (int i = 1; i < size_; ++i) {
     const int s = (rank_ + i) % size_;
     if (w.sc[size_t(s)] == 0) continue;
     check_mpi(MPI_Isend(static_cast<const char*>(sbuf) + size_t(w.sd[size_t(s)]) * isz, w.sc[size_t(s)], ty, s, tag,
-                        coll_, w.request()),
+                        coll_, w.request(s)),
               w.where, "MPI_Isend");
   }
 }
@@ -443,7 +495,7 @@ WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
   w->where += fmt::format(FMT_STRING(" to rank {} (tag {})"), dst, tag);
   as_int(t.numel(), w->where);
   w->then([this, t, dst, tag](MpiWork& w) {
-    check_mpi(MPI_Isend(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), dst, tag, comm_, w.request()), w.where,
+    check_mpi(MPI_Isend(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), dst, tag, comm_, w.request(dst)), w.where,
               "MPI_Isend");
   });
   return finish(w, async);
@@ -465,7 +517,7 @@ WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
     }
   };
   w->then([this, t, src, tag](MpiWork& w) {
-    check_mpi(MPI_Irecv(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), src, tag, comm_, w.request()), w.where,
+    check_mpi(MPI_Irecv(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), src, tag, comm_, w.request(src)), w.where,
               "MPI_Irecv");
   });
   w->then([t, src, expects](MpiWork& w) {
@@ -512,6 +564,96 @@ std::shared_ptr<Communicator> MpiComm::split(int color, int key) {
 
 // ---- init / finalize -----------------------------------------------------------
 
+// A hash of this process's executable (/proc/self/exe, 64-bit words mixed by
+// multiply and xor-shift): the build id the ranks compare at init. Ranks of
+// different builds may compute different bits or disagree on message
+// layouts; across hosts that happens when one host has a stale binary. The
+// file is a few MB to a few tens of MB: milliseconds, once per process.
+uint64_t binary_hash() {
+  std::FILE* f = std::fopen("/proc/self/exe", "rb");
+  if (!f) return 0;  // no /proc: the check is skipped (every rank reports 0)
+  uint64_t h = 0x9e3779b97f4a7c15ull, n = 0;
+  std::vector<char> buf(size_t(1) << 20);
+  size_t got;
+  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    std::memset(buf.data() + got, 0, (8 - got % 8) % 8);  // the tail word padded with zeros
+    for (size_t i = 0; i < got; i += 8) {
+      uint64_t v;
+      std::memcpy(&v, buf.data() + i, 8);
+      h = (h ^ v) * 0xff51afd7ed558ccdull;
+      h ^= h >> 32;
+    }
+    n += got;
+  }
+  std::fclose(f);
+  return h ^ n;
+}
+
+bool build_check_enabled() {
+  const char* s = std::getenv("TESSEL_BUILD_CHECK");
+  return !(s && std::string(s) == "0");
+}
+
+// What each rank tells the others at init: its build and where it runs.
+struct RankIdentity {
+  uint64_t build = 0;
+  int64_t pid = 0;
+  char host[64] = {};
+};
+
+// One all-gather of RankIdentity over the world, bounded by the comm timeout
+// (a rank that never gets here must not hang the others' init). Fills the
+// host table the timeouts name peers with, and refuses mixed builds: the
+// same tessel::Error on every rank, before any training starts.
+void exchange_identities(MPI_Comm world) {
+  int n = 0, me = 0;
+  MPI_Comm_size(world, &n);
+  MPI_Comm_rank(world, &me);
+  RankIdentity mine;
+  mine.build = build_check_enabled() ? binary_hash() : 0;
+  mine.pid = int64_t(getpid());
+  if (gethostname(mine.host, sizeof mine.host - 1) != 0) std::snprintf(mine.host, sizeof mine.host, "?");
+  std::vector<RankIdentity> all(static_cast<size_t>(n));
+  MPI_Request req = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(&mine, int(sizeof mine), MPI_BYTE, all.data(), int(sizeof mine), MPI_BYTE, world, &req),
+            "init_mpi", "MPI_Iallgather");
+  const auto deadline = Clock::now() + default_timeout();
+  for (int flag = 0;;) {
+    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "init_mpi", "MPI_Test");
+    if (flag) break;
+    if (Clock::now() >= deadline) {
+      // The request stays pending, and MPI_Finalize would wait for it:
+      // finalize_mpi() calls MPI_Abort instead, which ends the job.
+      state().init_timed_out = true;
+      throw CommError(fmt::format(FMT_STRING("init_mpi (world of {}, rank {} on host {}): {} waiting for the other ranks "
+                                             "to start (a host is unreachable, or a rank failed before init_mpi)"),
+                                  n, me, mine.host, detail::timeout_message(default_timeout())));
+    }
+    sched_yield();
+  }
+  state().hosts.clear();
+  for (const auto& r : all) state().hosts.emplace_back(r.host, strnlen(r.host, sizeof r.host));
+  // Group the ranks by build; more than one group is an error.
+  std::vector<uint64_t> builds;
+  for (const auto& r : all) {
+    if (std::find(builds.begin(), builds.end(), r.build) == builds.end()) builds.push_back(r.build);
+  }
+  if (builds.size() <= 1) return;
+  std::vector<std::string> groups;
+  for (uint64_t b : builds) {
+    std::vector<std::string> who;
+    for (int r = 0; r < n; ++r) {
+      if (all[size_t(r)].build == b) who.push_back(fmt::format(FMT_STRING("rank {} (host {})"), r, state().hosts[size_t(r)]));
+    }
+    groups.push_back(fmt::format(FMT_STRING("build {:016x}: {}"), b, fmt::join(who, ", ")));
+  }
+  throw Error(fmt::format(
+      FMT_STRING("init_mpi (world of {}): the ranks run different tessel builds (a hash of each rank's executable): {}. "
+                 "Every rank must run the same binary: copy it to every host, or run it from a shared file system "
+                 "(TESSEL_BUILD_CHECK=0 skips this check)"),
+      n, fmt::join(groups, "; ")));
+}
+
 void do_init_mpi() {
   MpiState& st = state();
   std::lock_guard<std::mutex> lk(st.mu);
@@ -534,9 +676,16 @@ void do_init_mpi() {
   MPI_Comm_size(dup, &n);
   std::vector<int> ranks(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) ranks[size_t(i)] = i;
-  detail::set_process_world(std::make_shared<MpiComm>(dup, "world", std::move(ranks)));
+  // finalize_mpi uses the process-world static: construct it before the
+  // atexit registration, so that it is destroyed after finalize_mpi runs.
+  detail::set_process_world(nullptr);
+  // Registered before the identity exchange: an init that fails there still
+  // ends in finalize_mpi (MPI_Abort for a pending exchange), not a hang in
+  // MPI_Finalize.
   st.initialized = true;
   std::atexit([] { finalize_mpi(); });
+  if (n > 1) exchange_identities(dup);
+  detail::set_process_world(std::make_shared<MpiComm>(dup, "world", std::move(ranks)));
 }
 
 void do_finalize_mpi() {
@@ -546,13 +695,16 @@ void do_finalize_mpi() {
     if (!st.initialized) return;
     st.initialized = false;
   }
-  // Operations that timed out may have completed since (the peer arrived late).
-  if (!mpi_detail::drain_stale(std::chrono::seconds(2))) {
-    std::fprintf(stderr, "tessel: an MPI operation that timed out never completed; calling MPI_Abort\n");
+  // The world first: dropping it abandons operations still queued on it
+  // (stale ones among them are checked next).
+  detail::set_process_world(nullptr);
+  // Operations that timed out or were abandoned may have completed since (the
+  // peer arrived late).
+  if (!mpi_detail::drain_stale(std::chrono::seconds(2)) || st.init_timed_out) {
+    std::fprintf(stderr, "tessel: an MPI operation that timed out or was abandoned never completed; calling MPI_Abort\n");
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  detail::set_process_world(nullptr);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (st.we_initialized && !finalized) MPI_Finalize();

@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace tessel::comm::mpi_detail {
@@ -68,6 +70,7 @@ bool MpiWork::step() noexcept {
         check_mpi(rc, where, "MPI_Testall");
         if (!flag) return false;
         reqs_.clear();
+        req_peers_.clear();
       }
       if (next_ == stages_.size()) {
         done_ = true;
@@ -95,12 +98,38 @@ void MpiWork::start() {
   progress();
 }
 
+std::string MpiWork::pending_peers() {
+  // MPI_Testall that returns false leaves every request as it was, so each
+  // one can still be asked (without freeing it) whether it completed.
+  std::vector<int> peers;
+  bool unknown = false;
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    if (reqs_[i] == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    if (MPI_Request_get_status(reqs_[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) continue;
+    const int p = req_peers_[i];
+    if (p < 0) {
+      unknown = true;
+    } else if (std::find(peers.begin(), peers.end(), p) == peers.end()) {
+      peers.push_back(p);
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  if (peers.empty()) {
+    return unknown ? "waiting for the other ranks (a collective MPI call: it does not say which peer is missing)"
+                   : "waiting for the other ranks";
+  }
+  std::vector<std::string> names;
+  for (int p : peers) names.push_back(describe_peer ? describe_peer(p) : fmt::format(FMT_STRING("rank {}"), p));
+  return fmt::format(FMT_STRING("waiting for {}"), fmt::join(names, ", "));
+}
+
 void MpiWork::timeout() {
   register_stale(shared_from_this());
   std::string msg = fmt::format(
-      FMT_STRING("{}: {} waiting for the other ranks (a peer stalled, failed or never called it); this communicator should not "
+      FMT_STRING("{}: {} {}: the peer stalled, failed, is unreachable or never called it; this communicator should not "
       "be used again, and finalize_mpi() calls MPI_Abort if the operation never completes"),
-      where, detail::timeout_message(default_timeout()));
+      where, detail::timeout_message(default_timeout()), pending_peers());
   error_ = std::make_exception_ptr(CommError(msg));
   done_ = true;
   throw CommError(msg);
@@ -134,6 +163,24 @@ bool MpiWork::requests_done() {
   int flag = 0;
   if (MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return true;
   return flag != 0;
+}
+
+void MpiWork::abandon(bool mpi_alive) {
+  queued_ = false;
+  if (done_) return;  // failed or timed out already (a timed-out one is on the stale list)
+  std::string msg = fmt::format(
+      FMT_STRING("{}: its communicator was destroyed before this operation had posted all its steps; wait for "
+                 "asynchronous collectives before dropping their communicator"),
+      where);
+  error_ = std::make_exception_ptr(CommError(msg));
+  done_ = true;
+  if (mpi_alive && !requests_done()) register_stale(shared_from_this());
+}
+
+void OpQueue::abandon(bool mpi_alive) {
+  std::deque<std::shared_ptr<MpiWork>> q;
+  q.swap(q_);
+  for (auto& w : q) w->abandon(mpi_alive);
 }
 
 void OpQueue::push(const std::shared_ptr<MpiWork>& w) {

@@ -41,16 +41,28 @@ class ScratchPool {
 
 class OpQueue;
 
-class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> {
+// One operation's state. Ownership (no cycle): the communicator owns its
+// OpQueue, which owns the operations still posting their stages; an operation
+// refers back to its communicator only through the raw `this` its stages
+// capture, and to the queue weakly. What the caller gets is an MpiWorkHandle,
+// which keeps the operation and its communicator alive (an async operation
+// outlives the caller's last reference to its communicator). When the
+// communicator goes (no caller holds it or one of its operations), its
+// queued operations can never run again: OpQueue::abandon() fails them.
+class MpiWork final : public std::enable_shared_from_this<MpiWork> {
  public:
   using Stage = std::function<void(MpiWork&)>;
   // queue: the communicator's collective queue (null for point-to-point).
   MpiWork(std::shared_ptr<OpQueue> queue, std::shared_ptr<ScratchPool> pool, std::string where);
-  ~MpiWork() override;
+  ~MpiWork();
 
   void then(Stage s) { stages_.push_back(std::move(s)); }
-  MPI_Request* request() {
+  // peer: the communicator rank the request waits on, or -1 for a request of
+  // a collective call (MPI_Ibcast, ...) where MPI does not say which peer is
+  // late. A timeout names the peers of the requests still pending.
+  MPI_Request* request(int peer = -1) {
     reqs_.push_back(MPI_REQUEST_NULL);
+    req_peers_.push_back(peer);
     return &reqs_.back();
   }
   const std::vector<MPI_Status>& statuses() const { return statuses_; }
@@ -63,8 +75,8 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   // Starts the operation: posts what can be posted now (collectives wait for
   // the earlier collectives of their communicator to post all their stages).
   void start();
-  void wait() override;
-  bool is_completed() override;
+  void wait();
+  bool is_completed();
 
   // For an operation that timed out: have its pending requests completed
   // since? Never runs further stages; errors count as completed.
@@ -72,15 +84,24 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
 
   std::string where;
   Clock::time_point deadline;
-  std::shared_ptr<void> owner;  // the communicator: its stages use it
   // Buffers that must live while requests are pending.
   detail::Meta my_meta;
   std::vector<detail::Meta> metas;
+  // The cross-rank check's messages, one per peer: this rank's Meta and, for
+  // all_to_all_v, how many elements it sends to that peer.
+  struct MetaMsg {
+    detail::Meta meta;
+    int64_t count = 0;
+  };
+  std::vector<MetaMsg> meta_out, meta_in;
   std::vector<int> sc, sd, rc, rd;
   std::vector<int64_t> peer_counts, my_counts;
   std::vector<const void*> srcs;
   // Turns the MPI error of a completed request into a message (p2p truncation).
   std::function<void(int code)> on_request_error;
+  // "rank 1 (world rank 3, host h2)": how a timeout names a peer (set by the
+  // communicator; without it, "rank 1").
+  std::function<std::string(int peer)> describe_peer;
 
  private:
   friend class OpQueue;
@@ -90,14 +111,21 @@ class MpiWork final : public Work, public std::enable_shared_from_this<MpiWork> 
   bool progress();  // step, respecting the collective queue
   bool all_posted() const { return done_ || next_ == stages_.size(); }
   [[noreturn]] void timeout();
+  // Who the pending requests wait on: "rank 1 (world rank 3, host h2)", or
+  // what is known when a collective call hides it.
+  std::string pending_peers();
+  // Its communicator is gone with this operation still queued: fail it
+  // (mpi_alive: MPI is not finalized, so pending requests can be tested).
+  void abandon(bool mpi_alive);
 
-  // Weak: the queue holds its queued operations (no ownership cycle).
+  // Weak: the queue holds its queued operations.
   std::weak_ptr<OpQueue> queue_;
   std::shared_ptr<ScratchPool> pool_;
   std::vector<char> scratch_;
   std::vector<Stage> stages_;
   size_t next_ = 0;
   std::vector<MPI_Request> reqs_;
+  std::vector<int> req_peers_;  // parallel to reqs_
   std::vector<MPI_Status> statuses_;
   bool queued_ = false;
   bool done_ = false;
@@ -113,12 +141,32 @@ class OpQueue {
   void push(const std::shared_ptr<MpiWork>& w);
   // Steps the front operations until one still has stages left to post.
   void advance();
+  // The communicator is being destroyed: nothing can post the queued
+  // operations' remaining stages. Each fails with a CommError (for whoever
+  // still waits on it); one with MPI requests in flight is kept on the stale
+  // list (its buffers must outlive them); the queue is emptied.
+  void abandon(bool mpi_alive);
 
  private:
   std::deque<std::shared_ptr<MpiWork>> q_;
 };
 
-// Operations that timed out; finalize_mpi() checks whether they completed.
+// What a caller holds for an operation: keeps the operation and its
+// communicator (`owner`) alive while the caller may still wait on it.
+class MpiWorkHandle final : public Work {
+ public:
+  MpiWorkHandle(std::shared_ptr<MpiWork> work, std::shared_ptr<void> owner)
+      : work_(std::move(work)), owner_(std::move(owner)) {}
+  void wait() override { work_->wait(); }
+  bool is_completed() override { return work_->is_completed(); }
+
+ private:
+  std::shared_ptr<MpiWork> work_;
+  std::shared_ptr<void> owner_;
+};
+
+// Operations that timed out or were abandoned with MPI requests in flight;
+// finalize_mpi() checks whether they completed.
 void register_stale(std::shared_ptr<MpiWork> w);
 // True when every stale operation completed within `grace`; clears the list.
 bool drain_stale(std::chrono::milliseconds grace);
