@@ -71,7 +71,35 @@ int64_t initial_cpu_limit() {
   throw OutOfMemoryError(std::move(info));
 }
 
-class PoolingCpuAllocator final : public Allocator {
+// What both CPU allocators share: their counters and limit under one mutex.
+class CpuAllocatorBase : public Allocator {
+ public:
+  AllocatorStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes = stats_.current_bytes;
+  }
+  Device device() const override { return kCPU; }
+  void set_limit(int64_t bytes) override {
+    TESSEL_CHECK(bytes >= 0, "Allocator::set_limit", "the limit must be >= 0 bytes (0: none), got {}", bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    limit_ = bytes;
+  }
+  int64_t limit() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limit_;
+  }
+
+ protected:
+  mutable std::mutex mu_;
+  AllocatorStats stats_;
+  int64_t limit_ = initial_cpu_limit();
+};
+
+class PoolingCpuAllocator final : public CpuAllocatorBase {
  public:
   void* allocate(size_t nbytes, Stream) override {
     if (nbytes == 0) return nullptr;
@@ -116,27 +144,9 @@ class PoolingCpuAllocator final : public Allocator {
     free_[cls].push_back(p);
   }
 
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_bytes = stats_.current_bytes;
-  }
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mu_);
     release_cache_locked();
-  }
-  Device device() const override { return kCPU; }
-  void set_limit(int64_t bytes) override {
-    TESSEL_CHECK(bytes >= 0, "Allocator::set_limit", "the limit must be >= 0 bytes (0: none), got {}", bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    limit_ = bytes;
-  }
-  int64_t limit() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return limit_;
   }
 
  private:
@@ -151,16 +161,13 @@ class PoolingCpuAllocator final : public Allocator {
     }
   }
 
-  mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
-  AllocatorStats stats_;
-  int64_t limit_ = initial_cpu_limit();
 };
 
 // TESSEL_CPU_ALLOCATOR=system: no pooling (for sanitizers and leak checks).
 // Every block is exactly the size asked for, not its size class: ASan then
 // sees a kernel that reads or writes past a tensor's end.
-class SystemCpuAllocator final : public Allocator {
+class SystemCpuAllocator final : public CpuAllocatorBase {
  public:
   void* allocate(size_t nbytes, Stream) override {
     if (nbytes == 0) return nullptr;
@@ -181,30 +188,7 @@ class SystemCpuAllocator final : public Allocator {
     stats_.current_bytes -= int64_t(nbytes);
     std::free(p);
   }
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_bytes = stats_.current_bytes;
-  }
   void empty_cache() override {}
-  Device device() const override { return kCPU; }
-  void set_limit(int64_t bytes) override {
-    TESSEL_CHECK(bytes >= 0, "Allocator::set_limit", "the limit must be >= 0 bytes (0: none), got {}", bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    limit_ = bytes;
-  }
-  int64_t limit() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return limit_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  AllocatorStats stats_;
-  int64_t limit_ = initial_cpu_limit();
 };
 
 Allocator* g_allocators[kNumDeviceTypes] = {};
