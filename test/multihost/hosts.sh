@@ -89,10 +89,18 @@ fi
 read -r ip ns name dir <<<"\$line"
 # As sshd would: a fresh environment (only what mpirun passes with -x or on
 # the orted command line reaches the ranks), plus the host's own folders.
-exec env -i PATH="\$PATH" HOME="\${HOME:-/}" TMPDIR="\$dir/tmp" MH_HOST_DIR="\$dir" MH_HOST="\$name" \
+# This process stays on the launching host, as an ssh client does: when the
+# remote side is killed (a host that disappears), ssh does not exit at once
+# but hangs on its dead connection, and mpirun learns of the loss from its
+# daemon's connection -- naming the host. Exiting here at once instead
+# raced that report with mpirun's "daemon failed" one, which names no host.
+env -i PATH="\$PATH" HOME="\${HOME:-/}" TMPDIR="\$dir/tmp" MH_HOST_DIR="\$dir" MH_HOST="\$name" \
   ip netns exec "\$ns" unshare --mount --uts --propagation private \\
   sh -c 'mount -t tmpfs -o size=512m tmpfs /dev/shm && hostname "\$0" && cd "\$1" && exec sh -c "\$2"' \\
   "\$name" "\$dir" "\$*"
+rc=\$?
+if (( rc == 137 )); then exec sleep 600; fi  # SIGKILLed remote: a hung ssh client (mpirun ends it)
+exit \$rc
 AGENT
   chmod +x "$MH_AGENT"
 }
