@@ -243,6 +243,8 @@ std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageM
   so.max_context = s.model.max_seq_len;
   so.seed = cfg.seed;
   so.temperature = 0;
+  // The KV cache when the sample fits the context; otherwise a sliding window.
+  so.kv_cache = int64_t(prompt.size()) + so.max_new_tokens - 1 <= so.max_context;
   result.greedy_sample = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
   so.temperature = cfg.temperature;
   so.top_k = cfg.top_k;
