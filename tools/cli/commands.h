@@ -26,5 +26,6 @@ void register_bench_step(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_ckpt(CLI::App& app);  // inspect, verify, convert
 void register_verify(CLI::App& app);  // compare two runs
+void register_generate(CLI::App& app);  // text from a model
 
 }  // namespace tessel::cli
