@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tessel::cli::register_train(app);
   tessel::cli::register_bench(app);
   tessel::cli::register_bench_step(app);
+  tessel::cli::register_bench_generate(app);
   tessel::cli::register_launch(app);
   tessel::cli::register_ckpt(app);
   tessel::cli::register_verify(app);
