@@ -185,8 +185,19 @@ TEST_CASE("generate: the same tokens on one device, tp=2, pp=2 and dp=2; bad pro
   g.ids = {"1,x"};
   CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("\"x\" is not a token id"));
   g.ids = {"1"};
-  for (int i = 0; i < 60; ++i) g.ids[0] += ",1";
-  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("exceeds the model's context of 64"));
+  for (int i = 0; i < 64; ++i) g.ids[0] += ",1";  // 65 tokens
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("has 65 tokens, more than the model's context of 64"));
+  // A run folder's context is the sequence length it trained on (32 here).
+  g.from = run;
+  g.ids = {"1"};
+  for (int i = 0; i < 32; ++i) g.ids[0] += ",1";  // 33 tokens
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("context of 32 (the sequence length it was trained on)"));
+  // A prompt that fits, with more new tokens than the context leaves: a sliding window.
+  g.ids = {"1,2,3"};
+  g.max_new_tokens = 40;
+  CHECK(run_generate(g, true).outputs[0].ids.size() == 40);
+  g.max_new_tokens = 10;
+  g.from = hf;
   g.ids.clear();
   CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("no prompt"));
   CHECK(parse_ids("3,4,5") == std::vector<int64_t>{3, 4, 5});

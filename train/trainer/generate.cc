@@ -1,5 +1,6 @@
 #include "train/trainer/generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -75,14 +76,28 @@ GenerateResult generate_on_rank(const GenerateConfig& cfg, bool quiet) {
     prompts.push_back(std::move(ids));
   }
   for (const std::string& spec : cfg.ids) prompts.push_back(parse_ids(spec));
+  // The context: the model's, or the sequence length its run trained on
+  // (positions beyond it were never trained).
+  int64_t context = p.model.max_seq_len;
+  if (p.train_config && p.train_config->contains("seq_len") && (*p.train_config)["seq_len"].is_number_integer())
+    context = std::min(context, (*p.train_config)["seq_len"].get<int64_t>());
+  bool kv_cache = cfg.kv_cache;
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (int64_t id : prompts[i])
       TESSEL_CHECK(id >= 0 && id < V, kOp, "prompt {}: token id {} is outside the model's vocabulary of {}", i, id,
                    V);
-    TESSEL_CHECK(int64_t(prompts[i].size()) + cfg.max_new_tokens - 1 <= p.model.max_seq_len || !cfg.kv_cache, kOp,
-                 "prompt {} has {} tokens; with {} new tokens it exceeds the model's context of {}", i,
-                 prompts[i].size(), cfg.max_new_tokens, p.model.max_seq_len);
+    TESSEL_CHECK(int64_t(prompts[i].size()) <= context, kOp,
+                 "prompt {} has {} tokens, more than the model's context of {}{}", i, prompts[i].size(), context,
+                 context < p.model.max_seq_len ? " (the sequence length it was trained on)" : "");
+    // Longer than the context in all: slide a window over the last `context`
+    // tokens, recomputing each step (a cache cannot slide).
+    if (int64_t(prompts[i].size()) + cfg.max_new_tokens - 1 > context) kv_cache = false;
   }
+  if (kv_cache != cfg.kv_cache && main_rank && !quiet)
+    std::fprintf(stderr,
+                 "tessel generate: prompt + %lld new tokens exceed the context of %lld: the last %lld tokens are fed "
+                 "each step, without a KV cache (slower)\n",
+                 (long long)cfg.max_new_tokens, (long long)context, (long long)context);
 
   // ---- the model, on this rank's mesh -------------------------------------------------------
   const auto dims = parse_mesh(cfg.mesh);
@@ -114,8 +129,8 @@ GenerateResult generate_on_rank(const GenerateConfig& cfg, bool quiet) {
   so.top_k = cfg.top_k;
   so.top_p = cfg.top_p;
   so.seed = cfg.seed;
-  so.max_context = p.model.max_seq_len;
-  so.kv_cache = cfg.kv_cache;
+  so.max_context = context;
+  so.kv_cache = kv_cache;
   so.eos_id = cfg.ignore_eos ? -1 : find_eos(p, tok.get());
   auto logits_fn = [&](const Tensor& ids) { return run.forward(ids); };
   const auto t0 = std::chrono::steady_clock::now();

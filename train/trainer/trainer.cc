@@ -255,7 +255,9 @@ std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageM
   std::vector<int64_t> prompt{int64_t(s.tokenizer->encode("\n")[0])};
   SampleOptions so;
   so.max_new_tokens = cfg.sample_length;
-  so.max_context = s.model.max_seq_len;
+  // Positions beyond the trained sequence length were never trained (GPT's
+  // learned position embeddings are still random there): sample within them.
+  so.max_context = std::min(s.model.max_seq_len, cfg.seq_len);
   so.seed = cfg.seed;
   so.temperature = 0;
   // The KV cache when the sample fits the context; otherwise a sliding window.
