@@ -202,3 +202,20 @@ TEST_CASE("generate: the same tokens on one device, tp=2, pp=2 and dp=2; bad pro
   CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("no prompt"));
   CHECK(parse_ids("3,4,5") == std::vector<int64_t>{3, 4, 5});
 }
+
+TEST_CASE("a run saves its final model by default, so generate --from the run folder works", "[pretrained]") {
+  TrainConfig c = tiny("nanogpt", scratch("final"));
+  run_training(c, {nullptr, true});
+  const auto latest = checkpoint::latest_checkpoint(c.checkpoint_root());
+  REQUIRE(latest);
+  CHECK(latest->step == c.steps);
+  GenerateConfig g;
+  g.from = c.out_dir;
+  g.prompts = {"Hi"};
+  g.max_new_tokens = 5;
+  CHECK(run_generate(g, true).outputs[0].ids.size() == 5);
+  TrainConfig none = tiny("nanogpt", scratch("no_final"));
+  none.no_final_ckpt = true;
+  run_training(none, {nullptr, true});
+  CHECK(!checkpoint::latest_checkpoint(none.checkpoint_root()));
+}

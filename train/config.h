@@ -85,7 +85,8 @@ struct TrainConfig {
   int64_t zero = 0;               // data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP
   double ddp_bucket_mb = 25;      // gradient bucket size (MiB) of DDP and ZeRO-1/2; 0: one per parameter
   // checkpoints (docs/checkpoint.md)
-  int64_t ckpt_every = 0;         // steps between checkpoints (0: none); the last step always saves when > 0
+  int64_t ckpt_every = 0;         // steps between checkpoints (0: none but the final one); the last step always saves
+  bool no_final_ckpt = false;     // with ckpt_every = 0: do not save the final model either
   int64_t keep_last = 3;          // complete checkpoints kept (0: all)
   bool resume = false;            // continue from the newest complete checkpoint in ckpt_dir (any mesh)
   std::string ckpt_dir;           // empty: <out_dir>/checkpoints

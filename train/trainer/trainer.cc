@@ -324,7 +324,8 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       parallelize(build_on_meta(cfg, s.model), mesh, plan, optimizer(cfg), run_options(cfg));
   const models::ModelConfig& mc = run.model().config;
   std::optional<Checkpoints> ckpt;
-  if (cfg.ckpt_every > 0 || cfg.resume)
+  const bool save_final = cfg.ckpt_every > 0 || !cfg.no_final_ckpt;  // the last step saves
+  if (save_final || cfg.resume)
     ckpt.emplace(cfg.checkpoint_root(), Checkpoints::Options{cfg.ckpt_every, cfg.keep_last, !cfg.ckpt_sync});
   if (cfg.resume) {  // whatever mesh saved it; a checkpoint of another run is an error
     ckpt->resume(run, [&](const nlohmann::json& extra, int64_t step) {
@@ -395,7 +396,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     if (bar) bar->update(report.step, *sm.loss, *sm.tokens_per_s);
     result.final_loss = *sm.loss;
     result.param_hash = sm.param_hash;
-    if (ckpt && cfg.ckpt_every > 0) ckpt->after_step(run, last, checkpoint_state(cfg, mc, report.step));
+    if (ckpt && save_final) ckpt->after_step(run, last, checkpoint_state(cfg, mc, report.step));
   }
   wait_for_save(run);
   bar.reset();
