@@ -68,6 +68,9 @@ std::vector<ModelConfig> all_configs() {
   std::vector<ModelConfig> v;
   // NanoGPT (GPT-2). Vocab 50304 = 50257 padded to a multiple of 64, as in nanoGPT.
   v.push_back(gpt("tiny", 2, 64, 4, 64, 256));
+  // `tessel train`'s default: the most a 2-core CPU learns in ~3 minutes of
+  // bytes (a compute-optimal size for that budget: ~350k parameters).
+  v.push_back(gpt("demo", 3, 96, 4, 64, 256));
   v.push_back(gpt("small", 6, 384, 6, 256, 256));  // nanoGPT's character-level model
   v.push_back(gpt("gpt2-124m", 12, 768, 12, 1024, 50304));
   v.push_back(gpt("gpt2-350m", 24, 1024, 16, 1024, 50304));

@@ -214,3 +214,19 @@ TEST_CASE("generate_batch: prompts of one length share a batch; each gets its ow
   CHECK(ended[0] == std::vector<int64_t>{4, 2});
   CHECK(ended[1] == std::vector<int64_t>{10, 9, 6, 8});
 }
+
+TEST_CASE("known_words: the share of a sample's words found in a reference text", "[sample]") {
+  const auto vocab = word_set("The cat sat on the mat.\nDon't PANIC -- 42 towels!");
+  CHECK(vocab.count("the"));
+  CHECK(vocab.count("don"));
+  CHECK(vocab.count("t"));
+  CHECK(vocab.count("panic"));
+  CHECK(!vocab.count("42"));
+  CHECK(vocab.size() == 9);  // the cat sat on mat don t panic towels
+  const KnownWords k = known_words("the Cat flurbed on a MAT", vocab);
+  CHECK(k.words == 6);
+  CHECK(k.known == 4);  // the, cat, on, mat
+  CHECK(k.share() == Approx(4.0 / 6));
+  CHECK(known_words("12 -- !!", vocab).words == 0);
+  CHECK(known_words("", vocab).share() == 0.0);
+}

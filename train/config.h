@@ -25,7 +25,7 @@ namespace tessel::train {
 struct TrainConfig {
   // model
   std::string model = "nanogpt";      // model family
-  std::string model_config = "tiny";  // size preset of that family
+  std::string model_config = "demo";  // size preset of that family (demo: what `tessel train` trains in ~3 min)
   // Fine-tuning: start from the weights in this folder (a Hugging Face model
   // folder, a tessel checkpoint or a run folder; train/trainer/pretrained.h).
   // The model (family and shape) is the folder's; the optimizer and schedule
@@ -42,13 +42,13 @@ struct TrainConfig {
   std::string dtype = "float32";      // compute dtype: float32 | bfloat16 | float16 (master weights stay float32)
   double loss_scale = 65536;          // float16: the initial dynamic loss scale (nn::GradScaler)
   // schedule and optimiser
-  int64_t steps = 1000;
+  int64_t steps = 2000;
   int64_t batch_size = 32;     // sequences per step (the global batch)
   int64_t seq_len = 64;        // tokens per sequence
   int64_t micro_batches = 1;   // gradient-accumulation steps per step (divides batch_size)
-  double lr = 6e-4;            // peak learning rate
-  double min_lr = 6e-5;        // floor of the decay
-  int64_t warmup_steps = 100;
+  double lr = 5e-3;            // peak learning rate
+  double min_lr = 5e-4;        // floor of the decay
+  int64_t warmup_steps = 50;
   double weight_decay = 0.1;
   std::array<double, 2> betas = {0.9, 0.95};
   double grad_clip = 1.0;      // max global grad norm; 0 = off

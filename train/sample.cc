@@ -191,4 +191,35 @@ std::vector<int64_t> generate(const LogitsFn& logits_fn, const std::vector<int64
   return generate_batch(logits_fn, {prompt}, opts)[0];
 }
 
+namespace {
+template <class F>
+void for_each_word(std::string_view text, F&& f) {
+  std::string w;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const char c = i < text.size() ? text[i] : ' ';
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+      w += char(c | 0x20);
+    } else if (!w.empty()) {
+      f(w);
+      w.clear();
+    }
+  }
+}
+}  // namespace
+
+std::unordered_set<std::string> word_set(std::string_view text) {
+  std::unordered_set<std::string> words;
+  for_each_word(text, [&](const std::string& w) { words.insert(w); });
+  return words;
+}
+
+KnownWords known_words(std::string_view sample, const std::unordered_set<std::string>& vocabulary) {
+  KnownWords k;
+  for_each_word(sample, [&](const std::string& w) {
+    ++k.words;
+    if (vocabulary.count(w)) ++k.known;
+  });
+  return k;
+}
+
 }  // namespace tessel::train

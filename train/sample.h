@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "runtime/philox.h"
@@ -68,5 +70,16 @@ std::vector<int64_t> generate(const LogitsFn& logits_fn, const std::vector<int64
 std::vector<std::vector<int64_t>> generate_batch(const LogitsFn& logits_fn,
                                                  const std::vector<std::vector<int64_t>>& prompts,
                                                  const SampleOptions& opts);
+
+// How readable a sample is: the share of its words (lower-cased runs of
+// ASCII letters) that occur among the words of a reference text (the
+// training corpus). The demo reports it next to its sample.
+struct KnownWords {
+  int64_t words = 0;  // words in the sample
+  int64_t known = 0;  // of which occur in the reference
+  double share() const { return words > 0 ? double(known) / double(words) : 0.0; }
+};
+std::unordered_set<std::string> word_set(std::string_view text);
+KnownWords known_words(std::string_view sample, const std::unordered_set<std::string>& vocabulary);
 
 }  // namespace tessel::train

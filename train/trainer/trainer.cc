@@ -266,6 +266,7 @@ std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageM
   so.temperature = cfg.temperature;
   so.top_k = cfg.top_k;
   result.sampled_text = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
+  result.sample_words = known_words(result.sampled_text, word_set(load_corpus_text(cfg.data)));
   return "--- greedy ---\n" + result.greedy_sample + "\n--- temperature " + std::to_string(cfg.temperature) +
          ", top-k " + std::to_string(cfg.top_k) + " ---\n" + result.sampled_text + "\n";
 }
@@ -285,7 +286,15 @@ void print_footer(const TrainConfig& cfg, const TrainResult& result, double trai
                   : "one rank");
   std::printf("  wrote %s, %s/loss.svg%s\n", cfg.metrics_path().c_str(), cfg.out_dir.c_str(),
               samples.empty() ? "" : (", " + cfg.out_dir + "/sample.txt").c_str());
-  if (!samples.empty()) std::printf("%s", samples.c_str());
+  if (!samples.empty()) {
+    std::printf("%s", samples.c_str());
+    std::printf("  the sampled text: %.0f%% of its %lld words occur in the corpus\n",
+                100.0 * result.sample_words.share(), (long long)result.sample_words.words);
+  }
+  if (cfg.ckpt_every > 0 || !cfg.no_final_ckpt)
+    std::printf("  more text from this model: ./tessel generate --from %s --prompt \"The \" --temperature %g "
+                "--top-k %lld --max-new-tokens 200\n",
+                cfg.out_dir.c_str(), cfg.temperature, (long long)cfg.top_k);
 }
 
 TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in);

@@ -18,6 +18,7 @@
 
 #include "models/language_model.h"
 #include "train/config.h"
+#include "train/sample.h"
 #include "train/metrics.h"
 #include "train/tokenizer.h"
 
@@ -35,6 +36,8 @@ struct TrainResult {
   std::string param_hash;
   double tokens_per_s = 0;
   std::string greedy_sample, sampled_text;
+  // Of sampled_text's words, those that occur in the training corpus (train/sample.h).
+  KnownWords sample_words;
   // With TrainHooks::keep_params: the final parameters, full (gathered) and plain.
   std::vector<std::pair<std::string, Tensor>> final_params;
   // With TrainConfig::profile (or TESSEL_PROFILE=1): this rank's per-op table.
