@@ -78,7 +78,7 @@ struct Setup {
 Setup prepare(const TrainConfig& cfg) {
   cfg.validate();
   Setup s;
-  s.tokenizer = make_tokenizer(cfg.tokenizer, cfg.vocab, cfg.merges);
+  s.tokenizer = make_tokenizer(cfg.tokenizer, cfg.tokenizer == "hf" ? cfg.tokenizer_json : cfg.vocab, cfg.merges);
   models::ModelConfig mc = models::model_config(cfg.model, cfg.model_config);
   if (cfg.n_layer > 0) mc.n_layer = cfg.n_layer;
   if (cfg.dim > 0) {
