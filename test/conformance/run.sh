@@ -6,6 +6,7 @@
 # compares within 1e-5 relative. Run through `./tessel conformance`.
 #   ./tessel conformance [--models "nanogpt llama"] [--config tiny] [--tol 1e-5] [-v] [--float64-check]
 #   ./tessel conformance [--models ...] [--tol ...] --hf   Hugging Face weights both ways (test/conformance/hf.sh)
+#   ./tessel conformance --tokenizers [--only gpt2,llama3] [-v]   tokenizer.json against PyPI's tokenizers (tokenizers.sh)
 # Exit status: 0 when every model passes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,7 +24,8 @@ while [[ $# -gt 0 ]]; do
     -v|--verbose) extra+=(-v); shift ;;
     --float64-check) extra+=(--float64-check); shift ;;
     --hf) exec test/conformance/hf.sh "$models" "$tol" ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --tokenizers) shift; exec test/conformance/tokenizers.sh "$@" ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "conformance: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
