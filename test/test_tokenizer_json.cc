@@ -17,12 +17,14 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "test/util/error_of.h"
 #include "test/util/runfiles.h"
 #include "train/hf_tokenizer.h"
 #include "train/tokenizer.h"
 
 using namespace tessel;
 using namespace tessel::train;
+using tessel::testing::error_of;
 using json = nlohmann::ordered_json;
 using Ids = std::vector<int32_t>;
 using Pieces = std::vector<std::string>;
@@ -39,15 +41,6 @@ std::string write_file(const std::string& name, const std::string& content) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   std::ofstream(path, std::ios::binary) << content;
   return path;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::string utf8(uint32_t cp) {

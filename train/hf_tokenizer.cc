@@ -110,6 +110,19 @@ struct Reader {
     return v;
   }
   std::string type(const json& obj, const std::string& path) const { return string(obj, path, "type"); }
+  // Calls read(component, path, type) for the component at `key` of `root`
+  // (absent or null: never), or for each member of a {"type": "Sequence",
+  // list_key: [...]}, nested Sequences included.
+  void components(const json& root, const char* key, const char* list_key,
+                  const std::function<void(const json&, const std::string&, const std::string&)>& read) const {
+    std::function<void(const json&, const std::string&)> walk = [&](const json& c, const std::string& path) {
+      const std::string t = type(c, path);
+      if (t != "Sequence") return read(c, path, t);
+      const json& list = array(c, path, list_key);
+      for (size_t i = 0; i < list.size(); ++i) walk(list[i], fmt::format("{}.{}[{}]", path, list_key, i));
+    };
+    if (const json* c = optional(root, "", key)) walk(*c, key);
+  }
   // A {"String": s} pattern (Replace); a {"Regex": ...} one is not supported.
   std::string string_pattern(const json& obj, const std::string& path) const {
     const std::string p = key_path(path, "pattern");
@@ -459,30 +472,21 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
       r.fail(key, "not supported (tessel encodes whole texts): it must be null");
 
   // ---- normalizer
-  std::function<void(const json&, const std::string&)> read_normalizer = [&](const json& n, const std::string& path) {
-    const std::string type = r.type(n, path);
-    if (type == "Sequence") {
-      const json& list = r.array(n, path, "normalizers");
-      for (size_t i = 0; i < list.size(); ++i) read_normalizer(list[i], fmt::format("{}.normalizers[{}]", path, i));
-    } else if (type == "Prepend") {
+  r.components(root, "normalizer", "normalizers", [&](const json& n, const std::string& path, const std::string& type) {
+    if (type == "Prepend") {
       impl->normalizer.push_back({true, r.string(n, path, "prepend"), ""});
     } else if (type == "Replace") {
       impl->normalizer.push_back({false, r.string_pattern(n, path), r.string(n, path, "content")});
     } else {
       r.fail(path + ".type", fmt::format("normalizer '{}' is not supported (supported: {})", type, kNormalizers));
     }
-  };
-  if (const json* n = r.optional(root, "", "normalizer")) read_normalizer(*n, "normalizer");
+  });
 
   // ---- pre_tokenizer
-  std::function<void(const json&, const std::string&)> read_pre = [&](const json& p, const std::string& path) {
-    const std::string type = r.type(p, path);
+  r.components(root, "pre_tokenizer", "pretokenizers", [&](const json& p, const std::string& path,
+                                                           const std::string& type) {
     PreStep step{PreKind::ByteLevel};
-    if (type == "Sequence") {
-      const json& list = r.array(p, path, "pretokenizers");
-      for (size_t i = 0; i < list.size(); ++i) read_pre(list[i], fmt::format("{}.pretokenizers[{}]", path, i));
-      return;
-    } else if (type == "ByteLevel") {
+    if (type == "ByteLevel") {
       step.add_prefix_space = r.boolean(p, path, "add_prefix_space", true);
       step.use_regex = r.boolean(p, path, "use_regex", true);
     } else if (type == "Metaspace") {
@@ -512,8 +516,7 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
       r.fail(path + ".type", fmt::format("pre-tokenizer '{}' is not supported (supported: {})", type, kPreTokenizers));
     }
     impl->pre_tokenizer.push_back(step);
-  };
-  if (const json* p = r.optional(root, "", "pre_tokenizer")) read_pre(*p, "pre_tokenizer");
+  });
 
   // ---- model
   const json& model = r.required(root, "", "model");
@@ -673,12 +676,9 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
 
   // ---- post_processor
   bool have_template = false;
-  std::function<void(const json&, const std::string&)> read_post = [&](const json& p, const std::string& path) {
-    const std::string type = r.type(p, path);
-    if (type == "Sequence") {
-      const json& list = r.array(p, path, "processors");
-      for (size_t i = 0; i < list.size(); ++i) read_post(list[i], fmt::format("{}.processors[{}]", path, i));
-    } else if (type == "ByteLevel") {
+  r.components(root, "post_processor", "processors", [&](const json& p, const std::string& path,
+                                                        const std::string& type) {
+    if (type == "ByteLevel") {
       // Offsets only: no ids.
     } else if (type == "TemplateProcessing") {
       if (have_template) r.fail(path, "a second TemplateProcessing (supported: one)");
@@ -716,8 +716,7 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
     } else {
       r.fail(path + ".type", fmt::format("post-processor '{}' is not supported (supported: {})", type, kProcessors));
     }
-  };
-  if (const json* p = r.optional(root, "", "post_processor")) read_post(*p, "post_processor");
+  });
   auto lone = [](const std::vector<std::vector<int32_t>>& pieces) -> std::optional<int32_t> {
     if (pieces.size() == 1 && pieces[0].size() == 1) return pieces[0][0];
     return std::nullopt;
@@ -726,14 +725,10 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
   tok->eos_ = lone(impl->template_after);
 
   // ---- decoder
-  std::function<void(const json&, const std::string&)> read_dec = [&](const json& d, const std::string& path) {
-    const std::string type = r.type(d, path);
+  impl->has_decoder = r.optional(root, "", "decoder") != nullptr;
+  r.components(root, "decoder", "decoders", [&](const json& d, const std::string& path, const std::string& type) {
     DecStep step{DecKind::ByteLevel};
-    if (type == "Sequence") {
-      const json& list = r.array(d, path, "decoders");
-      for (size_t i = 0; i < list.size(); ++i) read_dec(list[i], fmt::format("{}.decoders[{}]", path, i));
-      return;
-    } else if (type == "ByteLevel") {
+    if (type == "ByteLevel") {
     } else if (type == "Metaspace") {
       step.kind = DecKind::Metaspace;
       step.from = r.one_char(d, path, "replacement");
@@ -755,11 +750,7 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
       r.fail(path + ".type", fmt::format("decoder '{}' is not supported (supported: {})", type, kDecoders));
     }
     impl->decoder.push_back(step);
-  };
-  if (const json* d = r.optional(root, "", "decoder")) {
-    impl->has_decoder = true;
-    read_dec(*d, "decoder");
-  }
+  });
 
   tok->impl_ = std::move(impl);
   return tok;

@@ -34,6 +34,21 @@ CharClass classify(uint32_t cp) {
   if (unicode::is_whitespace(cp)) return CharClass::Space;
   return CharClass::Other;
 }
+
+// The code points of a text and their classes, as the pre-tokenisers read them.
+struct ClassifiedText {
+  std::vector<unicode::CodePoint> cps;
+  std::vector<CharClass> cls;
+  explicit ClassifiedText(std::string_view text) : cps(unicode::decode_utf8(text)), cls(cps.size()) {
+    for (size_t i = 0; i < cps.size(); ++i) cls[i] = classify(cps[i].cp);
+  }
+  uint32_t cp(size_t i) const { return i < cps.size() ? cps[i].cp : 0u; }
+  // The view of text covering code points [begin, end).
+  std::string_view piece(std::string_view text, size_t begin, size_t end) const {
+    const size_t lo = cps[begin].offset, hi = cps[end - 1].offset + cps[end - 1].length;
+    return text.substr(lo, hi - lo);
+  }
+};
 }  // namespace
 
 std::string quote_token(std::string_view s) {
@@ -80,11 +95,10 @@ const std::vector<uint32_t>& bytes_to_unicode() {
 }
 
 std::vector<std::string_view> pretokenize(std::string_view text) {
-  const std::vector<unicode::CodePoint> cps = unicode::decode_utf8(text);
-  const size_t n = cps.size();
-  std::vector<CharClass> cls(n);
-  for (size_t i = 0; i < n; ++i) cls[i] = classify(cps[i].cp);
-  auto cp = [&](size_t i) { return i < n ? cps[i].cp : 0u; };
+  const ClassifiedText t(text);
+  const auto& cls = t.cls;
+  const size_t n = cls.size();
+  auto cp = [&](size_t i) { return t.cp(i); };
 
   std::vector<std::string_view> out;
   size_t i = 0;
@@ -112,20 +126,18 @@ std::vector<std::string_view> pretokenize(std::string_view text) {
       while (j < n && cls[j] == CharClass::Space) ++j;
       end = (j < n && j - i >= 2) ? j - 1 : j;
     }
-    const size_t lo = cps[i].offset, hi = cps[end - 1].offset + cps[end - 1].length;
-    out.push_back(text.substr(lo, hi - lo));
+    out.push_back(t.piece(text, i, end));
     i = end;
   }
   return out;
 }
 
 std::vector<std::string_view> pretokenize_llama3(std::string_view text) {
-  const std::vector<unicode::CodePoint> cps = unicode::decode_utf8(text);
-  const size_t n = cps.size();
-  std::vector<CharClass> cls(n);
-  for (size_t i = 0; i < n; ++i) cls[i] = classify(cps[i].cp);
-  auto cp = [&](size_t i) { return i < n ? cps[i].cp : 0u; };
-  auto is_crlf = [&](size_t i) { return i < n && (cps[i].cp == '\r' || cps[i].cp == '\n'); };
+  const ClassifiedText t(text);
+  const auto& cls = t.cls;
+  const size_t n = cls.size();
+  auto cp = [&](size_t i) { return t.cp(i); };
+  auto is_crlf = [&](size_t i) { return cp(i) == '\r' || cp(i) == '\n'; };
   // Oniguruma's case folding under (?i:): ASCII letters, and U+017F LATIN SMALL LETTER LONG S -> 's'.
   auto folded = [&](size_t i) -> uint32_t {
     const uint32_t c = cp(i);
@@ -181,8 +193,7 @@ std::vector<std::string_view> pretokenize_llama3(std::string_view text) {
       // \s+(?!\S) | \s+ : as in pretokenize().
       if (end == 0) end = (j < n && j - i >= 2) ? j - 1 : j;
     }
-    const size_t lo = cps[i].offset, hi = cps[end - 1].offset + cps[end - 1].length;
-    out.push_back(text.substr(lo, hi - lo));
+    out.push_back(t.piece(text, i, end));
     i = end;
   }
   return out;
