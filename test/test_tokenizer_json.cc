@@ -8,11 +8,9 @@
 // error. The same code runs against PyPI's `tokenizers` in
 // `./tessel conformance --tokenizers`.
 #include <catch2/catch.hpp>
-
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -45,9 +43,12 @@ std::string write_file(const std::string& name, const std::string& content) {
 
 std::string utf8(uint32_t cp) {
   std::string s;
-  if (cp < 0x80) s.push_back(char(cp));
-  else if (cp < 0x800) s += {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
-  else s += {char(0xE0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F))};
+  if (cp < 0x80)
+    s.push_back(char(cp));
+  else if (cp < 0x800)
+    s += {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+  else
+    s += {char(0xE0 | (cp >> 12)), char(0x80 | ((cp >> 6) & 0x3F)), char(0x80 | (cp & 0x3F))};
   return s;
 }
 
@@ -59,14 +60,20 @@ std::string bl(std::string_view bytes) {
 }
 
 json added_token(int id, const std::string& content, bool special, bool normalized) {
-  return {{"id", id},          {"content", content},      {"single_word", false}, {"lstrip", false},
-          {"rstrip", false},   {"normalized", normalized}, {"special", special}};
+  return {{"id", id},        {"content", content},       {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", normalized}, {"special", special}};
 }
 
 json bpe_model(const json& vocab, const json& merges) {
-  return {{"type", "BPE"},          {"dropout", nullptr},        {"unk_token", nullptr},
-          {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-          {"byte_fallback", false}, {"ignore_merges", false},    {"vocab", vocab},
+  return {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"ignore_merges", false},
+          {"vocab", vocab},
           {"merges", merges}};
 }
 
@@ -88,8 +95,10 @@ json gpt2_file() {
           {"padding", nullptr},
           {"added_tokens", json::array({added_token(262, "<|endoftext|>", true, true)})},
           {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-          {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"post_processor",
+           {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
           {"model", bpe_model(vocab, merges)}};
 }
@@ -113,8 +122,9 @@ json llama3_file() {
   f["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
-       json::array({{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
-                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
+       json::array(
+           {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
   f["post_processor"] = {
       {"type", "Sequence"},
       {"processors",
@@ -124,7 +134,8 @@ json llama3_file() {
                                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
                      {"pair", json::array()},
                      {"special_tokens",
-                      {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {262}}, {"tokens", {"<|begin_of_text|>"}}}}}}}})}};
+                      {{"<|begin_of_text|>",
+                        {{"id", "<|begin_of_text|>"}, {"ids", {262}}, {"tokens", {"<|begin_of_text|>"}}}}}}}})}};
   return f;
 }
 
@@ -141,9 +152,9 @@ json llama2_file() {
   vocab["</s>"] = 2;
   for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
   int id = 259;
-  for (std::string t : {kMeta, std::string("h"), std::string("e"), std::string("l"), std::string("o"),
-                        std::string("w"), std::string("r"), std::string("d"), kMeta + "h", std::string("ll"),
-                        kMeta + "he", kMeta + "hell", kMeta + "hello", kMeta + "w"})
+  for (std::string t : {kMeta, std::string("h"), std::string("e"), std::string("l"), std::string("o"), std::string("w"),
+                        std::string("r"), std::string("d"), kMeta + "h", std::string("ll"), kMeta + "he",
+                        kMeta + "hell", kMeta + "hello", kMeta + "w"})
     vocab[t] = id++;
   json merges = json::array({kMeta + " h", "l l", kMeta + "h e", kMeta + "he ll", kMeta + "hell o", kMeta + " w"});
   json model = bpe_model(vocab, merges);
@@ -207,21 +218,22 @@ TEST_CASE("pretokenize_llama3 follows LLaMA-3's regex", "[tokenizer][hf]") {
   CHECK(split3("Hello world") == Pieces{"Hello", " world"});
   CHECK(split3("I'm here, don't") == Pieces{"I", "'m", " here", ",", " don", "'t"});
   CHECK(split3("I'M WE'LL they'Re") == Pieces{"I", "'M", " WE", "'LL", " they", "'Re"});  // (?i:...)
-  CHECK(split3("x'\xC5\xBFt") == Pieces{"x", "'\xC5\xBF", "t"});  // 'ſ: ſ case-folds to s
-  CHECK(split3("'hello") == Pieces{"'hello"});               // [^\r\n\p{L}\p{N}]?\p{L}+
+  CHECK(split3("x'\xC5\xBFt") == Pieces{"x", "'\xC5\xBF", "t"});                          // 'ſ: ſ case-folds to s
+  CHECK(split3("'hello") == Pieces{"'hello"});                                            // [^\r\n\p{L}\p{N}]?\p{L}+
   CHECK(split3("(hello)") == Pieces{"(hello", ")"});
   CHECK(split3("\tword") == Pieces{"\tword"});
   CHECK(split3("12345 1234567") == Pieces{"123", "45", " ", "123", "456", "7"});  // \p{N}{1,3}, no space before
-  CHECK(split3("\xE2\x82\xAC" "100") == Pieces{"\xE2\x82\xAC", "100"});
+  CHECK(split3("\xE2\x82\xAC"
+               "100") == Pieces{"\xE2\x82\xAC", "100"});
   CHECK(split3("hi!!\n\nthere") == Pieces{"hi", "!!\n\n", "there"});  //  ?[^\s\p{L}\p{N}]+[\r\n]*
   CHECK(split3("a .\r\nb") == Pieces{"a", " .\r\n", "b"});
-  CHECK(split3("x\r\ny") == Pieces{"x", "\r\n", "y"});                 // \s*[\r\n]+
-  CHECK(split3("a \n\n b") == Pieces{"a", " \n\n", " b"});             // up to the last newline of the run
+  CHECK(split3("x\r\ny") == Pieces{"x", "\r\n", "y"});      // \s*[\r\n]+
+  CHECK(split3("a \n\n b") == Pieces{"a", " \n\n", " b"});  // up to the last newline of the run
   CHECK(split3("a \n \t1") == Pieces{"a", " \n", " ", "\t", "1"});
-  CHECK(split3("a   b") == Pieces{"a", "  ", " b"});                   // \s+(?!\S)
+  CHECK(split3("a   b") == Pieces{"a", "  ", " b"});  // \s+(?!\S)
   CHECK(split3("end  ") == Pieces{"end", "  "});
-  CHECK(split3("\r\rhello") == Pieces{"\r\r", "hello"});               // CR does not prefix a word
-  CHECK(split3("\xF0\x9F\x98\x80!") == Pieces{"\xF0\x9F\x98\x80!"});   // emoji and '!' are both "other"
+  CHECK(split3("\r\rhello") == Pieces{"\r\r", "hello"});              // CR does not prefix a word
+  CHECK(split3("\xF0\x9F\x98\x80!") == Pieces{"\xF0\x9F\x98\x80!"});  // emoji and '!' are both "other"
   std::string cat;
   const std::string text = "Mixed: caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC 42\xC2\xB2 \xFF\xFE  \r\n\tend's";
   for (auto p : pretokenize_llama3(text)) cat += std::string(p);
@@ -252,7 +264,8 @@ TEST_CASE("byte-level BPE, GPT-2 style: hand-derived ids", "[tokenizer][hf]") {
   // ... unless special tokens are encoded as text.
   HfEncodeOptions plain;
   plain.match_special_tokens = false;
-  CHECK(tok->encode("a<|endoftext|>", plain) == Ids{'a', '<', '|', 'e', 'n', 'd', 'o', 'f', 't', 'e', 'x', 't', '|', '>'});
+  CHECK(tok->encode("a<|endoftext|>", plain) ==
+        Ids{'a', '<', '|', 'e', 'n', 'd', 'o', 'f', 't', 'e', 'x', 't', '|', '>'});
   // Decoding: bytes back; the special token as its text.
   CHECK(tok->decode({259, 262, 260, 'o', 'r', 'l', 'd'}) == "hello<|endoftext|> world");
   // Non-ASCII: the UTF-8 bytes of é (C3 A9) are two byte symbols.
@@ -336,9 +349,13 @@ TEST_CASE("SentencePiece-style BPE, LLaMA-2 style: normalizer, byte fallback, de
   // Without byte fallback: unknown characters become <unk>, fused when fuse_unk.
   json f = llama2_file();
   f["model"]["byte_fallback"] = false;
-  CHECK(from(f)->encode("hi\xE2\x82\xAC" "e", no_bos) == Ids{267, 0, 261});
+  CHECK(from(f)->encode("hi\xE2\x82\xAC"
+                        "e",
+                        no_bos) == Ids{267, 0, 261});
   f["model"]["fuse_unk"] = false;
-  CHECK(from(f)->encode("hi\xE2\x82\xAC" "e", no_bos) == Ids{267, 0, 0, 261});
+  CHECK(from(f)->encode("hi\xE2\x82\xAC"
+                        "e",
+                        no_bos) == Ids{267, 0, 0, 261});
   // Neither byte fallback nor unk: an error naming the character (`tokenizers` would drop it).
   f["model"]["unk_token"] = nullptr;
   CHECK_THAT(error_of([&] { from(f)->encode("hi"); }),
@@ -380,7 +397,7 @@ TEST_CASE("added tokens: normalized ones, lstrip / rstrip, longest match", "[tok
   HfEncodeOptions no_bos;
   no_bos.add_special_tokens = false;
   CHECK(tok->vocab_size() == 277);
-  CHECK(tok->encode("<xy>", no_bos) == Ids{274});          // the longest match at a position
+  CHECK(tok->encode("<xy>", no_bos) == Ids{274});  // the longest match at a position
   CHECK(tok->encode("<x>y", no_bos) == Ids{273, 259, 3 + 'y'});
   CHECK(tok->encode("e  <z>  e", no_bos) == Ids{259, 261, 275, 259, 261});  // the spaces go with <z>
   // "hell" is normalized: Prepend gives "▁hell", found in "▁hello" of the normalized text.
@@ -399,7 +416,8 @@ TEST_CASE("make_tokenizer(\"hf\") and load_tokenizer_dir", "[tokenizer][hf]") {
   CHECK(tok->encode("hello") == Ids{1, 271});
   CHECK(tok->bos_id() == 1);
   CHECK_FALSE(tok->eos_id().has_value());
-  CHECK_THROWS_WITH(make_tokenizer("hf"), Catch::Contains("the hf tokenizer needs the path of a Hugging Face tokenizer.json"));
+  CHECK_THROWS_WITH(make_tokenizer("hf"),
+                    Catch::Contains("the hf tokenizer needs the path of a Hugging Face tokenizer.json"));
   CHECK_THROWS_WITH(make_tokenizer("sp"), Catch::Contains("expected 'byte', 'gpt2' or 'hf'"));
 
   // A model folder: tokenizer.json, and BOS/EOS from tokenizer_config.json.
@@ -431,7 +449,9 @@ TEST_CASE("make_tokenizer(\"hf\") and load_tokenizer_dir", "[tokenizer][hf]") {
 
 TEST_CASE("decode: an id outside the vocabulary names the id and the size", "[tokenizer][hf]") {
   auto tok = from(llama2_file(), "l2.json");
-  CHECK_THAT(error_of([&] { tok->decode({1, 273}); }),
+  CHECK_THAT(error_of([&] {
+               tok->decode({1, 273});
+             }),
              Catch::Contains("l2.json: decode: id 273 at position 1 is not in the vocabulary (size 273)"));
   CHECK_THAT(error_of([&] { tok->decode({-1}); }), Catch::Contains("id -1 at position 0"));
 }
@@ -446,13 +466,15 @@ TEST_CASE("bad tokenizer.json files: errors name the file, the JSON path and wha
   CHECK_THAT(err(g2, [](json& f) { f = json::array(); }), Contains("expected a JSON object"));
   // Model types.
   for (const char* type : {"Unigram", "WordPiece", "WordLevel"}) {
-    CHECK_THAT(err(g2, [&](json& f) { f["model"]["type"] = type; }),
-               Contains("bad/tokenizer.json: model.type: \"" + std::string(type) + "\" is not supported (supported: BPE)"));
+    CHECK_THAT(
+        err(g2, [&](json& f) { f["model"]["type"] = type; }),
+        Contains("bad/tokenizer.json: model.type: \"" + std::string(type) + "\" is not supported (supported: BPE)"));
   }
   CHECK_THAT(err(g2, [](json& f) { f.erase("model"); }), Contains("tokenizer.json: model: missing"));
   CHECK_THAT(err(g2, [](json& f) { f["model"].erase("vocab"); }), Contains("model.vocab: missing"));
   CHECK_THAT(err(g2, [](json& f) { f["model"].erase("merges"); }), Contains("model.merges: missing"));
-  CHECK_THAT(err(g2, [](json& f) { f["model"]["vocab"] = json::object(); }), Contains("model.vocab: the vocabulary is empty"));
+  CHECK_THAT(err(g2, [](json& f) { f["model"]["vocab"] = json::object(); }),
+             Contains("model.vocab: the vocabulary is empty"));
   CHECK_THAT(err(g2, [](json& f) { f["model"]["vocab"]["he"] = 5; }),
              Contains("model.vocab[\"he\"]: id 5 is also the id of") || Contains("id 5 is also the id of \"he\""));
   CHECK_THAT(err(g2, [](json& f) { f["model"]["vocab"]["he"] = "x"; }),
@@ -477,13 +499,23 @@ TEST_CASE("bad tokenizer.json files: errors name the file, the JSON path and wha
   CHECK_THAT(err(l2, [](json& f) { f["model"]["vocab"].erase("<0x41>"); }),
              Contains("model.byte_fallback: true, but the byte token <0x41> is not in model.vocab"));
   // Components.
-  CHECK_THAT(err(l2, [](json& f) { f["normalizer"] = {{"type", "NFKC"}}; }),
+  CHECK_THAT(err(l2,
+                 [](json& f) {
+                   f["normalizer"] = {{"type", "NFKC"}};
+                 }),
              Contains("normalizer.type: normalizer 'NFKC' is not supported (supported: Prepend, Replace"));
-  CHECK_THAT(err(l2, [](json& f) { f["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}}; }),
+  CHECK_THAT(err(l2,
+                 [](json& f) {
+                   f["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};
+                 }),
              Contains("normalizer.normalizers[1].pattern.Regex: a Regex pattern is not supported here"));
-  CHECK_THAT(err(g2, [](json& f) { f["pre_tokenizer"] = {{"type", "Whitespace"}}; }),
-             Contains("pre_tokenizer.type: pre-tokenizer 'Whitespace' is not supported (supported: ByteLevel, Metaspace, "
-                      "Split"));
+  CHECK_THAT(
+      err(g2,
+          [](json& f) {
+            f["pre_tokenizer"] = {{"type", "Whitespace"}};
+          }),
+      Contains("pre_tokenizer.type: pre-tokenizer 'Whitespace' is not supported (supported: ByteLevel, Metaspace, "
+               "Split"));
   CHECK_THAT(err(llama3_file(), [](json& f) { f["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+"; }),
              Contains("pre_tokenizer.pretokenizers[0].pattern.Regex: the pattern \"\\\\w+\" is not supported") &&
                  Contains("GPT-2's") && Contains("LLaMA-3's"));
@@ -491,16 +523,28 @@ TEST_CASE("bad tokenizer.json files: errors name the file, the JSON path and wha
              Contains("pre_tokenizer.pretokenizers[0].behavior: 'Removed' is not supported (supported: Isolated)"));
   CHECK_THAT(err(llama3_file(), [](json& f) { f["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; }),
              Contains("pre_tokenizer.pretokenizers[0].invert: true is not supported"));
-  CHECK_THAT(err(l2, [](json& f) { f["decoder"]["decoders"][2] = {{"type", "WordPiece"}}; }),
+  CHECK_THAT(err(l2,
+                 [](json& f) {
+                   f["decoder"]["decoders"][2] = {{"type", "WordPiece"}};
+                 }),
              Contains("decoder.decoders[2].type: decoder 'WordPiece' is not supported (supported: ByteLevel"));
-  CHECK_THAT(err(l2, [](json& f) { f["post_processor"] = {{"type", "RobertaProcessing"}}; }),
+  CHECK_THAT(err(l2,
+                 [](json& f) {
+                   f["post_processor"] = {{"type", "RobertaProcessing"}};
+                 }),
              Contains("post_processor.type: post-processor 'RobertaProcessing' is not supported (supported: "
                       "TemplateProcessing"));
   CHECK_THAT(err(l2, [](json& f) { f["post_processor"]["special_tokens"]["<s>"]["ids"] = {999}; }),
              Contains("post_processor.special_tokens[\"<s>\"].ids[0]: 999 is not an id of the vocabulary (size 273)"));
-  CHECK_THAT(err(l2, [](json& f) { f["truncation"] = {{"max_length", 8}}; }),
+  CHECK_THAT(err(l2,
+                 [](json& f) {
+                   f["truncation"] = {{"max_length", 8}};
+                 }),
              Contains("truncation: not supported (tessel encodes whole texts): it must be null"));
-  CHECK_THAT(err(l2, [](json& f) { f["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}}; }),
+  CHECK_THAT(err(l2,
+                 [](json& f) {
+                   f["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}};
+                 }),
              Contains("pre_tokenizer.replacement: expected one character, got 'ab'"));
   // Added tokens.
   CHECK_THAT(err(l2, [](json& f) { f["added_tokens"][1]["id"] = 5; }),

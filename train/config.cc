@@ -258,8 +258,8 @@ void TrainConfig::validate() const {
     TESSEL_CHECK(!tokenizer_json.empty(), kOp,
                  "tokenizer_json (--tokenizer-json) must name a Hugging Face tokenizer.json file when tokenizer = hf");
   } else {
-    TESSEL_CHECK(tokenizer_json.empty(), kOp, "tokenizer_json = '{}' applies to tokenizer = hf only, got tokenizer = {}",
-                 tokenizer_json, tokenizer);
+    TESSEL_CHECK(tokenizer_json.empty(), kOp,
+                 "tokenizer_json = '{}' applies to tokenizer = hf only, got tokenizer = {}", tokenizer_json, tokenizer);
   }
   non_empty("out_dir", out_dir);
   TESSEL_CHECK(sample_length >= 0, kOp, "sample_length must be >= 0, got {}", sample_length);

@@ -304,7 +304,8 @@ struct HfTokenizer::Impl {
       if (t.special && !match_special) continue;
       if (t.lstrip) start = std::max(ws_before(start), start_offset);
       if (t.rstrip) stop = ws_after(stop);
-      if (start_offset < start) out.push_back({text.substr(start_offset, start - start_offset), -1, at_start && start_offset == 0});
+      if (start_offset < start)
+        out.push_back({text.substr(start_offset, start - start_offset), -1, at_start && start_offset == 0});
       out.push_back({"", t.id, false});
       start_offset = stop;
     }
@@ -541,7 +542,8 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
   impl->ignore_merges = r.boolean(model, "model", "ignore_merges", false);
 
   const json& vocab = r.required(model, "model", "vocab");
-  if (!vocab.is_object()) r.fail("model.vocab", fmt::format("expected an object (token -> id), got {}", vocab.type_name()));
+  if (!vocab.is_object())
+    r.fail("model.vocab", fmt::format("expected an object (token -> id), got {}", vocab.type_name()));
   if (vocab.empty()) r.fail("model.vocab", "the vocabulary is empty");
   int64_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
@@ -696,7 +698,8 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
         } else if (const json* sp = r.optional(single[i], ip, "SpecialToken")) {
           const std::string name = r.string(*sp, ip + ".SpecialToken", "id");
           const json* entry = r.optional(specials, path + ".special_tokens", name.c_str());
-          if (!entry) r.fail(path + ".special_tokens", fmt::format("{} is used by {} but not defined", json(name).dump(), ip));
+          if (!entry)
+            r.fail(path + ".special_tokens", fmt::format("{} is used by {} but not defined", json(name).dump(), ip));
           const std::string ep = path + ".special_tokens[" + json(name).dump() + "]";
           const json& ids = r.array(*entry, ep, "ids");
           std::vector<int32_t> v;
@@ -709,7 +712,8 @@ std::shared_ptr<HfTokenizer> HfTokenizer::parse(const std::string& text, const s
           }
           (seen_a ? impl->template_after : impl->template_before).push_back(std::move(v));
         } else {
-          r.fail(ip, fmt::format("expected {{\"Sequence\": ...}} or {{\"SpecialToken\": ...}}, got {}", single[i].dump()));
+          r.fail(ip, fmt::format("expected {{\"Sequence\": ...}} or {{\"SpecialToken\": ...}}, got {}",
+                                 single[i].dump()));
         }
       }
       if (!seen_a) r.fail(path + ".single", "the template has no sequence A");

@@ -235,8 +235,8 @@ std::shared_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::load(const std::string& voca
     const std::string& token = it.key();
     const int32_t id = int32_t(it.value().get<int64_t>());
     TESSEL_CHECK(!token.empty(), kOp, "{}: key '': empty token string (id {})", vocab_path, id);
-    TESSEL_CHECK(!tok->id_used_[id], kOp, "{}: key {}: id {} is also used by key {}", vocab_path, quote_token(token), id,
-                 quote_token(tok->id_to_token_[id]));
+    TESSEL_CHECK(!tok->id_used_[id], kOp, "{}: key {}: id {} is also used by key {}", vocab_path, quote_token(token),
+                 id, quote_token(tok->id_to_token_[id]));
     std::string bytes;
     for (const auto& c : unicode::decode_utf8(token)) {
       TESSEL_CHECK(c.cp < u2b.size() && u2b[c.cp] >= 0, kOp,

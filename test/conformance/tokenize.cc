@@ -8,10 +8,9 @@
 // Decoded bytes that are not valid UTF-8 are written with U+FFFD (the
 // comparison then fails unless `tokenizers` replaced the same bytes).
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
 #include "train/hf_tokenizer.h"
