@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/api.h"
+#include "nn/kv_cache.h"
 
 namespace tessel::models {
 
@@ -57,9 +58,15 @@ GPT::GPT(const ModelConfig& cfg) : LanguageModel("GPT", cfg.resolved()) {
 Tensor GPT::embed(const Tensor& ids) {
   TESSEL_CHECK(ids.dim() == 2, "nanogpt", "expects token ids [B, T], got {}", ids.desc());
   const int64_t T = ids.size(1);
+  // Under a KV cache in eval mode (nn/kv_cache.h) the tokens continue the cached ones.
+  const nn::KVCache* cache = is_training() ? nullptr : nn::current_kv_cache();
+  const int64_t past = cache ? cache->position() : 0;
   TESSEL_CHECK(T <= config.max_seq_len, "nanogpt", "sequence length {} exceeds the context {} of config '{}'", T,
                config.max_seq_len, config.name);
-  Tensor pos = arange(T).to(ids.device());
+  TESSEL_CHECK(past + T <= config.max_seq_len, "nanogpt",
+               "positions {}..{} (after {} cached tokens) exceed the context {} of config '{}'", past, past + T - 1,
+               past, config.max_seq_len, config.name);
+  Tensor pos = arange(past, past + T).to(ids.device());
   return (*drop)((*wte)(ids) + (*wpe)(pos));
 }
 

@@ -2,6 +2,7 @@
 
 #include "autograd/api.h"
 #include "nn/context.h"
+#include "nn/kv_cache.h"
 
 namespace tessel::nn {
 
@@ -70,6 +71,14 @@ Tensor Attention::forward(const Tensor& x, int64_t position_offset) {
   TESSEL_CHECK(x.dim() == 3 && x.size(2) == c.dim, "Attention", "'{}' expects x of shape [B, T, {}], got {}", path(),
                c.dim, x.desc());
   const int64_t B = x.size(0), T = x.size(1), H = c.n_head, Hkv = c.n_kv_head, D = c.head_dim;
+  // Incremental decoding (nn/kv_cache.h): the cache says where the tokens are.
+  KVCache* cache = is_training() ? nullptr : current_kv_cache();
+  if (cache) {
+    TESSEL_CHECK(position_offset == 0 || position_offset == cache->position(), "Attention",
+                 "'{}': position_offset {} disagrees with the KV cache's position {}", path(), position_offset,
+                 cache->position());
+    position_offset = cache->position();
+  }
   TESSEL_CHECK(position_offset >= 0, "Attention", "'{}': position_offset must be >= 0, got {}", path(),
                position_offset);
   TESSEL_CHECK(!c.rope || position_offset + T <= c.max_seq_len, "Attention",
@@ -90,7 +99,22 @@ Tensor Attention::forward(const Tensor& x, int64_t position_offset) {
     o.dropout_key = random_key(site);
     o.dropout_block = batch_block({B, H, T, T}, "Attention '" + path() + "'");
   }
-  Tensor y = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o);
+  Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);
+  if (cache) {
+    const int64_t past = cache->position();
+    std::tie(kt, vt) = cache->append(path(), kt, vt);
+    if (past > 0) {
+      // Query i sits at position past + i and sees keys 0 .. past + i: with
+      // one query that is every key; with more, a [T, past + T] mask.
+      o.causal = false;
+      if (T > 1) {
+        Tensor qpos = arange(past, past + T).reshape({T, 1});
+        Tensor kpos = arange(int64_t(0), past + T).reshape({1, past + T});
+        o.mask = le(kpos, qpos).to(x.device());
+      }
+    }
+  }
+  Tensor y = scaled_dot_product_attention(q.transpose(1, 2), kt, vt, o);
   y = y.transpose(1, 2).reshape({B, T, H * D});
   return (*resid_drop)((*wo)(y));
 }

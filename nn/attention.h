@@ -30,6 +30,9 @@ struct AttentionConfig {
 //   out = resid_drop(wo(y as [B, T, n_head * head_dim]))
 // position_offset shifts the rotary positions (tokens are at positions
 // offset .. offset + T - 1); the causal mask is over the T given tokens.
+// In eval mode under an nn::KVCacheScope (nn/kv_cache.h) the offset is the
+// cache's position, k and v are appended to the cache, and the queries attend
+// over every cached key (causally for the new ones).
 //
 // Attention-probability dropout draws with the site path() + ".attn_drop"
 // (key {seed, stream_for(site, {step})}) at the probabilities' coordinates in

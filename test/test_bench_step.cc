@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "tools/bench/generate_bench.h"
 #include "tools/bench/step_bench.h"
 
 using namespace tessel;
@@ -58,4 +59,33 @@ TEST_CASE("bench step refuses bad options by name", "[bench]") {
   o.reference = true;
   o.python = "/no/such/python";
   CHECK_THROWS_AS(tools::run_step_bench(o, out), Error);
+}
+
+TEST_CASE("bench generate --no-reference ends with one JSON line; bad sizes are errors", "[bench]") {
+  setenv("TESSEL_BENCH_WAIT_S", "0", 1);
+  tools::GenerateBenchOptions o;
+  o.model = "nanogpt";
+  o.config = "tiny";
+  o.batch = 2;
+  o.prompt_len = 5;
+  o.new_tokens = 4;
+  o.rounds = 2;
+  o.reference = false;
+  std::ostringstream out;
+  REQUIRE(tools::run_generate_bench(o, out) == 0);
+  std::string last;
+  std::istringstream lines(out.str());
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) last = line;
+  auto j = nlohmann::json::parse(last);
+  CHECK(j["bench"] == "generate");
+  CHECK(j["model"] == "nanogpt");
+  CHECK(j["ours_s"].get<double>() > 0);
+  CHECK(j["tokens_per_s"].get<double>() > 0);
+  CHECK(j["reference"].is_null());
+  CHECK(j["new_tokens"] == 4);
+  CHECK(j.contains("machine"));
+  o.prompt_len = 60;  // + 4 new > the context 64
+  o.new_tokens = 5;
+  CHECK_THROWS_WITH(tools::run_generate_bench(o, out), Catch::Contains("exceed the context 64"));
 }

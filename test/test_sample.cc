@@ -20,17 +20,17 @@ struct FakeModel {
   int64_t V;
   float margin;
   DType dtype = DType::Float32;
-  std::vector<int64_t> seen_lengths;
+  std::vector<int64_t> seen_lengths, seen_batches;
   Tensor operator()(const Tensor& ids) {
     REQUIRE(ids.dim() == 2);
-    REQUIRE(ids.size(0) == 1);
     REQUIRE(ids.dtype() == DType::Int64);
-    const int64_t t = ids.size(1);
+    const int64_t b = ids.size(0), t = ids.size(1);
     seen_lengths.push_back(t);
+    seen_batches.push_back(b);
     auto v = ids.to_vector<int64_t>();
-    std::vector<float> out(size_t(t * V), 0.0f);
-    for (int64_t i = 0; i < t; ++i) out[size_t(i * V + (3 * v[i] + 1) % V)] = margin;
-    return tensor(out, {1, t, V}).to(dtype);
+    std::vector<float> out(size_t(b * t * V), 0.0f);
+    for (int64_t i = 0; i < b * t; ++i) out[size_t(i * V + (3 * v[i] + 1) % V)] = margin;
+    return tensor(out, {b, t, V}).to(dtype);
   }
 };
 
@@ -95,6 +95,7 @@ TEST_CASE("pick_token's frequencies follow the softmax", "[sample]") {
 TEST_CASE("generate: greedy follows the model's argmax", "[sample]") {
   FakeModel model{11, 10.0f};
   SampleOptions o;
+  o.kv_cache = false;  // a fake model: no attention layers to cache (test_generate.cc has the cache)
   o.max_new_tokens = 8;
   o.temperature = 0;
   auto out = generate(std::ref(model), {1}, o);
@@ -115,6 +116,7 @@ TEST_CASE("generate: greedy follows the model's argmax", "[sample]") {
 TEST_CASE("generate: sampling is deterministic for a seed and uses draw n for token n", "[sample]") {
   FakeModel flat{16, 0.0f};  // all logits equal: token n = floor(u_n * 16)
   SampleOptions o;
+  o.kv_cache = false;
   o.max_new_tokens = 40;
   o.temperature = 0.8;
   o.seed = 2024;
@@ -135,8 +137,80 @@ TEST_CASE("generate: sampling is deterministic for a seed and uses draw n for to
 TEST_CASE("generate: errors", "[sample]") {
   SampleOptions o;
   o.max_new_tokens = 1;
+  o.kv_cache = false;
   FakeModel model{5, 1.0f};
   CHECK_THROWS_WITH(generate(std::ref(model), {}, o), Catch::Contains("at least one token"));
   auto wrong = [](const Tensor& ids) { return zeros({ids.size(1), 5}); };
   CHECK_THROWS_WITH(generate(wrong, {1, 2}, o), Catch::Contains("[1, 2, V]"));
+  CHECK_THROWS_WITH(generate_batch(std::ref(model), {{1}, {}}, o), Catch::Contains("prompt 1 is empty"));
+  CHECK_THROWS_WITH(generate_batch(std::ref(model), {}, o), Catch::Contains("no prompts"));
+  o.top_p = 0;
+  CHECK_THROWS_WITH(generate(std::ref(model), {1}, o), Catch::Contains("top_p must be in (0, 1]"));
+  // A function that runs no tessel attention cannot use the KV cache: an
+  // error, never tokens computed from the last token alone.
+  o.top_p = 1;
+  o.kv_cache = true;
+  CHECK_THROWS_WITH(generate(std::ref(model), {1, 2}, o), Catch::Contains("no layer used the KV cache"));
+  // With the cache, prompt + new tokens - 1 must fit the context.
+  o.max_context = 4;
+  o.max_new_tokens = 3;
+  CHECK_THROWS_WITH(generate(std::ref(model), {1, 2, 3}, o), Catch::Contains("exceeds the model's context of 4"));
+}
+
+TEST_CASE("pick_token: top-p keeps the smallest nucleus", "[sample]") {
+  // Weights 1, 2, 3, 4 (total 10) at temperature 1.
+  const std::vector<double> z = {0, std::log(2.0), std::log(3.0), std::log(4.0)};
+  // top_p 0.4: {3} (4 >= 4). Any u picks 3.
+  for (double u : {0.0, 0.5, 0.999}) CHECK(pick_token(z, 1.0, 0, u, 0.4) == 3);
+  // top_p 0.5: {3, 2} (7 >= 5): weights 3 : 4 in id order 2, 3.
+  CHECK(pick_token(z, 1.0, 0, 3.0 / 7 - 1e-9, 0.5) == 2);
+  CHECK(pick_token(z, 1.0, 0, 3.0 / 7 + 1e-9, 0.5) == 3);
+  // top_p 0.75: {3, 2, 1} (9 >= 7.5); 0 is never drawn.
+  CHECK(pick_token(z, 1.0, 0, 0.0, 0.75) == 1);
+  CHECK(pick_token(z, 1.0, 0, 2.0 / 9 + 1e-9, 0.75) == 2);
+  // top_p 1 keeps all: u = 0 picks 0.
+  CHECK(pick_token(z, 1.0, 0, 0.0, 1.0) == 0);
+  // Combined with top-k: top-2 {2, 3}, then p 0.5 of 7: {3}.
+  CHECK(pick_token(z, 1.0, 2, 0.0, 0.5) == 3);
+  CHECK_THROWS_WITH(pick_token(z, 1.0, 0, 0.5, 1.5), Catch::Contains("top_p"));
+}
+
+TEST_CASE("sample_uniform: prompt p's stream starts at element p * 2^32", "[sample]") {
+  const PhiloxKey key = sample_key(5);
+  for (int64_t p : {0, 1, 7}) {
+    for (int64_t n : {0, 1, 2, 9}) {
+      const uint64_t e = (uint64_t(p) << 32) + uint64_t(n);
+      const Philox4 r = philox::block(key, e / 2);
+      CHECK(sample_uniform(5, n, p) == philox::u01_double(r.v[2 * (e % 2)], r.v[2 * (e % 2) + 1]));
+    }
+  }
+  CHECK(sample_uniform(5, 3) == sample_uniform(5, 3, 0));
+  CHECK_THROWS_AS(sample_uniform(5, int64_t(1) << 32), Error);
+}
+
+TEST_CASE("generate_batch: prompts of one length share a batch; each gets its own tokens", "[sample]") {
+  FakeModel flat{16, 0.0f};
+  SampleOptions o;
+  o.kv_cache = false;
+  o.max_new_tokens = 6;
+  o.temperature = 1.0;
+  o.seed = 11;
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2}, {3}, {4, 5}, {6}};
+  auto out = generate_batch(std::ref(flat), prompts, o);
+  REQUIRE(out.size() == 4);
+  for (int64_t p = 0; p < 4; ++p) {
+    REQUIRE(out[size_t(p)].size() == 6);
+    for (int64_t n = 0; n < 6; ++n) CHECK(out[size_t(p)][size_t(n)] == int64_t(std::floor(sample_uniform(11, n, p) * 16)));
+  }
+  // Two groups of two: batches of 2 rows, the length-2 group first.
+  CHECK(flat.seen_batches == std::vector<int64_t>(12, 2));
+  CHECK(flat.seen_lengths == std::vector<int64_t>{2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6});
+  // eos_id ends a prompt after it (kept); the others go on.
+  FakeModel sharp{11, 10.0f};  // 1 -> 4 -> 2 -> 7 -> 0; 3 -> 10 -> 9 -> 6 -> 8
+  o.temperature = 0;
+  o.eos_id = 2;
+  o.max_new_tokens = 4;
+  auto ended = generate_batch(std::ref(sharp), {{1}, {3}}, o);
+  CHECK(ended[0] == std::vector<int64_t>{4, 2});
+  CHECK(ended[1] == std::vector<int64_t>{10, 9, 6, 8});
 }

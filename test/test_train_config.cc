@@ -275,7 +275,7 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
   c.model_config = "m";
   auto j = nlohmann::json::parse(c.to_json());
   const std::vector<std::string> keys = {
-      "model", "model_config", "n_layer", "dim", "n_head", "n_kv_head", "hidden", "dropout", "dtype", "loss_scale",
+      "model", "model_config", "init_from", "n_layer", "dim", "n_head", "n_kv_head", "hidden", "dropout", "dtype", "loss_scale",
       "steps", "batch_size", "seq_len", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay",
       "betas", "grad_clip", "seed", "eval_every", "eval_batches", "log_every", "data", "heldout_percent",
       "tokenizer", "vocab", "merges", "tokenizer_json", "out_dir", "metrics", "sample_length", "temperature", "top_k",

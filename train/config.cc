@@ -33,6 +33,9 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       {"model", &C::model, "model family"},
       {"model_config", &C::model_config, "size preset of the model family"},
+      {"init_from", &C::init_from,
+       "fine-tune: start from the weights of a Hugging Face folder, a tessel checkpoint or a run folder (the "
+       "model is the folder's; optimizer and schedule start fresh)"},
       {"n_layer", &C::n_layer, "override the preset's layer count (0: preset)"},
       {"dim", &C::dim, "override the preset's model width (0: preset)"},
       {"n_head", &C::n_head, "override the preset's attention heads (0: preset)"},

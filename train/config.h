@@ -26,6 +26,11 @@ struct TrainConfig {
   // model
   std::string model = "nanogpt";      // model family
   std::string model_config = "tiny";  // size preset of that family
+  // Fine-tuning: start from the weights in this folder (a Hugging Face model
+  // folder, a tessel checkpoint or a run folder; train/trainer/pretrained.h).
+  // The model (family and shape) is the folder's; the optimizer and schedule
+  // start fresh. A --resume that finds a checkpoint of this run wins.
+  std::string init_from;
   // Overrides of the preset's shape (0 / -1: keep the preset's value).
   int64_t n_layer = 0;
   int64_t dim = 0;

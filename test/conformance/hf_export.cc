@@ -9,6 +9,10 @@
 //     builds a model from DIR/hf_back/config.json (written by transformers'
 //     save_pretrained from its own random weights), loads those weights by HF
 //     names and writes DIR/tessel_back_logits.safetensors for the same batch.
+//   hf_export logits --from DIR --batch FILE --out FILE
+//     loads DIR as `tessel generate --from` does (a Hugging Face folder, a
+//     tessel checkpoint or a run folder; train/trainer/pretrained.h) and writes
+//     its logits for the batch's ids (generate.sh's round trip).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -20,6 +24,7 @@
 #include "models/language_model.h"
 #include "nn/module.h"
 #include "runtime/philox.h"
+#include "train/trainer/pretrained.h"
 
 using namespace tessel;
 
@@ -48,9 +53,26 @@ int main(int argc, char** argv) {
   ex->add_option("--out", out)->required();
   CLI::App* im = app.add_subcommand("import", "HF -> tessel");
   im->add_option("--dir", dir)->required();
+  std::string batch;
+  CLI::App* lo = app.add_subcommand("logits", "a saved model's logits for a batch");
+  lo->add_option("--from", dir)->required();
+  lo->add_option("--batch", batch)->required();
+  lo->add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*ex) {
+    if (*lo) {
+      const train::Pretrained p = train::find_pretrained(dir);
+      std::shared_ptr<models::LanguageModel> model;
+      {
+        nn::ConstructionScope meta(kMeta);
+        model = models::build_model(p.model);
+      }
+      auto run = parallelize(model, adamw({}));
+      train::load_pretrained_weights(p, run);
+      const Tensor ids = checkpoint::load_safetensors(batch).at("ids");
+      checkpoint::save_safetensors(out, {{"logits", logits_of(run.model(), ids)}});
+      std::printf("hf_export: logits of %s %s -> %s\n", p.kind_name(), p.path.c_str(), out.c_str());
+    } else if (*ex) {
       models::ModelConfig mc = models::model_config(model_name, config);
       mc.dropout = 0;
       auto model = models::make_language_model(mc, seed);

@@ -6,6 +6,8 @@
 # compares within 1e-5 relative. Run through `./tessel conformance`.
 #   ./tessel conformance [--models "nanogpt llama"] [--config tiny] [--tol 1e-5] [-v] [--float64-check]
 #   ./tessel conformance [--models ...] [--tol ...] --hf   Hugging Face weights both ways (test/conformance/hf.sh)
+#   ./tessel conformance [--tol ...] --generate             greedy generation and a fine-tuning round trip
+#                                                           against transformers (test/conformance/generate.sh)
 #   ./tessel conformance --tokenizers [--only gpt2,llama3] [-v]   tokenizer.json against PyPI's tokenizers (tokenizers.sh)
 # Exit status: 0 when every model passes.
 set -euo pipefail
@@ -25,7 +27,8 @@ while [[ $# -gt 0 ]]; do
     --float64-check) extra+=(--float64-check); shift ;;
     --hf) exec test/conformance/hf.sh "$models" "$tol" ;;
     --tokenizers) shift; exec test/conformance/tokenizers.sh "$@" ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --generate) exec test/conformance/generate.sh "${GEN_MODELS:-gpt2 llama mixtral}" "$tol" ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "conformance: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done

@@ -1,14 +1,10 @@
 #include "tools/bench/step_bench.h"
 
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +23,7 @@
 #include "nn/optim.h"
 #include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
+#include "tools/bench/reference_process.h"
 #include "tools/bench/torch_reference.h"
 
 namespace tessel::tools {
@@ -53,60 +50,6 @@ double process_cpu_seconds() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
-
-// The PyTorch side as a child process answering one JSON line per command.
-class Reference {
- public:
-  explicit Reference(const std::vector<std::string>& argv) {
-    std::signal(SIGPIPE, SIG_IGN);  // a dead child must give an error, not kill us
-    int to[2], from[2];
-    TESSEL_CHECK(pipe(to) == 0 && pipe(from) == 0, "bench step", "pipe failed: {}", std::strerror(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, to[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-    for (int fd : {to[0], to[1], from[0], from[1]}) posix_spawn_file_actions_addclose(&fa, fd);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const int rc = posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(to[0]);
-    close(from[1]);
-    if (rc != 0) {
-      close(to[1]);
-      close(from[0]);
-      TESSEL_FAIL("bench step", "cannot start '{}': {}", argv[0], std::strerror(rc));
-    }
-    in_ = fdopen(to[1], "w");
-    out_ = fdopen(from[0], "r");
-  }
-  ~Reference() {
-    if (in_) {
-      std::fputs("quit\n", in_);
-      std::fclose(in_);
-    }
-    if (out_) std::fclose(out_);
-    int status;
-    waitpid(pid_, &status, 0);
-  }
-  // The next answer (after sending `cmd`, unless empty); a non-object on failure.
-  nlohmann::json ask(const char* cmd) {
-    if (*cmd) {
-      std::fputs(cmd, in_);
-      std::fputc('\n', in_);
-      std::fflush(in_);
-    }
-    std::string line;
-    for (int c; (c = std::fgetc(out_)) != EOF && c != '\n';) line += char(c);
-    return nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  }
-
- private:
-  pid_t pid_ = -1;
-  std::FILE* in_ = nullptr;
-  std::FILE* out_ = nullptr;
-};
 
 // Other threads (ours or OpenMP's, which spin a while after each region)
 // go idle before a timed step starts.
@@ -174,12 +117,12 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
                      mc.describe(), B, T, threads, o.warmup, o.steps);
   out.flush();
   BenchMachine machine = begin_bench(out);
-  std::unique_ptr<Reference> ref;
+  std::unique_ptr<ReferenceProcess> ref;
   std::string ref_name;
   int rc = 0;
   if (o.reference) {
     const std::string script = (std::filesystem::path(repository_root()) / "tools/bench/step_bench.py").string();
-    ref = std::make_unique<Reference>(std::vector<std::string>{python, script, dir, "--threads", std::to_string(threads)});
+    ref = std::make_unique<ReferenceProcess>("bench step", std::vector<std::string>{python, script, dir, "--threads", std::to_string(threads)});
     nlohmann::json hello = ref->ask("");
     TESSEL_CHECK(hello.is_object() && hello.value("ready", false), op,
                  "the PyTorch side ({} {}) did not start; its errors are above", python, script);

@@ -4,7 +4,7 @@
 //   tessel ckpt convert --to hf SRC DST [--max-shard-bytes N]
 //                                             a training checkpoint's model -> HF-named safetensors + config.json
 //   tessel ckpt convert --to tessel SRC DST   an HF folder -> a tessel checkpoint (tensors "model.<path>")
-// DIR may also be a run's checkpoint folder (step-N inside): its newest complete checkpoint is used.
+// DIR may also be a run's checkpoints folder (step-N inside) or the run folder: its newest complete checkpoint is used.
 #include <cstdio>
 #include <map>
 
@@ -21,9 +21,11 @@ namespace {
 
 std::string resolve(const std::string& dir) {
   if (checkpoint::io::exists(dir + "/" + checkpoint::kMetadataFile)) return dir;
-  if (auto latest = checkpoint::latest_checkpoint(dir)) {
-    std::printf("%s: newest complete checkpoint %s\n", dir.c_str(), latest->path.c_str());
-    return latest->path;
+  for (const std::string& root : {dir, dir + "/checkpoints"}) {  // a checkpoints folder, or a run folder
+    if (auto latest = checkpoint::latest_checkpoint(root)) {
+      std::printf("%s: newest complete checkpoint %s\n", dir.c_str(), latest->path.c_str());
+      return latest->path;
+    }
   }
   return dir;  // the reader's error says what is missing
 }

@@ -23,8 +23,10 @@ void register_info(CLI::App& app);
 void register_train(CLI::App& app);
 void register_bench(CLI::App& app);  // gemm, collectives, dispatch (tools/bench binaries)
 void register_bench_step(CLI::App& app);
+void register_bench_generate(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_ckpt(CLI::App& app);  // inspect, verify, convert
 void register_verify(CLI::App& app);  // compare two runs
+void register_generate(CLI::App& app);  // text from a model
 
 }  // namespace tessel::cli

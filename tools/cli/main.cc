@@ -14,9 +14,11 @@ int main(int argc, char** argv) {
   tessel::cli::register_train(app);
   tessel::cli::register_bench(app);
   tessel::cli::register_bench_step(app);
+  tessel::cli::register_bench_generate(app);
   tessel::cli::register_launch(app);
   tessel::cli::register_ckpt(app);
   tessel::cli::register_verify(app);
+  tessel::cli::register_generate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

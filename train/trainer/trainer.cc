@@ -25,6 +25,7 @@
 #include "train/plot.h"
 #include "train/sample.h"
 #include "train/trainer/checkpointing.h"
+#include "train/trainer/pretrained.h"
 
 namespace tessel::train {
 
@@ -73,13 +74,26 @@ struct Setup {
   models::ModelConfig model;
   Corpus corpus;
   std::vector<Mesh::DimSpec> mesh;  // empty: one device
+  std::optional<Pretrained> pretrained;  // --init-from
 };
 
 Setup prepare(const TrainConfig& cfg) {
   cfg.validate();
   Setup s;
   s.tokenizer = make_tokenizer(cfg.tokenizer, cfg.tokenizer == "hf" ? cfg.tokenizer_json : cfg.vocab, cfg.merges);
-  models::ModelConfig mc = models::model_config(cfg.model, cfg.model_config);
+  models::ModelConfig mc;
+  if (!cfg.init_from.empty()) {
+    // The folder says what the model is; shape flags would describe another one.
+    TESSEL_CHECK(cfg.n_layer == 0 && cfg.dim == 0 && cfg.n_head == 0 && cfg.n_kv_head == 0 && cfg.hidden == 0,
+                 "train",
+                 "--init-from {}: the model's shape comes from the folder; drop --n-layer, --dim, --n-head, "
+                 "--n-kv-head and --hidden",
+                 cfg.init_from);
+    s.pretrained = find_pretrained(cfg.init_from);
+    mc = s.pretrained->model;
+  } else {
+    mc = models::model_config(cfg.model, cfg.model_config);
+  }
   if (cfg.n_layer > 0) mc.n_layer = cfg.n_layer;
   if (cfg.dim > 0) {
     mc.dim = cfg.dim;
@@ -97,9 +111,10 @@ Setup prepare(const TrainConfig& cfg) {
   TESSEL_CHECK(s.tokenizer->vocab_size() <= s.model.vocab_size, "train",
                "the {} tokenizer has {} tokens but {} config '{}' has vocab_size {}; pick a config with a larger "
                "vocabulary",
-               s.tokenizer->name(), s.tokenizer->vocab_size(), cfg.model, cfg.model_config, s.model.vocab_size);
+               s.tokenizer->name(), s.tokenizer->vocab_size(), models::arch_name(s.model.arch), s.model.name,
+               s.model.vocab_size);
   TESSEL_CHECK(cfg.seq_len <= s.model.max_seq_len, "train", "seq_len {} exceeds the context {} of {} config '{}'",
-               cfg.seq_len, s.model.max_seq_len, cfg.model, cfg.model_config);
+               cfg.seq_len, s.model.max_seq_len, models::arch_name(s.model.arch), s.model.name);
   for (const auto& [name, size] : parse_mesh(cfg.mesh)) {
     s.mesh.push_back({name, size});
     TESSEL_CHECK(name != "pp" || cfg.dump.empty(), "train",
@@ -240,9 +255,13 @@ std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageM
   std::vector<int64_t> prompt{int64_t(s.tokenizer->encode("\n")[0])};
   SampleOptions so;
   so.max_new_tokens = cfg.sample_length;
-  so.max_context = s.model.max_seq_len;
+  // Positions beyond the trained sequence length were never trained (GPT's
+  // learned position embeddings are still random there): sample within them.
+  so.max_context = std::min(s.model.max_seq_len, cfg.seq_len);
   so.seed = cfg.seed;
   so.temperature = 0;
+  // The KV cache when the sample fits the context; otherwise a sliding window.
+  so.kv_cache = int64_t(prompt.size()) + so.max_new_tokens - 1 <= so.max_context;
   result.greedy_sample = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
   so.temperature = cfg.temperature;
   so.top_k = cfg.top_k;
@@ -299,7 +318,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   const DataLoader loader(s.corpus.split.train, cfg.seq_len, cfg.batch_size, cfg.seed, "data");
   const DataLoader heldout(s.corpus.split.heldout, cfg.seq_len, cfg.batch_size, cfg.seed, "eval");
   const MeshPtr mesh = s.mesh.empty() ? nullptr : Mesh::world(s.mesh);
-  const parallel::ParallelPlan plan = parallel::load_plan(cfg.plan == "auto" ? cfg.model : cfg.plan,
+  const parallel::ParallelPlan plan = parallel::load_plan(cfg.plan == "auto" ? models::arch_name(s.model.arch) : cfg.plan,
                                                           cfg.sequence_parallel);
   Run<models::LanguageModel> run =
       parallelize(build_on_meta(cfg, s.model), mesh, plan, optimizer(cfg), run_options(cfg));
@@ -313,12 +332,18 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     });
   }
   const int64_t first_step = run.step();
+  std::optional<WeightsLoaded> initialised;
+  if (s.pretrained && first_step == 0) initialised = load_pretrained_weights(*s.pretrained, run);
   std::unique_ptr<DumpRecorder> dump = cfg.dump.empty() ? nullptr : std::make_unique<DumpRecorder>(cfg.dump, main_rank);
 
   // ---- outputs (rank 0) -----------------------------------------------------------------------
   OutputDir out(cfg.out_dir);
   std::unique_ptr<MetricsWriter> metrics = main_rank ? open_outputs(cfg, out, first_step) : nullptr;
   if (!hooks.quiet) print_header(cfg, s, run, *s.tokenizer);
+  if (!hooks.quiet && initialised)
+    std::printf("  initialised from %s %s: %zu tensors, %s read by rank 0; optimizer and schedule fresh\n",
+                s.pretrained->kind_name(), s.pretrained->path.c_str(), initialised->tensors,
+                mib(int64_t(initialised->bytes_read)).c_str());
   if (!hooks.quiet && first_step > 0)
     std::printf("  resumed from %s after step %lld\n", checkpoint::step_dir(ckpt->root(), first_step).c_str(),
                 (long long)first_step);

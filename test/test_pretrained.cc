@@ -1,0 +1,204 @@
+// Fine-tuning and generation from saved weights: `--init-from` a Hugging Face
+// folder or a tessel checkpoint gives the same bits on one device and on
+// dp=2,tp=2 (bitwise mode), `tessel generate` gives the same tokens on every
+// layout, and bad folders, flags and prompts are clear errors.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "autograd/api.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/load.h"
+#include "checkpoint/manager.h"
+#include "test/util/runfiles.h"
+#include "train/config.h"
+#include "train/metrics.h"
+#include "train/trainer/generate.h"
+#include "train/trainer/pretrained.h"
+#include "train/trainer/trainer.h"
+
+using namespace tessel;
+using namespace tessel::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string scratch(const std::string& name) {
+  static const std::string root = tessel::testing::scratch_dir("pretrained");  // emptied once per process
+  return (fs::path(root) / name).string();
+}
+
+TrainConfig tiny(const std::string& model, const std::string& out) {
+  TrainConfig c;
+  c.model = model;
+  c.model_config = "tiny";
+  c.steps = 3;
+  c.batch_size = 8;
+  c.seq_len = 32;
+  c.eval_every = 0;
+  c.sample_length = 0;
+  c.out_dir = out;
+  return c;
+}
+
+// A trained tiny model saved as a tessel run (checkpoint at its last step)
+// and as a Hugging Face folder; returns {run folder, HF folder}.
+std::pair<std::string, std::string> saved_model(const std::string& model) {
+  const std::string run = scratch(model + "_run"), hf = scratch(model + "_hf");
+  if (fs::exists(hf)) return {run, hf};
+  TrainConfig c = tiny(model, run);
+  c.ckpt_every = 3;
+  run_training(c, {nullptr, /*quiet=*/true});
+  const auto latest = checkpoint::latest_checkpoint(run + "/checkpoints");
+  REQUIRE(latest);
+  checkpoint::CheckpointReader reader(latest->path);
+  checkpoint::NamedTensors params;
+  for (const auto& t : reader.meta().tensors)
+    if (t.name.rfind("model.", 0) == 0) params.emplace_back(t.name.substr(6), checkpoint::read_tensor(reader, t.name));
+  const models::ModelConfig mc = find_pretrained(run).model;
+  checkpoint::save_hf(hf, mc, checkpoint::to_hf(mc, params));
+  return {run, hf};
+}
+
+std::vector<StepMetrics> fine_tune(const std::string& from, const std::string& out, const std::string& mesh) {
+  TrainConfig c = tiny("nanogpt", out);  // the family flag is ignored: the folder says llama
+  c.init_from = from;
+  c.mesh = mesh;
+  c.bitwise = true;
+  run_training(c, {nullptr, /*quiet=*/true});
+  return read_metrics(fs::path(out) / "metrics.jsonl");
+}
+
+}  // namespace
+
+TEST_CASE("--init-from: HF folder and checkpoint, one device and dp=2,tp=2, the same bits", "[pretrained]") {
+  const auto [run, hf] = saved_model("llama");
+  const Pretrained p = find_pretrained(hf);
+  CHECK(p.kind == Pretrained::Kind::HuggingFace);
+  CHECK(p.model.arch == models::Arch::Llama);
+  CHECK(find_pretrained(run).kind == Pretrained::Kind::Checkpoint);  // a run folder: its newest checkpoint
+  CHECK(find_pretrained(run + "/checkpoints").path == find_pretrained(run).path);
+
+  const auto one = fine_tune(hf, scratch("ft_hf_1"), "");
+  const auto dp_tp = fine_tune(hf, scratch("ft_hf_dptp"), "dp=2,tp=2");
+  const auto from_ckpt = fine_tune(run, scratch("ft_ckpt_tp"), "tp=2");
+  REQUIRE(one.size() == 3);
+  REQUIRE(dp_tp.size() == 3);
+  REQUIRE(from_ckpt.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(*one[i].loss == *dp_tp[i].loss);
+    CHECK(one[i].param_hash == dp_tp[i].param_hash);
+    CHECK(*one[i].loss == *from_ckpt[i].loss);
+    CHECK(one[i].param_hash == from_ckpt[i].param_hash);
+  }
+  // Started from the trained weights: the first loss is the trained model's,
+  // well below a fresh model's ln(256) = 5.55.
+  TrainConfig fresh = tiny("llama", scratch("fresh"));
+  fresh.bitwise = true;
+  run_training(fresh, {nullptr, true});
+  const auto fresh_m = read_metrics(fs::path(fresh.out_dir) / "metrics.jsonl");
+  const auto trained = read_metrics(fs::path(run) / "metrics.jsonl");
+  CHECK(*one[0].loss < *fresh_m[0].loss - 0.05);
+  CHECK(*one[0].loss < *trained.front().loss);
+}
+
+TEST_CASE("--init-from: bad folders and flags are errors naming them", "[pretrained]") {
+  const auto [run, hf] = saved_model("llama");
+  TrainConfig c = tiny("llama", scratch("bad"));
+  c.init_from = scratch("nowhere");
+  CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("is not a directory"));
+  fs::create_directories(scratch("empty"));
+  c.init_from = scratch("empty");
+  CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("is neither a Hugging Face model folder"));
+  c.init_from = hf;
+  c.n_layer = 4;
+  CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("drop --n-layer"));
+  c.n_layer = 0;
+
+  // An architecture tessel does not have, named with the ones it has.
+  const std::string other = scratch("bert");
+  fs::create_directories(other);
+  fs::copy_file(hf + "/model.safetensors", other + "/model.safetensors", fs::copy_options::overwrite_existing);
+  std::ofstream(other + "/config.json") << R"({"model_type": "bert", "architectures": ["BertModel"]})";
+  c.init_from = other;
+  CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("bert"));
+
+  // A tensor missing, one too many, one of another shape: each named.
+  auto edited = [&](const std::string& name, auto edit) {
+    const std::string dir = scratch(name);
+    fs::create_directories(dir);
+    fs::copy_file(hf + "/config.json", dir + "/config.json", fs::copy_options::overwrite_existing);
+    auto tensors = checkpoint::load_safetensors(hf + "/model.safetensors").tensors;
+    edit(tensors);
+    checkpoint::save_safetensors(dir + "/model.safetensors", tensors);
+    return dir;
+  };
+  c.init_from = edited("missing", [](checkpoint::NamedTensors& t) {
+    t.erase(std::remove_if(t.begin(), t.end(), [](const auto& nt) { return nt.first == "model.norm.weight"; }),
+            t.end());
+  });
+  CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("model.norm.weight"));
+  c.init_from = edited("extra", [](checkpoint::NamedTensors& t) { t.emplace_back("model.extra.weight", zeros({2})); });
+  CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("model.extra.weight"));
+  c.init_from = edited("reshaped", [](checkpoint::NamedTensors& t) {
+    for (auto& nt : t)
+      if (nt.first == "model.norm.weight") nt.second = zeros({nt.second.numel() + 1});
+  });
+  CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("norm"));
+}
+
+TEST_CASE("generate: the same tokens on one device, tp=2, pp=2 and dp=2; bad prompts are errors", "[pretrained]") {
+  const auto [run, hf] = saved_model("llama");
+  GenerateConfig g;
+  g.from = run;
+  g.prompts = {"Th", "Wh"};
+  g.ids = {"65,108,108"};
+  g.max_new_tokens = 10;
+  g.temperature = 0.9;
+  g.top_k = 50;
+  g.seed = 7;
+  const GenerateResult one = run_generate(g, /*quiet=*/true);
+  REQUIRE(one.outputs.size() == 3);
+  CHECK(one.outputs[0].prompt_ids == std::vector<int64_t>{'T', 'h'});  // the run's byte tokenizer
+  for (const auto& o : one.outputs) CHECK(o.ids.size() == 10);
+  CHECK(one.outputs[0].text.size() == 10);
+  for (std::string mesh : {"tp=2", "pp=2", "dp=2"}) {
+    INFO(mesh);
+    g.mesh = mesh;
+    const GenerateResult r = run_generate(g, true);
+    for (size_t i = 0; i < 3; ++i) CHECK(r.outputs[i].ids == one.outputs[i].ids);
+  }
+  // The HF folder holds the same weights: the same tokens for the same ids
+  // at the same places in the batch (each prompt samples its own stream). It
+  // has no tokenizer, so text prompts are an error.
+  g.mesh = "";
+  g.from = hf;
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("text prompts need a tokenizer"));
+  g.prompts.clear();
+  g.ids = {"84,104", "87,104", "65,108,108"};
+  const GenerateResult from_hf = run_generate(g, true);
+  for (size_t i = 0; i < 3; ++i) CHECK(from_hf.outputs[i].ids == one.outputs[i].ids);
+  CHECK(from_hf.outputs[0].text.empty());
+  g.ids = {"1,2,300"};
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("token id 300 is outside the model's vocabulary of 256"));
+  g.ids = {"1,x"};
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("\"x\" is not a token id"));
+  g.ids = {"1"};
+  for (int i = 0; i < 64; ++i) g.ids[0] += ",1";  // 65 tokens
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("has 65 tokens, more than the model's context of 64"));
+  // A run folder's context is the sequence length it trained on (32 here).
+  g.from = run;
+  g.ids = {"1"};
+  for (int i = 0; i < 32; ++i) g.ids[0] += ",1";  // 33 tokens
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("context of 32 (the sequence length it was trained on)"));
+  // A prompt that fits, with more new tokens than the context leaves: a sliding window.
+  g.ids = {"1,2,3"};
+  g.max_new_tokens = 40;
+  CHECK(run_generate(g, true).outputs[0].ids.size() == 40);
+  g.max_new_tokens = 10;
+  g.from = hf;
+  g.ids.clear();
+  CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("no prompt"));
+  CHECK(parse_ids("3,4,5") == std::vector<int64_t>{3, 4, 5});
+}

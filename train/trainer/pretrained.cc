@@ -1,0 +1,160 @@
+#include "train/trainer/pretrained.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "autograd/api.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/load.h"
+#include "checkpoint/manager.h"
+#include "checkpoint/model_config.h"
+#include "dtensor/ops.h"
+#include "runtime/error.h"
+
+namespace tessel::train {
+namespace {
+
+constexpr const char* kOp = "pretrained";
+constexpr const char* kModel = "model.";
+
+bool is_hf_folder(const std::string& dir) {
+  return checkpoint::io::exists(dir + "/config.json") &&
+         (checkpoint::io::exists(dir + "/model.safetensors") ||
+          checkpoint::io::exists(dir + "/model.safetensors.index.json"));
+}
+
+// Parameters and persistent buffers this rank holds (a pipeline stage holds
+// the others' as Meta tensors).
+std::vector<nn::NamedTensor> held_state(models::LanguageModel& model) {
+  std::vector<nn::NamedTensor> out;
+  for (auto& nt : model.state_dict())
+    if (nt.tensor.defined() && !nt.tensor.device().is_meta()) out.push_back(nt);
+  return out;
+}
+
+}  // namespace
+
+Pretrained find_pretrained(const std::string& dir) {
+  TESSEL_CHECK(std::filesystem::is_directory(dir), kOp, "'{}' is not a directory", dir);
+  Pretrained p;
+  if (is_hf_folder(dir)) {
+    p.kind = Pretrained::Kind::HuggingFace;
+    p.path = dir;
+    p.model = checkpoint::model_config_from_hf(checkpoint::load_hf_config(dir)).resolved();
+    return p;
+  }
+  std::string step_dir;
+  if (checkpoint::io::exists(dir + "/" + checkpoint::kMetadataFile)) {
+    step_dir = dir;
+  } else if (auto latest = checkpoint::latest_checkpoint(dir)) {
+    step_dir = latest->path;
+  } else if (auto in_run = checkpoint::latest_checkpoint(dir + "/checkpoints")) {
+    step_dir = in_run->path;
+  }
+  TESSEL_CHECK(!step_dir.empty(), kOp,
+               "'{}' is neither a Hugging Face model folder (config.json with model.safetensors or "
+               "model.safetensors.index.json), a tessel checkpoint (metadata.json), a checkpoints folder (step-N "
+               "inside) nor a run folder with checkpoints/",
+               dir);
+  p.kind = Pretrained::Kind::Checkpoint;
+  p.path = step_dir;
+  const checkpoint::CheckpointMeta meta = checkpoint::read_metadata(step_dir);
+  TESSEL_CHECK(meta.state.is_object() && meta.state.contains("model"), kOp,
+               "checkpoint '{}' records no model config (its state has no \"model\"): save it with `tessel train "
+               "--ckpt-every N`, or give a Hugging Face folder",
+               step_dir);
+  p.model = checkpoint::model_config_from_json(meta.state["model"]).resolved();
+  if (meta.state.contains("config") && meta.state["config"].is_object()) p.train_config = meta.state["config"];
+  return p;
+}
+
+WeightsLoaded load_pretrained_weights(const Pretrained& p, Run<models::LanguageModel>& run) {
+  models::LanguageModel& model = run.model();
+  const models::ModelConfig& mine = model.config;
+  TESSEL_CHECK(mine.arch == p.model.arch, kOp, "'{}' holds a {} model but the run's model is {}", p.path,
+               models::arch_name(p.model.arch), models::arch_name(mine.arch));
+  const std::vector<nn::NamedTensor> targets = held_state(model);
+  std::set<std::string> all_names;
+  for (const auto& nt : model.state_dict()) all_names.insert(nt.name);
+  WeightsLoaded loaded;
+  NoGradGuard no_grad;
+
+  if (p.kind == Pretrained::Kind::Checkpoint) {
+    checkpoint::CheckpointReader reader(p.path);
+    std::set<std::string> saved;
+    for (const auto& t : reader.meta().tensors)
+      if (t.name.rfind(kModel, 0) == 0) saved.insert(t.name.substr(6));
+    for (const std::string& name : saved)
+      TESSEL_CHECK(all_names.count(name), kOp,
+                   "checkpoint '{}' holds tensor 'model.{}' that this {} does not have: a checkpoint of another model",
+                   p.path, name, mine.describe());
+    checkpoint::NamedTensors named;
+    for (const auto& nt : targets) {
+      TESSEL_CHECK(saved.count(nt.name), kOp, "checkpoint '{}' has no tensor 'model.{}' ({} model tensors saved)",
+                   p.path, nt.name, saved.size());
+      const checkpoint::TensorMeta* m = reader.meta().find(kModel + nt.name);
+      TESSEL_CHECK(m->shape == nt.tensor.shape(), kOp, "checkpoint '{}': tensor 'model.{}' is {} but this model's is {}",
+                   p.path, nt.name, m->shape.str(), nt.tensor.shape().str());
+      if (m->dtype == nt.tensor.dtype()) {
+        named.emplace_back(kModel + nt.name, nt.tensor);
+      } else {
+        // Another dtype on disk (a float32 checkpoint into bf16 weights):
+        // read into a tensor of the saved dtype laid out like the weight, then convert.
+        Tensor tmp = nt.tensor.is_distributed()
+                         ? zeros(nt.tensor.shape(), nt.tensor.mesh(), nt.tensor.placements(), TensorOptions(m->dtype))
+                         : zeros(nt.tensor.shape(), TensorOptions(m->dtype));
+        named.emplace_back(kModel + nt.name, tmp);
+      }
+    }
+    const checkpoint::LoadResult r = checkpoint::load(reader, named);
+    for (size_t i = 0; i < targets.size(); ++i) {
+      Tensor dst = targets[i].tensor;  // a handle: copies write the weight
+      const Tensor& src = named[i].second;
+      if (src.dtype() == dst.dtype()) continue;
+      if (dst.is_distributed()) {
+        Tensor local = dst.dist().local;
+        local.copy_(src.dist().local);
+      } else {
+        dst.copy_(src);
+      }
+    }
+    loaded.tensors = targets.size();
+    loaded.bytes_read = r.bytes_read;
+    return loaded;
+  }
+
+  // Hugging Face: the whole folder, mapped to tessel's names and layouts.
+  uint64_t bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(p.path))
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") bytes += entry.file_size();
+  const checkpoint::NamedTensors hf = checkpoint::load_hf_tensors(p.path);
+  std::map<std::string, Tensor> full;
+  for (auto& [name, t] : checkpoint::from_hf(p.model, hf)) full.emplace(name, t);
+  for (const auto& [name, t] : full)
+    TESSEL_CHECK(all_names.count(name), kOp, "'{}' maps to tensor '{}' that this {} does not have", p.path, name,
+                 mine.describe());
+  for (const auto& nt : targets) {
+    auto it = full.find(nt.name);
+    TESSEL_CHECK(it != full.end(), kOp, "'{}' has no weight for '{}' (after mapping Hugging Face names)", p.path,
+                 nt.name);
+    const Tensor& src = it->second;
+    TESSEL_CHECK(src.shape() == nt.tensor.shape(), kOp, "'{}': '{}' is {} but this model's is {}", p.path, nt.name,
+                 src.shape().str(), nt.tensor.shape().str());
+    Tensor converted = src.to(nt.tensor.dtype());
+    Tensor dst = nt.tensor;  // a handle: copies write the weight
+    if (dst.is_distributed()) {
+      const Tensor piece = distribute_tensor(converted, dst.mesh(), dst.placements());
+      Tensor local = dst.dist().local;
+      local.copy_(piece.dist().local);
+    } else {
+      dst.copy_(converted);
+    }
+  }
+  loaded.tensors = targets.size();
+  loaded.bytes_read = bytes;
+  return loaded;
+}
+
+}  // namespace tessel::train
