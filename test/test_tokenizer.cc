@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "test/util/error_of.h"
 #include "test/util/runfiles.h"
 #include "train/tokenizer.h"
 #include "train/unicode.h"
 
 using namespace tessel;
 using namespace tessel::train;
+using tessel::testing::error_of;
 using tessel::testing::data_path;
 using Ids = std::vector<int32_t>;
 using Pieces = std::vector<std::string>;
@@ -42,15 +44,6 @@ std::string write_file(const std::string& name, const std::string& content) {
   std::string path = dir + "/" + name;
   std::ofstream(path, std::ios::binary) << content;
   return path;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

@@ -200,6 +200,11 @@ TEST_CASE("flags override the file, whatever their position", "[config]") {
   CHECK(e.model == "llama");
   CHECK(e.model_config == "small");
   CHECK(e.out_dir == "runs/z");
+  // A Hugging Face tokenizer.json (tessel train --tokenizer hf --tokenizer-json FILE).
+  TrainConfig f = parse({"--tokenizer", "hf", "--tokenizer-json", "models/llama/tokenizer.json"});
+  CHECK(f.tokenizer == "hf");
+  CHECK(f.tokenizer_json == "models/llama/tokenizer.json");
+  CHECK_NOTHROW(f.validate());
 }
 
 TEST_CASE("add_train_options works on a subcommand (tessel train ...)", "[config]") {
@@ -242,6 +247,14 @@ TEST_CASE("validate names the offending field", "[config]") {
              Catch::Contains("loss_scale = 1024 applies to dtype float16 only (loss scaling), got dtype float32"));
   CHECK(validation_error([](TrainConfig& c) { c.dtype = "float16", c.loss_scale = 1024; }) == "(valid)");
   CHECK_THAT(validation_error([](TrainConfig& c) { c.tokenizer = "gpt2"; }), Catch::Contains("vocab must name"));
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.tokenizer = "hf"; }),
+             Catch::Contains("tokenizer_json (--tokenizer-json) must name a Hugging Face tokenizer.json file when "
+                             "tokenizer = hf"));
+  CHECK(validation_error([](TrainConfig& c) { c.tokenizer = "hf", c.tokenizer_json = "t.json"; }) == "(valid)");
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.tokenizer_json = "t.json"; }),
+             Catch::Contains("tokenizer_json = 't.json' applies to tokenizer = hf only, got tokenizer = byte"));
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.tokenizer = "sentencepiece"; }),
+             Catch::Contains("tokenizer must be one of byte | gpt2 | hf, got 'sentencepiece'"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.heldout_percent = 0; }),
              Catch::Contains("heldout_percent must be > 0 when eval_every > 0"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.temperature = -0.5; }), Catch::Contains("temperature"));
@@ -265,7 +278,7 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
       "model", "model_config", "init_from", "n_layer", "dim", "n_head", "n_kv_head", "hidden", "dropout", "dtype", "loss_scale",
       "steps", "batch_size", "seq_len", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay",
       "betas", "grad_clip", "seed", "eval_every", "eval_batches", "log_every", "data", "heldout_percent",
-      "tokenizer", "vocab", "merges", "out_dir", "metrics", "sample_length", "temperature", "top_k",
+      "tokenizer", "vocab", "merges", "tokenizer_json", "out_dir", "metrics", "sample_length", "temperature", "top_k",
       "mesh", "backend", "plan", "sequence_parallel", "bitwise", "profile", "detect_anomaly", "dump", "pipeline_schedule",
       "virtual_stages", "pipeline_split",
       "zero", "ddp_bucket_mb", "capacity_factor",

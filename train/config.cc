@@ -64,9 +64,10 @@ const std::vector<Field>& fields() {
       {"log_every", &C::log_every, "steps between log lines"},
       {"data", &C::data, "a text file or a folder of text files"},
       {"heldout_percent", &C::heldout_percent, "held-out share of the corpus (the last N%)"},
-      {"tokenizer", &C::tokenizer, "byte | gpt2"},
+      {"tokenizer", &C::tokenizer, "byte | gpt2 | hf"},
       {"vocab", &C::vocab, "gpt2 tokenizer: vocab.json"},
       {"merges", &C::merges, "gpt2 tokenizer: merges.txt"},
+      {"tokenizer_json", &C::tokenizer_json, "hf tokenizer: a Hugging Face tokenizer.json"},
       {"out_dir", &C::out_dir, "output directory"},
       {"metrics", &C::metrics, "metrics JSONL path (default <out_dir>/metrics.jsonl)"},
       {"sample_length", &C::sample_length, "tokens to sample after training (0: none)"},
@@ -254,10 +255,17 @@ void TrainConfig::validate() const {
   non_empty("data", data);
   TESSEL_CHECK(heldout_percent >= 0 && heldout_percent < 100, kOp, "heldout_percent must be in [0, 100), got {}",
                heldout_percent);
-  one_of("tokenizer", tokenizer, {"byte", "gpt2"});
+  one_of("tokenizer", tokenizer, {"byte", "gpt2", "hf"});
   if (tokenizer == "gpt2") {
     TESSEL_CHECK(!vocab.empty(), kOp, "vocab must name a vocab.json file when tokenizer = gpt2");
     TESSEL_CHECK(!merges.empty(), kOp, "merges must name a merges.txt file when tokenizer = gpt2");
+  }
+  if (tokenizer == "hf") {
+    TESSEL_CHECK(!tokenizer_json.empty(), kOp,
+                 "tokenizer_json (--tokenizer-json) must name a Hugging Face tokenizer.json file when tokenizer = hf");
+  } else {
+    TESSEL_CHECK(tokenizer_json.empty(), kOp,
+                 "tokenizer_json = '{}' applies to tokenizer = hf only, got tokenizer = {}", tokenizer_json, tokenizer);
   }
   non_empty("out_dir", out_dir);
   TESSEL_CHECK(sample_length >= 0, kOp, "sample_length must be >= 0, got {}", sample_length);

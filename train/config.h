@@ -60,9 +60,10 @@ struct TrainConfig {
   // data
   std::string data = "/usr/share/games/fortunes";  // a text file or a folder of text files
   double heldout_percent = 10;                     // the last N% of the tokens
-  std::string tokenizer = "byte";                  // byte | gpt2
+  std::string tokenizer = "byte";                  // byte | gpt2 | hf
   std::string vocab;                               // gpt2: vocab.json
   std::string merges;                              // gpt2: merges.txt
+  std::string tokenizer_json;                      // hf: a Hugging Face tokenizer.json
   // outputs
   std::string out_dir = "runs/latest";
   std::string metrics;  // JSONL path; empty: <out_dir>/metrics.jsonl

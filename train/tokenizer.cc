@@ -7,6 +7,7 @@
 
 #include "runtime/error.h"
 #include "train/atomic_file.h"
+#include "train/hf_tokenizer.h"
 #include "train/unicode.h"
 
 namespace tessel::train {
@@ -26,16 +27,6 @@ const std::vector<int>& unicode_to_byte() {
   return table;
 }
 
-// Quotes a token for error messages (control characters escaped).
-std::string show_token(std::string_view s) {
-  std::string out = "'";
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) out += fmt::format(FMT_STRING("\\x{:02x}"), c);
-    else out.push_back(char(c));
-  }
-  return out + "'";
-}
-
 enum class CharClass { Letter, Number, Space, Other };
 CharClass classify(uint32_t cp) {
   if (unicode::is_letter(cp)) return CharClass::Letter;
@@ -43,7 +34,31 @@ CharClass classify(uint32_t cp) {
   if (unicode::is_whitespace(cp)) return CharClass::Space;
   return CharClass::Other;
 }
+
+// The code points of a text and their classes, as the pre-tokenisers read them.
+struct ClassifiedText {
+  std::vector<unicode::CodePoint> cps;
+  std::vector<CharClass> cls;
+  explicit ClassifiedText(std::string_view text) : cps(unicode::decode_utf8(text)), cls(cps.size()) {
+    for (size_t i = 0; i < cps.size(); ++i) cls[i] = classify(cps[i].cp);
+  }
+  uint32_t cp(size_t i) const { return i < cps.size() ? cps[i].cp : 0u; }
+  // The view of text covering code points [begin, end).
+  std::string_view piece(std::string_view text, size_t begin, size_t end) const {
+    const size_t lo = cps[begin].offset, hi = cps[end - 1].offset + cps[end - 1].length;
+    return text.substr(lo, hi - lo);
+  }
+};
 }  // namespace
+
+std::string quote_token(std::string_view s) {
+  std::string out = "'";
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) out += fmt::format(FMT_STRING("\\x{:02x}"), c);
+    else out.push_back(char(c));
+  }
+  return out + "'";
+}
 
 // ---- ByteTokenizer -----------------------------------------------------------
 
@@ -80,11 +95,10 @@ const std::vector<uint32_t>& bytes_to_unicode() {
 }
 
 std::vector<std::string_view> pretokenize(std::string_view text) {
-  const std::vector<unicode::CodePoint> cps = unicode::decode_utf8(text);
-  const size_t n = cps.size();
-  std::vector<CharClass> cls(n);
-  for (size_t i = 0; i < n; ++i) cls[i] = classify(cps[i].cp);
-  auto cp = [&](size_t i) { return i < n ? cps[i].cp : 0u; };
+  const ClassifiedText t(text);
+  const auto& cls = t.cls;
+  const size_t n = cls.size();
+  auto cp = [&](size_t i) { return t.cp(i); };
 
   std::vector<std::string_view> out;
   size_t i = 0;
@@ -112,8 +126,74 @@ std::vector<std::string_view> pretokenize(std::string_view text) {
       while (j < n && cls[j] == CharClass::Space) ++j;
       end = (j < n && j - i >= 2) ? j - 1 : j;
     }
-    const size_t lo = cps[i].offset, hi = cps[end - 1].offset + cps[end - 1].length;
-    out.push_back(text.substr(lo, hi - lo));
+    out.push_back(t.piece(text, i, end));
+    i = end;
+  }
+  return out;
+}
+
+std::vector<std::string_view> pretokenize_llama3(std::string_view text) {
+  const ClassifiedText t(text);
+  const auto& cls = t.cls;
+  const size_t n = cls.size();
+  auto cp = [&](size_t i) { return t.cp(i); };
+  auto is_crlf = [&](size_t i) { return cp(i) == '\r' || cp(i) == '\n'; };
+  // Oniguruma's case folding under (?i:): ASCII letters, and U+017F LATIN SMALL LETTER LONG S -> 's'.
+  auto folded = [&](size_t i) -> uint32_t {
+    const uint32_t c = cp(i);
+    if (c >= 'A' && c <= 'Z') return c + ('a' - 'A');
+    if (c == 0x17F) return 's';
+    return c;
+  };
+
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < n) {
+    size_t end = 0;
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if (cp(i) == '\'') {
+      const uint32_t a = folded(i + 1), b = folded(i + 2);
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') end = i + 2;
+      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) end = i + 3;
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (end == 0) {
+      size_t k = n;
+      if (i + 1 < n && cls[i] != CharClass::Letter && cls[i] != CharClass::Number && !is_crlf(i) &&
+          cls[i + 1] == CharClass::Letter)
+        k = i + 1;
+      else if (cls[i] == CharClass::Letter)
+        k = i;
+      if (k < n) {
+        end = k + 1;
+        while (end < n && cls[end] == CharClass::Letter) ++end;
+      }
+    }
+    // \p{N}{1,3}
+    if (end == 0 && cls[i] == CharClass::Number) {
+      end = i + 1;
+      while (end < n && end < i + 3 && cls[end] == CharClass::Number) ++end;
+    }
+    //  ?[^\s\p{L}\p{N}]+[\r\n]*
+    if (end == 0) {
+      const size_t k = (cp(i) == ' ' && i + 1 < n && cls[i + 1] == CharClass::Other) ? i + 1 : i;
+      if (cls[k] == CharClass::Other) {
+        end = k + 1;
+        while (end < n && cls[end] == CharClass::Other) ++end;
+        while (is_crlf(end)) ++end;
+      }
+    }
+    // Only whitespace is left at i.
+    if (end == 0) {
+      size_t j = i + 1;
+      while (j < n && cls[j] == CharClass::Space) ++j;
+      // \s*[\r\n]+ : up to the last CR/LF of the run, if it has one.
+      for (size_t k = j; k > i && end == 0; --k)
+        if (is_crlf(k - 1)) end = k;
+      // \s+(?!\S) | \s+ : as in pretokenize().
+      if (end == 0) end = (j < n && j - i >= 2) ? j - 1 : j;
+    }
+    out.push_back(t.piece(text, i, end));
     i = end;
   }
   return out;
@@ -142,10 +222,10 @@ std::shared_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::load(const std::string& voca
   int64_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     TESSEL_CHECK(it.value().is_number_integer(), kOp, "{}: key {}: the id must be an integer, got {}", vocab_path,
-                 show_token(it.key()), it.value().dump());
+                 quote_token(it.key()), it.value().dump());
     int64_t id = it.value().get<int64_t>();
     TESSEL_CHECK(id >= 0 && id < INT32_MAX, kOp, "{}: key {}: id {} is outside [0, 2^31 - 1)", vocab_path,
-                 show_token(it.key()), id);
+                 quote_token(it.key()), id);
     max_id = std::max(max_id, id);
   }
   tok->id_to_token_.assign(size_t(max_id + 1), std::string());
@@ -155,13 +235,13 @@ std::shared_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::load(const std::string& voca
     const std::string& token = it.key();
     const int32_t id = int32_t(it.value().get<int64_t>());
     TESSEL_CHECK(!token.empty(), kOp, "{}: key '': empty token string (id {})", vocab_path, id);
-    TESSEL_CHECK(!tok->id_used_[id], kOp, "{}: key {}: id {} is also used by key {}", vocab_path, show_token(token), id,
-                 show_token(tok->id_to_token_[id]));
+    TESSEL_CHECK(!tok->id_used_[id], kOp, "{}: key {}: id {} is also used by key {}", vocab_path, quote_token(token),
+                 id, quote_token(tok->id_to_token_[id]));
     std::string bytes;
     for (const auto& c : unicode::decode_utf8(token)) {
       TESSEL_CHECK(c.cp < u2b.size() && u2b[c.cp] >= 0, kOp,
                    "{}: key {}: character U+{:04X} is not in GPT-2's bytes-to-unicode table", vocab_path,
-                   show_token(token), c.cp);
+                   quote_token(token), c.cp);
       bytes.push_back(char(uint8_t(u2b[c.cp])));
     }
     tok->id_used_[id] = true;
@@ -172,7 +252,7 @@ std::shared_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::load(const std::string& voca
   for (int b = 0; b < 256; ++b) {
     TESSEL_CHECK(tok->token_to_id_.count(tok->byte_symbol_[b]), kOp,
                  "{}: the symbol {} for byte 0x{:02x} is missing: a byte-level vocabulary needs all 256", vocab_path,
-                 show_token(tok->byte_symbol_[b]), b);
+                 quote_token(tok->byte_symbol_[b]), b);
   }
 
   // merges.txt: optional "#version" first line, then "left right" per line, by rank.
@@ -193,18 +273,18 @@ std::shared_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::load(const std::string& voca
     TESSEL_CHECK(sp != std::string_view::npos && sp > 0 && sp + 1 < line.size() &&
                      line.find(' ', sp + 1) == std::string_view::npos,
                  kOp, "{}:{}: malformed merge line {}: expected two tokens separated by one space", merges_path,
-                 line_no, show_token(line));
+                 line_no, quote_token(line));
     const std::string left(line.substr(0, sp)), right(line.substr(sp + 1));
     for (const std::string* part : {&left, &right}) {
       TESSEL_CHECK(tok->token_to_id_.count(*part), kOp,
                    "{}:{}: merge {} uses the token {}, which is not in the vocabulary {}", merges_path, line_no,
-                   show_token(line), show_token(*part), vocab_path);
+                   quote_token(line), quote_token(*part), vocab_path);
     }
     TESSEL_CHECK(tok->token_to_id_.count(left + right), kOp,
                  "{}:{}: merge {} produces the token {}, which is not in the vocabulary {}", merges_path, line_no,
-                 show_token(line), show_token(left + right), vocab_path);
+                 quote_token(line), quote_token(left + right), vocab_path);
     const bool fresh = tok->merge_ranks_.emplace(std::string(line), rank).second;
-    TESSEL_CHECK(fresh, kOp, "{}:{}: duplicate merge {}", merges_path, line_no, show_token(line));
+    TESSEL_CHECK(fresh, kOp, "{}:{}: duplicate merge {}", merges_path, line_no, quote_token(line));
     ++rank;
   }
   return tok;
@@ -265,7 +345,7 @@ std::vector<int32_t> Gpt2BpeTokenizer::encode(std::string_view text) const {
     for (const std::string& symbol : bpe(piece)) {
       auto it = token_to_id_.find(symbol);
       // Unreachable after load()'s checks (bytes and merge results are in the vocabulary).
-      TESSEL_CHECK(it != token_to_id_.end(), kOp, "encode: symbol {} is not in the vocabulary", show_token(symbol));
+      TESSEL_CHECK(it != token_to_id_.end(), kOp, "encode: symbol {} is not in the vocabulary", quote_token(symbol));
       word_ids.push_back(it->second);
     }
     ids.insert(ids.end(), word_ids.begin(), word_ids.end());
@@ -293,15 +373,19 @@ std::optional<int32_t> Gpt2BpeTokenizer::token_id(const std::string& token) cons
   return it->second;
 }
 
-std::shared_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_path,
+std::shared_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& path,
                                           const std::string& merges_path) {
   if (kind == "byte") return std::make_shared<ByteTokenizer>();
   if (kind == "gpt2") {
-    TESSEL_CHECK(!vocab_path.empty() && !merges_path.empty(), "tokenizer",
+    TESSEL_CHECK(!path.empty() && !merges_path.empty(), "tokenizer",
                  "the gpt2 tokenizer needs a vocab.json and a merges.txt path");
-    return Gpt2BpeTokenizer::load(vocab_path, merges_path);
+    return Gpt2BpeTokenizer::load(path, merges_path);
   }
-  TESSEL_FAIL("tokenizer", "unknown tokenizer '{}' (expected 'byte' or 'gpt2')", kind);
+  if (kind == "hf") {
+    TESSEL_CHECK(!path.empty(), "tokenizer", "the hf tokenizer needs the path of a Hugging Face tokenizer.json");
+    return HfTokenizer::load(path);
+  }
+  TESSEL_FAIL("tokenizer", "unknown tokenizer '{}' (expected 'byte', 'gpt2' or 'hf')", kind);
 }
 
 }  // namespace tessel::train

@@ -39,6 +39,10 @@ class Tokenizer {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual std::string name() const = 0;
+  // The beginning- / end-of-sequence token where the tokenizer's files name
+  // one (HfTokenizer); nullopt otherwise.
+  virtual std::optional<int32_t> bos_id() const { return std::nullopt; }
+  virtual std::optional<int32_t> eos_id() const { return std::nullopt; }
 };
 
 class ByteTokenizer final : public Tokenizer {
@@ -56,6 +60,16 @@ const std::vector<uint32_t>& bytes_to_unicode();
 
 // Splits text into GPT-2 pre-tokens (views into `text`), by the regex above.
 std::vector<std::string_view> pretokenize(std::string_view text);
+
+// Splits text into LLaMA-3 pre-tokens (views into `text`) by the regex
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with the semantics of Oniguruma (what `tokenizers` runs it with): the first
+// alternative that matches at a position wins, quantifiers backtrack. (?i:)
+// also matches 'ſ' (U+017F, which case-folds to 's'). Same classes as pretokenize().
+std::vector<std::string_view> pretokenize_llama3(std::string_view text);
+
+// A token quoted for error messages: '...' with control bytes as \xNN.
+std::string quote_token(std::string_view s);
 
 class Gpt2BpeTokenizer final : public Tokenizer {
  public:
@@ -95,8 +109,9 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
-// "byte" -> ByteTokenizer; "gpt2" -> Gpt2BpeTokenizer::load(vocab, merges).
-std::shared_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_path = "",
+// "byte" -> ByteTokenizer; "gpt2" -> Gpt2BpeTokenizer::load(path (vocab.json), merges_path);
+// "hf" -> HfTokenizer::load(path (tokenizer.json)), train/hf_tokenizer.h.
+std::shared_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& path = "",
                                           const std::string& merges_path = "");
 
 }  // namespace tessel::train

@@ -8,6 +8,7 @@
 #   ./tessel conformance [--models ...] [--tol ...] --hf   Hugging Face weights both ways (test/conformance/hf.sh)
 #   ./tessel conformance [--tol ...] --generate             greedy generation and a fine-tuning round trip
 #                                                           against transformers (test/conformance/generate.sh)
+#   ./tessel conformance --tokenizers [--only gpt2,llama3] [-v]   tokenizer.json against PyPI's tokenizers (tokenizers.sh)
 # Exit status: 0 when every model passes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -25,8 +26,9 @@ while [[ $# -gt 0 ]]; do
     -v|--verbose) extra+=(-v); shift ;;
     --float64-check) extra+=(--float64-check); shift ;;
     --hf) exec test/conformance/hf.sh "$models" "$tol" ;;
+    --tokenizers) shift; exec test/conformance/tokenizers.sh "$@" ;;
     --generate) exec test/conformance/generate.sh "${GEN_MODELS:-gpt2 llama mixtral}" "$tol" ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "conformance: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done

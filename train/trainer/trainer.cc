@@ -80,7 +80,7 @@ struct Setup {
 Setup prepare(const TrainConfig& cfg) {
   cfg.validate();
   Setup s;
-  s.tokenizer = make_tokenizer(cfg.tokenizer, cfg.vocab, cfg.merges);
+  s.tokenizer = make_tokenizer(cfg.tokenizer, cfg.tokenizer == "hf" ? cfg.tokenizer_json : cfg.vocab, cfg.merges);
   models::ModelConfig mc;
   if (!cfg.init_from.empty()) {
     // The folder says what the model is; shape flags would describe another one.
