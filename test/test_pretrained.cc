@@ -14,6 +14,7 @@
 #include "test/util/runfiles.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/tokenizer.h"
 #include "train/trainer/generate.h"
 #include "train/trainer/pretrained.h"
 #include "train/trainer/trainer.h"
@@ -180,6 +181,31 @@ TEST_CASE("generate: the same tokens on one device, tp=2, pp=2 and dp=2; bad pro
   const GenerateResult from_hf = run_generate(g, true);
   for (size_t i = 0; i < 3; ++i) CHECK(from_hf.outputs[i].ids == one.outputs[i].ids);
   CHECK(from_hf.outputs[0].text.empty());
+  // With a tokenizer.json beside the weights (byte-level BPE whose symbol for
+  // byte b has id b, no merges: the byte tokenizer's ids), text prompts work.
+  {
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int b = 0; b < 256; ++b) {
+      const uint32_t cp = bytes_to_unicode()[size_t(b)];
+      std::string utf8 = cp < 0x80 ? std::string(1, char(cp))
+                                   : std::string{char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+      vocab[utf8] = b;
+    }
+    const nlohmann::json level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                                  {"use_regex", true}};
+    const nlohmann::json tok = {{"version", "1.0"},      {"added_tokens", nlohmann::json::array()},
+                                {"normalizer", nullptr}, {"pre_tokenizer", level},
+                                {"post_processor", nullptr}, {"decoder", level},
+                                {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    std::ofstream(hf + "/tokenizer.json") << tok.dump();
+  }
+  g.prompts = {"Th", "Wh"};
+  g.ids = {"65,108,108"};
+  const GenerateResult texts = run_generate(g, true);
+  for (size_t i = 0; i < 3; ++i) CHECK(texts.outputs[i].ids == one.outputs[i].ids);
+  CHECK(texts.outputs[0].text == one.outputs[0].text);
+  std::filesystem::remove(hf + "/tokenizer.json");
+  g.prompts.clear();
   g.ids = {"1,2,300"};
   CHECK_THROWS_WITH(run_generate(g, true), Catch::Contains("token id 300 is outside the model's vocabulary of 256"));
   g.ids = {"1,x"};

@@ -14,6 +14,7 @@
 #include "runtime/error.h"
 #include "train/config.h"
 #include "train/sample.h"
+#include "train/hf_tokenizer.h"
 #include "train/tokenizer.h"
 #include "train/trainer/pretrained.h"
 
@@ -24,11 +25,12 @@ constexpr const char* kOp = "generate";
 
 // The tokenizer for `p` (nullptr when none is known).
 std::shared_ptr<Tokenizer> find_tokenizer(const GenerateConfig& cfg, const Pretrained& p) {
-  // TOKJSON: the tokenizer.json reader lands with the tokjson branch.
-  TESSEL_CHECK(cfg.tokenizer_json.empty(), kOp, "--tokenizer-json is not supported yet");
+  if (!cfg.tokenizer_json.empty()) return make_tokenizer("hf", cfg.tokenizer_json);
+  if (p.kind == Pretrained::Kind::HuggingFace) return load_tokenizer_dir(p.path);
   if (p.train_config) {
     const nlohmann::json& c = *p.train_config;
     const std::string kind = c.value("tokenizer", std::string("byte"));
+    if (kind == "hf") return make_tokenizer("hf", c.value("tokenizer_json", std::string()));
     return make_tokenizer(kind, c.value("vocab", std::string()), c.value("merges", std::string()));
   }
   return nullptr;
@@ -44,7 +46,9 @@ int64_t find_eos(const Pretrained& p, const Tokenizer* tok) {
       if (e.is_array() && !e.empty() && e[0].is_number_integer()) return e[0].get<int64_t>();
     }
   }
-  (void)tok;  // TOKJSON: the tokenizer's EOS
+  if (tok) {
+    if (auto e = tok->eos_id()) return *e;
+  }
   return -1;
 }
 
