@@ -71,7 +71,7 @@ Tensor GPT::embed(const Tensor& ids) {
 }
 
 Tensor GPT::head(const Tensor& h) {
-  Tensor x = (*ln_f)(h);
+  Tensor x = (*ln_f)(nn::head_positions(*this, h));
   return nn::cast_up(linear(nn::cast_to_compute(x), nn::cast_to_compute(wte->weight)));  // tied LM head
 }
 

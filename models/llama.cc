@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/api.h"
+#include "nn/kv_cache.h"
 
 namespace tessel::models {
 
@@ -68,7 +69,7 @@ Tensor Llama::embed(const Tensor& ids) {
   return (*tok_embeddings)(ids);
 }
 
-Tensor Llama::head(const Tensor& h) { return nn::cast_up((*output)((*norm)(h))); }
+Tensor Llama::head(const Tensor& h) { return nn::cast_up((*output)((*norm)(nn::head_positions(*this, h)))); }
 
 Tensor Llama::block_aux_loss(size_t i) const {
   if (config.arch != Arch::Mixtral) return Tensor();

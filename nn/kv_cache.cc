@@ -1,6 +1,7 @@
 #include "nn/kv_cache.h"
 
 #include "autograd/api.h"
+#include "nn/module.h"
 #include "runtime/error.h"
 
 namespace tessel::nn {
@@ -82,5 +83,11 @@ KVCacheScope::KVCacheScope(KVCache& cache) : prev_(tls_cache) { tls_cache = &cac
 KVCacheScope::~KVCacheScope() { tls_cache = prev_; }
 
 KVCache* current_kv_cache() { return tls_cache; }
+
+Tensor head_positions(const Module& module, const Tensor& h) {
+  const KVCache* cache = module.is_training() ? nullptr : tls_cache;
+  if (!cache || !cache->head_last_position || h.dim() != 3 || h.size(1) <= 1) return h;
+  return h.narrow(1, h.size(1) - 1, 1);
+}
 
 }  // namespace tessel::nn

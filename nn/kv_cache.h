@@ -43,6 +43,12 @@ class KVCache {
   // check that themselves).
   explicit KVCache(int64_t capacity);
 
+  // Generation needs only the last position's logits: a model's head may
+  // then compute just those ([B, 1, V]; the shipped models do, which spares
+  // the prompt's [B, T, V] LM-head GEMM). Each row is the same as in the full
+  // output. false: every position's logits.
+  bool head_last_position = true;
+
   int64_t capacity() const { return capacity_; }
   // Tokens cached so far: the position of the next token.
   int64_t position() const { return position_; }
@@ -88,5 +94,11 @@ class KVCacheScope {
 
 // The cache in effect on this thread, or nullptr.
 KVCache* current_kv_cache();
+
+// What a language model's head should compute on, given its hidden states
+// [B, T, C] in `module`'s mode: the last position only ([B, 1, C]) under a
+// cache that asks for it in eval mode, else `h` itself.
+class Module;
+Tensor head_positions(const Module& module, const Tensor& h);
 
 }  // namespace tessel::nn

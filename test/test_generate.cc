@@ -39,6 +39,7 @@ TEST_CASE("KV cache: the cached forward computes the full forward's logits", "[g
     const auto ids = random_ids(9, m->config.vocab_size, 1);
     const Tensor full = m->forward(tensor(ids, {1, 9}));  // [1, 9, V]
     nn::KVCache cache(9);
+    cache.head_last_position = false;  // every position's logits, to compare them all
     nn::KVCacheScope scope(cache);
     // A prompt of 4, a chunk of 3 (the masked path), then 1 and 1.
     int64_t at = 0;
@@ -51,6 +52,14 @@ TEST_CASE("KV cache: the cached forward computes the full forward's logits", "[g
       at += t;
     }
     CHECK(cache.position() == 9);
+    // By default the head computes only the last position: the same bits as
+    // that row of the full output (a prompt on an empty cache runs the same
+    // ops as the plain forward).
+    nn::KVCache last_only(9);
+    nn::KVCacheScope scope2(last_only);
+    const Tensor got = m->forward(tensor(ids, {1, 9}));
+    REQUIRE(got.shape() == Dims{1, 1, m->config.vocab_size});
+    CHECK(got.to_vector<float>() == full.narrow(1, 8, 1).contiguous().to_vector<float>());
   }
 }
 

@@ -82,11 +82,13 @@ namespace {
 
 // The last position's logits of each row of `logits` [n, t, V], as doubles.
 std::vector<std::vector<double>> last_logits(const Tensor& logits, int64_t n, int64_t t) {
-  TESSEL_CHECK(logits.defined() && logits.dim() == 3 && logits.size(0) == n && logits.size(1) == t &&
-                   logits.is_floating_point(),
+  // [n, 1, V] too: under a KV cache a model's head may compute only the last
+  // position (nn::KVCache::head_last_position).
+  TESSEL_CHECK(logits.defined() && logits.dim() == 3 && logits.size(0) == n &&
+                   (logits.size(1) == t || logits.size(1) == 1) && logits.is_floating_point(),
                "sample", "the logits function must return floating logits [{}, {}, V] for ids [{}, {}], got {}", n,
                t, n, t, logits.defined() ? logits.desc() : std::string("an undefined tensor"));
-  Tensor last = logits.select(1, t - 1);
+  Tensor last = logits.select(1, logits.size(1) - 1);
   if (!last.device().is_cpu()) last = last.to(kCPU);
   const std::vector<double> flat = last.to_vector<double>();
   const size_t V = size_t(logits.size(2));

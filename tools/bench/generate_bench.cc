@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
 #include "models/language_model.h"
+#include "runtime/profile.h"
 #include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
 #include "tools/bench/reference_process.h"
@@ -106,8 +108,11 @@ int run_generate_bench(const GenerateBenchOptions& o, std::ostream& out) {
   std::vector<std::vector<int64_t>> our_tokens;
   nlohmann::json their_tokens;
   auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); };
+  profile::Profiler profiler;
   auto our_round = [&](bool timed) {
     settle();
+    std::optional<profile::Scope> profiling;
+    if (o.profile && timed) profiling.emplace(&profiler);
     const auto t0 = Clock::now();
     our_tokens = train::generate_batch(logits_fn, prompts, so);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -150,6 +155,9 @@ int run_generate_bench(const GenerateBenchOptions& o, std::ostream& out) {
     out << fmt::format(FMT_STRING("  speedup {:.3f}; greedy tokens equal for {} of {} prompts\n"), rt / ot, same,
                        o.batch);
   }
+  if (o.profile)
+    out << "profile of tessel's timed rounds (self times; share of their wall time):\n"
+        << profiler.table(ot * double(ours.size()));
   out << machine_summary(machine);
   nlohmann::ordered_json j = {{"bench", "generate"}, {"model", o.model}, {"config", o.config}, {"ours_s", ot}};
   if (o.reference) {

@@ -28,6 +28,7 @@ struct GenerateBenchOptions {
   int threads = 0;        // 0: TESSEL_THREADS, else all cores
   uint64_t seed = 1;
   bool reference = true;  // false: time tessel only
+  bool profile = false;   // print tessel's per-op self times over the timed rounds
   std::string python;     // "": reference_python() with transformers
 };
 

@@ -25,6 +25,7 @@ void register_bench_generate(CLI::App& app) {
   cmd->add_option("--threads", o.threads, "threads for both (0: TESSEL_THREADS, else all cores)")->capture_default_str();
   cmd->add_option("--python", o.python, "Python with torch and transformers (default: ~/.cache/tessel/venv)");
   cmd->add_flag("--no-reference", no_reference, "time tessel only");
+  cmd->add_flag("--profile", o.profile, "print tessel's per-op self times over the timed rounds");
 }
 
 }  // namespace tessel::cli
