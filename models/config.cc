@@ -78,6 +78,7 @@ std::vector<ModelConfig> all_configs() {
   v.push_back(gpt("gpt2-1558m", 48, 1600, 25, 1024, 50304));
   // LLaMA.
   v.push_back(llama("tiny", 2, 64, 4, 2, 0, 64, 256, 10000.0));
+  v.push_back(llama("demo", 3, 96, 4, 2, 0, 64, 256, 10000.0));  // `tessel train --model llama`
   v.push_back(llama("small", 6, 384, 6, 2, 0, 256, 256, 10000.0));
   v.push_back(llama("llama-7b", 32, 4096, 32, 32, 11008, 4096, 32000, 10000.0));
   v.push_back(llama("llama-13b", 40, 5120, 40, 40, 13824, 4096, 32000, 10000.0));
@@ -90,6 +91,9 @@ std::vector<ModelConfig> all_configs() {
   ModelConfig mt = mix(llama("tiny", 2, 64, 4, 2, 128, 64, 256, 1e6));
   mt.num_experts = 4;
   v.push_back(mt);
+  ModelConfig md = mix(llama("demo", 3, 96, 4, 2, 192, 64, 256, 1e6));  // `tessel train --model mixtral`
+  md.num_experts = 4;
+  v.push_back(md);
   ModelConfig ms = mix(llama("small", 4, 256, 4, 2, 512, 256, 256, 1e6));
   v.push_back(ms);
   v.push_back(mix(llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32768, 32000, 1e6)));

@@ -229,8 +229,12 @@ TEST_CASE("generate: the same tokens on one device, tp=2, pp=2 and dp=2; bad pro
   CHECK(parse_ids("3,4,5") == std::vector<int64_t>{3, 4, 5});
 }
 
-TEST_CASE("a run saves its final model by default, so generate --from the run folder works", "[pretrained]") {
+TEST_CASE("tessel train saves its final model by default, so generate --from the run folder works", "[pretrained]") {
+  CHECK(TrainConfig::cli_defaults().final_ckpt);
+  CHECK(TrainConfig::cli_defaults().model_config == "demo");
+  CHECK(!TrainConfig().final_ckpt);  // the library's default
   TrainConfig c = tiny("nanogpt", scratch("final"));
+  c.final_ckpt = true;
   run_training(c, {nullptr, true});
   const auto latest = checkpoint::latest_checkpoint(c.checkpoint_root());
   REQUIRE(latest);
@@ -241,7 +245,6 @@ TEST_CASE("a run saves its final model by default, so generate --from the run fo
   g.max_new_tokens = 5;
   CHECK(run_generate(g, true).outputs[0].ids.size() == 5);
   TrainConfig none = tiny("nanogpt", scratch("no_final"));
-  none.no_final_ckpt = true;
   run_training(none, {nullptr, true});
   CHECK(!checkpoint::latest_checkpoint(none.checkpoint_root()));
 }

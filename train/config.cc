@@ -87,10 +87,10 @@ const std::vector<Field>& fields() {
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
       {"zero", &C::zero, "data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP"},
       {"ddp_bucket_mb", &C::ddp_bucket_mb, "gradient bucket size in MiB (DDP, ZeRO-1/2); 0: one per parameter"},
-      {"ckpt_every", &C::ckpt_every, "steps between checkpoints (0: only the final one); the last step saves too"},
-      {"no_final_ckpt", &C::no_final_ckpt,
-       "do not save the final model (by default the last step saves <out>/checkpoints/step-N, which `tessel "
-       "generate --from <out>` and --init-from read)"},
+      {"ckpt_every", &C::ckpt_every, "steps between checkpoints (0: none); the last step saves too"},
+      {"final_ckpt", &C::final_ckpt,
+       "save the final model even with ckpt_every = 0 (<out>/checkpoints/step-N, which `tessel generate --from "
+       "<out>` and --init-from read; tessel train's default)"},
       {"keep_last", &C::keep_last, "complete checkpoints to keep (0: all)"},
       {"resume", &C::resume, "continue from the newest complete checkpoint in ckpt_dir, on this run's mesh"},
       {"ckpt_dir", &C::ckpt_dir, "checkpoint directory (default <out_dir>/checkpoints)"},
@@ -308,6 +308,17 @@ std::vector<std::pair<std::string, int64_t>> parse_mesh(const std::string& spec)
     pos = comma + 1;
   }
   return dims;
+}
+
+TrainConfig TrainConfig::cli_defaults() {
+  TrainConfig c;
+  c.model_config = "demo";
+  c.steps = 2000;
+  c.lr = 5e-3;
+  c.min_lr = 5e-4;
+  c.warmup_steps = 50;
+  c.final_ckpt = true;
+  return c;
 }
 
 std::string TrainConfig::to_json(int indent) const {

@@ -291,7 +291,7 @@ void print_footer(const TrainConfig& cfg, const TrainResult& result, double trai
     std::printf("  the sampled text: %.0f%% of its %lld words occur in the corpus\n",
                 100.0 * result.sample_words.share(), (long long)result.sample_words.words);
   }
-  if (cfg.ckpt_every > 0 || !cfg.no_final_ckpt)
+  if (cfg.ckpt_every > 0 || cfg.final_ckpt)
     std::printf("  more text from this model: ./tessel generate --from %s --prompt \"The \" --temperature %g "
                 "--top-k %lld --max-new-tokens 200\n",
                 cfg.out_dir.c_str(), cfg.temperature, (long long)cfg.top_k);
@@ -333,7 +333,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       parallelize(build_on_meta(cfg, s.model), mesh, plan, optimizer(cfg), run_options(cfg));
   const models::ModelConfig& mc = run.model().config;
   std::optional<Checkpoints> ckpt;
-  const bool save_final = cfg.ckpt_every > 0 || !cfg.no_final_ckpt;  // the last step saves
+  const bool save_final = cfg.ckpt_every > 0 || cfg.final_ckpt;  // the last step saves
   if (save_final || cfg.resume)
     ckpt.emplace(cfg.checkpoint_root(), Checkpoints::Options{cfg.ckpt_every, cfg.keep_last, !cfg.ckpt_sync});
   if (cfg.resume) {  // whatever mesh saved it; a checkpoint of another run is an error
