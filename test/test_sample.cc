@@ -216,17 +216,21 @@ TEST_CASE("generate_batch: prompts of one length share a batch; each gets its ow
 }
 
 TEST_CASE("known_words: the share of a sample's words found in a reference text", "[sample]") {
-  const auto vocab = word_set("The cat sat on the mat.\nDon't PANIC -- 42 towels!");
-  CHECK(vocab.count("the"));
-  CHECK(vocab.count("don"));
-  CHECK(vocab.count("t"));
-  CHECK(vocab.count("panic"));
-  CHECK(!vocab.count("42"));
-  CHECK(vocab.size() == 9);  // the cat sat on mat don t panic towels
-  const KnownWords k = known_words("the Cat flurbed on a MAT", vocab);
-  CHECK(k.words == 6);
+  // Words: runs of >= 2 letters, lower-cased; the reference keeps those seen >= min_count times.
+  const std::string ref = "The cat sat on the mat. THE CAT! Don't PANIC -- 42 towels, the cat.";
+  const auto all = word_set(ref, 1);
+  CHECK(all.count("the"));
+  CHECK(all.count("don"));
+  CHECK(!all.count("t"));  // one letter
+  CHECK(!all.count("42"));
+  CHECK(all.size() == 8);  // the cat sat on mat don panic towels
+  const auto common = word_set(ref, 3);
+  CHECK(common == std::unordered_set<std::string>{"the", "cat"});
+  const KnownWords k = known_words("the Cat flurbed on a MAT", all);
+  CHECK(k.words == 5);  // "a" is one letter
   CHECK(k.known == 4);  // the, cat, on, mat
-  CHECK(k.share() == Approx(4.0 / 6));
-  CHECK(known_words("12 -- !!", vocab).words == 0);
-  CHECK(known_words("", vocab).share() == 0.0);
+  CHECK(k.share() == Approx(4.0 / 5));
+  CHECK(known_words("the Cat flurbed on a MAT", common).known == 2);
+  CHECK(known_words("12 -- !! a", all).words == 0);
+  CHECK(known_words("", all).share() == 0.0);
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <unordered_map>
 
 #include "autograd/api.h"
 #include "nn/kv_cache.h"
@@ -202,16 +203,19 @@ void for_each_word(std::string_view text, F&& f) {
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
       w += char(c | 0x20);
     } else if (!w.empty()) {
-      f(w);
+      if (w.size() >= 2) f(w);
       w.clear();
     }
   }
 }
 }  // namespace
 
-std::unordered_set<std::string> word_set(std::string_view text) {
+std::unordered_set<std::string> word_set(std::string_view text, int64_t min_count) {
+  std::unordered_map<std::string, int64_t> counts;
+  for_each_word(text, [&](const std::string& w) { ++counts[w]; });
   std::unordered_set<std::string> words;
-  for_each_word(text, [&](const std::string& w) { words.insert(w); });
+  for (const auto& [w, n] : counts)
+    if (n >= min_count) words.insert(w);
   return words;
 }
 

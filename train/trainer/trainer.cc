@@ -288,7 +288,7 @@ void print_footer(const TrainConfig& cfg, const TrainResult& result, double trai
               samples.empty() ? "" : (", " + cfg.out_dir + "/sample.txt").c_str());
   if (!samples.empty()) {
     std::printf("%s", samples.c_str());
-    std::printf("  the sampled text: %.0f%% of its %lld words occur in the corpus\n",
+    std::printf("  the sampled text: %.0f%% of its %lld words are words of the corpus (seen 3+ times there)\n",
                 100.0 * result.sample_words.share(), (long long)result.sample_words.words);
   }
   if (cfg.ckpt_every > 0 || cfg.final_ckpt)
