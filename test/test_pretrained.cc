@@ -13,6 +13,7 @@
 #include "checkpoint/manager.h"
 #include "test/util/runfiles.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "train/metrics.h"
 #include "train/tokenizer.h"
 #include "train/trainer/generate.h"
@@ -247,4 +248,77 @@ TEST_CASE("tessel train saves its final model by default, so generate --from the
   TrainConfig none = tiny("nanogpt", scratch("no_final"));
   run_training(none, {nullptr, true});
   CHECK(!checkpoint::latest_checkpoint(none.checkpoint_root()));
+}
+
+TEST_CASE("fine-tuning data: JSONL prompt/completion, loss on completions only, the same bits on dp=2,tp=2",
+          "[pretrained][data]") {
+  const std::string data = scratch("ft.jsonl");
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 400; ++i)
+      f << nlohmann::json{{"prompt", "Q: " + std::to_string(i) + " + 1?\nA: "}, {"completion", std::to_string(i + 1) + "\n"}}
+               .dump()
+        << "\n";
+    f << "\n" << nlohmann::json{{"text", "plain text counts whole\n"}}.dump() << "\n";
+  }
+  const ByteTokenizer bytes;
+  const Corpus c = load_corpus(data, bytes, 10);
+  CHECK(c.num_examples == 401);
+  REQUIRE(c.loss_mask);
+  // Example 0: "Q: 0 + 1?\nA: " (12 bytes) is prompt, "1\n" the completion; no EOS (bytes have none).
+  const std::string first = "Q: 0 + 1?\nA: 1\n";
+  for (size_t i = 0; i < first.size(); ++i) {
+    CHECK((*c.tokens)[i] == int32_t(uint8_t(first[i])));
+    CHECK((*c.loss_mask)[i] == (i >= 13 ? 1 : 0));
+  }
+  // The loader's targets: masked positions are kIgnoreTarget.
+  const DataLoader loader(c.split.train, 16, 4, 1);
+  const Batch b = loader.global_batch(0);
+  const auto starts = loader.start_positions(0, 0, 4);
+  const auto tg = b.targets.to_vector<int64_t>();
+  int64_t ignored = 0;
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t t = 0; t < 16; ++t) {
+      const int64_t at = starts[size_t(r)] + t + 1;
+      const int64_t want = (*c.loss_mask)[size_t(at)] ? (*c.tokens)[size_t(at)] : kIgnoreTarget;
+      CHECK(tg[size_t(r * 16 + t)] == want);
+      ignored += want == kIgnoreTarget;
+    }
+  CHECK(ignored > 0);
+
+  // Training on it: one device and dp=2,tp=2 give the same bits; micro-batches are refused.
+  auto train_on = [&](const std::string& out, const std::string& mesh) {
+    TrainConfig t = tiny("llama", scratch(out));
+    t.data = data;
+    t.mesh = mesh;
+    t.bitwise = true;
+    run_training(t, {nullptr, true});
+    return read_metrics(fs::path(t.out_dir) / "metrics.jsonl");
+  };
+  const auto one = train_on("ft1", ""), dptp = train_on("ftdptp", "dp=2,tp=2");
+  REQUIRE(one.size() == dptp.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    CHECK(*one[i].loss == *dptp[i].loss);
+    CHECK(one[i].param_hash == dptp[i].param_hash);
+  }
+  TrainConfig micro = tiny("llama", scratch("ftmicro"));
+  micro.data = data;
+  micro.micro_batches = 2;
+  CHECK_THROWS_WITH(run_training(micro, {nullptr, true}), Catch::Contains("micro_batches = 2 would average"));
+
+  // Bad lines are errors naming the file and line.
+  auto bad = [&](const std::string& name, const std::string& line) {
+    const std::string path = scratch(name + ".jsonl");
+    std::ofstream(path) << "{\"text\": \"ok\"}\n" << line << "\n";
+    return path;
+  };
+  CHECK_THROWS_WITH(load_corpus(bad("notjson", "{oops"), bytes), Catch::Contains("notjson.jsonl:2: not valid JSON"));
+  CHECK_THROWS_WITH(load_corpus(bad("array", "[1, 2]"), bytes), Catch::Contains(":2: each line must be a JSON object"));
+  CHECK_THROWS_WITH(load_corpus(bad("half", R"({"prompt": "x"})"), bytes),
+                    Catch::Contains("needs both \"prompt\" and \"completion\""));
+  CHECK_THROWS_WITH(load_corpus(bad("number", R"({"prompt": "x", "completion": 3})"), bytes),
+                    Catch::Contains("\"completion\" must be a string"));
+  CHECK_THROWS_WITH(load_corpus(bad("empty", R"({"prompt": "x", "completion": ""})"), bytes),
+                    Catch::Contains(":2: the completion is empty"));
+  CHECK_THROWS_WITH(load_corpus(bad("keys", R"({"input": "x"})"), bytes), Catch::Contains("got the keys input"));
 }

@@ -1,10 +1,11 @@
 #include "train/data.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "autograd/ops/factory.h"
 #include "autograd/ops/random.h"
@@ -40,18 +41,102 @@ std::string load_corpus_text(const std::string& path) {
   return text;
 }
 
-TokenSplit split_tokens(std::shared_ptr<const std::vector<int32_t>> tokens, double heldout_percent) {
+TokenSplit split_tokens(std::shared_ptr<const std::vector<int32_t>> tokens, double heldout_percent,
+                        std::shared_ptr<const std::vector<uint8_t>> loss_mask) {
   TESSEL_CHECK(heldout_percent >= 0 && heldout_percent < 100, "corpus", "held-out percent must be in [0, 100), got {}",
                heldout_percent);
+  TESSEL_CHECK(!loss_mask || loss_mask->size() == tokens->size(), "corpus",
+               "the loss mask has {} entries for {} tokens", loss_mask ? loss_mask->size() : 0, tokens->size());
   const int64_t n = int64_t(tokens->size());
   const int64_t h = int64_t(std::floor(double(n) * heldout_percent / 100.0));
   TokenSplit s;
-  s.train = TokenSpan{tokens, 0, n - h};
-  s.heldout = TokenSpan{tokens, n - h, h};
+  s.train = TokenSpan{tokens, 0, n - h, loss_mask};
+  s.heldout = TokenSpan{tokens, n - h, h, loss_mask};
   return s;
 }
 
+namespace {
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::char_traits<char>::length(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// Fine-tuning data (load_corpus's JSONL form).
+Corpus load_jsonl(const std::string& path, const Tokenizer& tokenizer, double heldout_percent) {
+  const char* op = "corpus";
+  Corpus c;
+  c.path = path;
+  c.files = {path};
+  const std::string text = read_file(path, op);
+  c.num_bytes = int64_t(text.size());
+  auto tokens = std::make_shared<std::vector<int32_t>>();
+  auto mask = std::make_shared<std::vector<uint8_t>>();
+  const std::optional<int32_t> eos = tokenizer.eos_id();
+  auto string_field = [&](const nlohmann::json& j, const char* key, int64_t line) {
+    TESSEL_CHECK(j[key].is_string(), op, "{}:{}: \"{}\" must be a string, got {}", path, line, key, j[key].dump());
+    return j[key].get<std::string>();
+  };
+  int64_t line_no = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      TESSEL_FAIL(op, "{}:{}: not valid JSON: {}", path, line_no, e.what());
+    }
+    TESSEL_CHECK(j.is_object(), op, "{}:{}: each line must be a JSON object, got {}", path, line_no,
+                 j.type_name());
+    std::vector<int32_t> ids;
+    size_t targets_from = 0;
+    if (j.contains("prompt") || j.contains("completion")) {
+      TESSEL_CHECK(j.contains("prompt") && j.contains("completion"), op,
+                   "{}:{}: a fine-tuning example needs both \"prompt\" and \"completion\"", path, line_no);
+      const std::string prompt = string_field(j, "prompt", line_no);
+      const std::string completion = string_field(j, "completion", line_no);
+      TESSEL_CHECK(!completion.empty(), op, "{}:{}: the completion is empty", path, line_no);
+      const std::vector<int32_t> p = tokenizer.encode(prompt);
+      ids = tokenizer.encode(prompt + completion);
+      // The prompt's tokens, as far as encoding them together kept them.
+      while (targets_from < p.size() && targets_from < ids.size() && ids[targets_from] == p[targets_from])
+        ++targets_from;
+    } else {
+      TESSEL_CHECK(j.contains("text"), op,
+                   "{}:{}: expected {{\"prompt\", \"completion\"}} or {{\"text\"}}, got the keys {}", path,
+                   line_no, [&] {
+                     std::string keys;
+                     for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + k;
+                     return keys.empty() ? std::string("(none)") : keys;
+                   }());
+      ids = tokenizer.encode(string_field(j, "text", line_no));
+    }
+    if (eos) ids.push_back(*eos);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      tokens->push_back(ids[i]);
+      mask->push_back(i >= targets_from ? 1 : 0);
+    }
+    ++c.num_examples;
+  }
+  TESSEL_CHECK(c.num_examples > 0, op, "{}: no examples (one JSON object per line)", path);
+  TESSEL_CHECK(std::find(mask->begin(), mask->end(), 1) != mask->end(), op, "{}: no example has a target token",
+               path);
+  c.tokens = tokens;
+  c.loss_mask = mask;
+  c.split = split_tokens(c.tokens, heldout_percent, c.loss_mask);
+  return c;
+}
+
+}  // namespace
+
 Corpus load_corpus(const std::string& path, const Tokenizer& tokenizer, double heldout_percent) {
+  if (ends_with(path, ".jsonl")) return load_jsonl(path, tokenizer, heldout_percent);
   Corpus c;
   c.path = path;
   c.files = corpus_files(path);
@@ -128,11 +213,12 @@ Batch DataLoader::samples(int64_t step, int64_t first, int64_t count) const {
   int64_t* in = b.inputs.data<int64_t>();
   int64_t* tg = b.targets.data<int64_t>();
   const int32_t* tok = tokens_.data();
+  const uint8_t* mask = tokens_.loss_mask ? tokens_.loss_mask->data() + tokens_.begin : nullptr;
   for (int64_t r = 0; r < count; ++r) {
     const int32_t* src = tok + starts[r];
     for (int64_t t = 0; t < seq_len_; ++t) {
       in[r * seq_len_ + t] = src[t];
-      tg[r * seq_len_ + t] = src[t + 1];
+      tg[r * seq_len_ + t] = !mask || mask[starts[r] + t + 1] ? src[t + 1] : kIgnoreTarget;
     }
   }
   return b;

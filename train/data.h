@@ -38,11 +38,16 @@ std::vector<std::string> corpus_files(const std::string& path);
 // The files' bytes, concatenated in that order.
 std::string load_corpus_text(const std::string& path);
 
-// A contiguous range of a shared token array.
+// A contiguous range of a shared token array, and optionally which of its
+// tokens are loss targets (fine-tuning data: a completion's tokens are, its
+// prompt's are not). A batch's target at a position whose mask is 0 is
+// kIgnoreTarget, which the loss skips (cross_entropy's ignore_index).
+inline constexpr int64_t kIgnoreTarget = -100;
 struct TokenSpan {
   std::shared_ptr<const std::vector<int32_t>> tokens;
   int64_t begin = 0;
   int64_t size = 0;
+  std::shared_ptr<const std::vector<uint8_t>> loss_mask;  // parallel to tokens; null: every token is a target
   const int32_t* data() const { return tokens->data() + begin; }
 };
 
@@ -52,16 +57,29 @@ struct TokenSplit {
   TokenSpan train;
   TokenSpan heldout;
 };
-TokenSplit split_tokens(std::shared_ptr<const std::vector<int32_t>> tokens, double heldout_percent);
+TokenSplit split_tokens(std::shared_ptr<const std::vector<int32_t>> tokens, double heldout_percent,
+                        std::shared_ptr<const std::vector<uint8_t>> loss_mask = nullptr);
 
 struct Corpus {
   std::string path;
   std::vector<std::string> files;
   int64_t num_bytes = 0;
   std::shared_ptr<const std::vector<int32_t>> tokens;  // the whole corpus, tokenised once
+  std::shared_ptr<const std::vector<uint8_t>> loss_mask;  // fine-tuning data: 1 = a target; null: all
+  int64_t num_examples = 0;  // fine-tuning data: the JSONL lines
   TokenSplit split;
 };
 // Reads, tokenises (once) and splits a corpus.
+//
+// A path ending in ".jsonl" is fine-tuning data, one JSON object per line:
+//   {"prompt": "...", "completion": "..."}  the loss is on the completion only
+//   {"text": "..."}                         the loss is on every token
+// Examples are packed in file order into one token stream (the loader takes
+// windows of it like any corpus), each followed by the tokenizer's EOS token
+// when it has one (a target). The prompt's tokens are encode(prompt); the
+// completion's are the rest of encode(prompt + completion). Errors name the
+// file and line: not JSON, not an object, missing or non-string fields, an
+// empty completion, no target token in the whole file.
 Corpus load_corpus(const std::string& path, const Tokenizer& tokenizer, double heldout_percent = 10.0);
 
 // [begin, end) of part `index` when `total` items are split into `parts`

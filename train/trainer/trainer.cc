@@ -137,6 +137,14 @@ Setup prepare(const TrainConfig& cfg) {
     }
   }
   s.corpus = load_corpus(cfg.data, *s.tokenizer, cfg.heldout_percent);
+  // The loss is the mean over target tokens. Gradient accumulation averages
+  // the micro-batches' means, which is that mean only when every micro-batch
+  // holds as many targets -- not so when prompts are masked out.
+  TESSEL_CHECK(!s.corpus.loss_mask || cfg.micro_batches == 1, "train",
+               "{} is fine-tuning data whose prompts are not targets: micro_batches = {} would average per-micro-batch "
+               "means over different numbers of target tokens (not the batch's mean); use micro_batches = 1 (dp, tp, "
+               "ZeRO and pp with one micro-batch give the one-device loss)",
+               cfg.data, cfg.micro_batches);
   return s;
 }
 
