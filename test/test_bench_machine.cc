@@ -40,3 +40,10 @@ TEST_CASE("bench machine: CPU, ISA and load are read; a busy start is marked loa
   CHECK_FALSE(quiet.loaded);
   CHECK(machine_summary(quiet).find("LOADED") == std::string::npos);
 }
+
+TEST_CASE("median: the middle value, the mean of the two middle ones, 0 for none", "[bench]") {
+  CHECK(median({}) == 0.0);
+  CHECK(median({3.0}) == 3.0);
+  CHECK(median({5.0, 1.0, 3.0}) == 3.0);
+  CHECK(median({4.0, 1.0, 3.0, 2.0}) == 2.5);
+}

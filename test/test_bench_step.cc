@@ -12,6 +12,17 @@
 
 using namespace tessel;
 
+namespace {
+// The last non-empty line of a bench's output, parsed: its promised JSON.
+nlohmann::json last_json_line(const std::string& text) {
+  std::string last;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) last = line;
+  return nlohmann::json::parse(last);
+}
+}  // namespace
+
 TEST_CASE("bench step --no-reference ends with one JSON line", "[bench]") {
   // A test asserts the output, not the timing: it must not wait for a quiet
   // machine (a loaded CI would make it wait 60 s and time out).
@@ -26,11 +37,8 @@ TEST_CASE("bench step --no-reference ends with one JSON line", "[bench]") {
   o.reference = false;
   std::ostringstream out;
   REQUIRE(tools::run_step_bench(o, out) == 0);
-  std::string text = out.str(), last;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) last = line;
-  auto j = nlohmann::json::parse(last);
+  const std::string text = out.str();
+  auto j = last_json_line(text);
   CHECK(j["bench"] == "step");
   CHECK(j["model"] == "llama");
   CHECK(j["config"] == "tiny");
@@ -73,11 +81,7 @@ TEST_CASE("bench generate --no-reference ends with one JSON line; bad sizes are 
   o.reference = false;
   std::ostringstream out;
   REQUIRE(tools::run_generate_bench(o, out) == 0);
-  std::string last;
-  std::istringstream lines(out.str());
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) last = line;
-  auto j = nlohmann::json::parse(last);
+  auto j = last_json_line(out.str());
   CHECK(j["bench"] == "generate");
   CHECK(j["model"] == "nanogpt");
   CHECK(j["ours_s"].get<double>() > 0);

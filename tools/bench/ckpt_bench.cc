@@ -31,11 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The reference: one thread writes the bytes to one file sequentially
 // (64 MiB writes), fsyncs, renames, fsyncs the directory — what a plain
 // atomic copy costs; and reads them back sequentially.

@@ -30,11 +30,6 @@ struct Row {
   double factor = 1;             // busbw = bytes / t * factor
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 std::string human(int64_t bytes) {
   char buf[32];
   if (bytes >= (1 << 20)) std::snprintf(buf, sizeof buf, "%lld MiB", (long long)(bytes >> 20));

@@ -20,11 +20,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Median seconds per call of fn over `reps` batches of `iters` calls.
 double time_per_call(const std::function<void()>& fn, int iters, int reps) {
   for (int i = 0; i < iters / 4 + 1; ++i) fn();  // warm-up (allocator pools, caches)

@@ -67,12 +67,6 @@ std::vector<BenchShape> shapes(bool quick) {
   return v;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 template <class F>
 double time_s(F&& f) {
   auto t0 = std::chrono::steady_clock::now();

@@ -1,5 +1,6 @@
 #include "tools/bench/machine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -73,6 +74,13 @@ std::string machine_summary(const BenchMachine& m) {
                                 "machine, not tessel -- do not quote it\n"),
                      m.load_start, kQuietLoad);
   return s;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace tessel::tools

@@ -15,6 +15,7 @@
 // 60; 0: no wait) for it to fall, then marks the result loaded.
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,9 @@ void add_machine(Json& j, const BenchMachine& m) {
                   {"waited_s", m.waited_s}};
   j["loaded"] = m.loaded;
 }
+// The median every bench reports: the middle value, the mean of the two
+// middle ones for an even count, 0 for none.
+double median(std::vector<double> v);
 // "machine: <cpu>, isa avx512; 1-minute load 0.42 at start, 1.61 at end" (+ a LOADED warning), newline-terminated.
 std::string machine_summary(const BenchMachine& m);
 

@@ -20,16 +20,12 @@
 #include "runtime/allocator.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
+#include "tools/bench/machine.h"
 
 namespace tessel::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 // Runs the PyTorch reference script; returns its JSON line (null when absent).
 nlohmann::json torch_reference(const StepCudaBenchOptions& o, std::ostream& out) {

@@ -39,11 +39,6 @@ train::TrainConfig bench_config(const tools::StepBenchOptions& o, const std::str
   return c;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // `bench step --bitwise`: the same training steps on a mesh (ranks as
 // threads) in bitwise mode and in fast mode, rounds interleaved so drift hits
 // both; medians of the per-step times after warm-up.
@@ -70,7 +65,7 @@ int run_bitwise_step_bench(const tools::StepBenchOptions& o, const std::string& 
       train::run_training(c, h);
     }
   }
-  const double fast = median(times[0]), bit = median(times[1]);
+  const double fast = tools::median(times[0]), bit = tools::median(times[1]);
   tools::end_bench(machine);
   std::printf("bench step --bitwise: %s %s (%s), batch %lld, %lld micro-batches, mesh %s, %d rounds x %d timed steps\n",
               o.model.c_str(), o.config.c_str(), compute.c_str(), (long long)o.batch, (long long)micro_batches,
@@ -129,9 +124,9 @@ int run_mesh_step_bench(const tools::StepBenchOptions& o, const std::vector<std:
     train::run_training(c, h);
     Row r;
     r.mesh = mesh.empty() ? "one device" : mesh;
-    const double per_token = median(secs);
+    const double per_token = tools::median(secs);
     r.tokens_per_s = per_token > 0 ? 1.0 / per_token : 0;
-    if (!waits.empty()) r.wait_share = median(waits);
+    if (!waits.empty()) r.wait_share = tools::median(waits);
     rows.push_back(r);
   }
   std::printf("bench step --mesh: %s %s, batch %lld, %lld micro-batches, %d timed steps, ranks as threads\n",
