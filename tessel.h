@@ -12,6 +12,10 @@
 //   the training API                       run/run.h (tessel::parallelize, tessel::Run),
 //                                          run/checkpoint.h (save, load, Checkpoints),
 //                                          run/launch.h (tessel::launch)
+// Also in the //:tessel target, included on their own (their namespace
+// tessel::train would clash with a function of yours named train):
+//   text generation                        #include "train/sample.h" (tessel::train::generate_batch;
+//                                          nn::KVCache serves any model built from nn::Attention)
 // docs/your_model.md walks through a model of one's own on every layout.
 #include "autograd/api.h"
 #include "dtensor/mesh.h"

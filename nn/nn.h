@@ -8,6 +8,7 @@
 #include "nn/context.h"
 #include "nn/dropout.h"
 #include "nn/grad_scaler.h"
+#include "nn/kv_cache.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
 #include "nn/module.h"

@@ -8,6 +8,7 @@
 #include "models/language_model.h"
 #include "nn/kv_cache.h"
 #include "runtime/error.h"
+#include "tessel.h"
 #include "train/sample.h"
 
 using namespace tessel;
@@ -125,4 +126,50 @@ TEST_CASE("KV cache: training mode ignores it; misuse is an error", "[generate]"
   fresh.advance(4);
   CHECK_THROWS_WITH(m->forward(tensor(std::vector<int64_t>{1, 2}, {2, 1})), Catch::Contains("do not match the cached"));
   CHECK_THROWS_WITH(nn::KVCache(0), Catch::Contains("capacity must be positive"));
+}
+
+namespace {
+// docs/your_model.md section 7's model, as a user writes it against tessel.h.
+struct TinyLM : nn::StagedModel {
+  std::shared_ptr<nn::Embedding> tok;
+  std::shared_ptr<nn::Linear> out;
+  std::vector<std::shared_ptr<nn::UnaryModule>> stack;
+  TinyLM() : nn::StagedModel("TinyLM") {
+    tok = child("tok", std::make_shared<nn::Embedding>(256, 32));
+    nn::AttentionConfig ac;
+    ac.dim = 32;
+    ac.n_head = 4;
+    ac.rope = true;
+    ac.max_seq_len = 64;
+    stack.push_back(child("attn", std::make_shared<nn::Attention>(ac)));
+    out = child("out", std::make_shared<nn::Linear>(32, 256));
+  }
+  Tensor embed(const Tensor& ids) override { return (*tok)(ids); }
+  const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return stack; }
+  Tensor head(const Tensor& h) override { return (*out)(nn::head_positions(*this, h)); }
+  Tensor stage_loss(const Tensor& logits, const Tensor& y) override { return cross_entropy(logits, y); }
+  Tensor example_input() const override { return empty({1, 1}, TensorOptions(DType::Int64).with_device(kMeta)); }
+};
+}  // namespace
+
+TEST_CASE("KV cache: a user's own model through tessel::Run gets the cache, and the same tokens", "[generate]") {
+  std::shared_ptr<TinyLM> model;
+  {
+    nn::ConstructionScope meta(kMeta);
+    model = nn::make_model<TinyLM>();
+  }
+  RunOptions options;
+  options.seed = 4;
+  auto run = parallelize(model, adamw(), options);
+  run.model().eval();
+  auto fn = [&](const Tensor& ids) { return run.forward(ids); };
+  train::SampleOptions o;
+  o.max_new_tokens = 16;
+  o.temperature = 0.8;
+  o.top_k = 40;
+  o.max_context = 64;
+  const auto cached = train::generate_batch(fn, {{72, 105}, {84, 104}}, o);
+  o.kv_cache = false;
+  CHECK(train::generate_batch(fn, {{72, 105}, {84, 104}}, o) == cached);
+  CHECK(cached[0].size() == 16);
 }
