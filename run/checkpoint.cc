@@ -84,34 +84,24 @@ nlohmann::json caller_keys(const nlohmann::json& state) {
 }
 }  // namespace
 
-nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check) {
-  RunState& s = run.state();
-  wait_for_save(run);
-  TESSEL_CHECK(s.micro == 0, kOp, "load '{}' in the middle of step {} ({} backward pass(es) done)", dir, s.step + 1,
-               s.micro);
-  checkpoint::CheckpointReader reader(dir);
-  const nlohmann::json& st = reader.meta().state;
-  TESSEL_CHECK(st.is_object() && st.contains("step") && st.contains("rng") && st["rng"].contains("seed"), kOp,
-               "'{}' is not a training checkpoint (its state has no step and rng seed): {}", dir, st.dump());
-  const std::string saved_type = st.value("model_type", std::string("(unknown)"));
-  const uint64_t seed = st["rng"]["seed"].get<uint64_t>();
-  TESSEL_CHECK(seed == s.options.seed, kOp,
-               "'{}' was trained with seed {} but this run has seed {} (RunOptions::seed): dropout masks and the "
-               "data order would differ from the run that saved it",
-               dir, seed, s.options.seed);
-  if (check) check(caller_keys(st), st["step"].get<int64_t>());
-
-  // Model: straight into the live tensors, in their layout. Both sides must
-  // have the same tensors: a checkpoint of another model is refused whole.
+namespace {
+// The model's tensors this rank holds, as checkpoint targets "model.<path>"
+// (straight into the live tensors, in their layout), after checking that
+// both sides have the same tensors with the same dtypes and shapes: a
+// checkpoint of another model is refused whole. `elsewhere` gets the tensors
+// another pipeline stage holds.
+checkpoint::NamedTensors model_targets(const checkpoint::CheckpointReader& reader, const std::string& dir,
+                                       RunState& s, std::set<std::string>* elsewhere) {
+  const std::string saved_type = reader.meta().state.value("model_type", std::string("(unknown)"));
   std::set<std::string> saved_model;
   for (const checkpoint::TensorMeta& t : reader.meta().tensors)
     if (starts_with(t.name, kModel)) saved_model.insert(t.name.substr(std::char_traits<char>::length(kModel)));
   checkpoint::NamedTensors targets;
-  std::set<std::string> mine, elsewhere;  // elsewhere: parameters another pipeline stage holds
+  std::set<std::string> mine;
   for (const auto& nt : s.model->state_dict()) {
     mine.insert(nt.name);
     if (!held(nt.tensor)) {
-      elsewhere.insert(nt.name);
+      if (elsewhere) elsewhere->insert(nt.name);
       continue;
     }
     TESSEL_CHECK(saved_model.count(nt.name), kOp,
@@ -131,6 +121,37 @@ nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check
                  dir, saved_type, name, dtype_name(m->dtype), m->shape.str(), s.model_type, dtype_name(t.dtype()),
                  t.shape().str());
   }
+  return targets;
+}
+}  // namespace
+
+uint64_t load_weights(const std::string& dir, RunBase& run) {
+  RunState& s = run.state();
+  wait_for_save(run);
+  checkpoint::CheckpointReader reader(dir);
+  const checkpoint::NamedTensors targets = model_targets(reader, dir, s, nullptr);
+  return checkpoint::load(reader, targets).bytes_read;
+}
+
+nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check) {
+  RunState& s = run.state();
+  wait_for_save(run);
+  TESSEL_CHECK(s.micro == 0, kOp, "load '{}' in the middle of step {} ({} backward pass(es) done)", dir, s.step + 1,
+               s.micro);
+  checkpoint::CheckpointReader reader(dir);
+  const nlohmann::json& st = reader.meta().state;
+  TESSEL_CHECK(st.is_object() && st.contains("step") && st.contains("rng") && st["rng"].contains("seed"), kOp,
+               "'{}' is not a training checkpoint (its state has no step and rng seed): {}", dir, st.dump());
+  const std::string saved_type = st.value("model_type", std::string("(unknown)"));
+  const uint64_t seed = st["rng"]["seed"].get<uint64_t>();
+  TESSEL_CHECK(seed == s.options.seed, kOp,
+               "'{}' was trained with seed {} but this run has seed {} (RunOptions::seed): dropout masks and the "
+               "data order would differ from the run that saved it",
+               dir, seed, s.options.seed);
+  if (check) check(caller_keys(st), st["step"].get<int64_t>());
+
+  std::set<std::string> elsewhere;  // parameters another pipeline stage holds
+  checkpoint::NamedTensors targets = model_targets(reader, dir, s, &elsewhere);
 
   const std::string saved_opt = st.value("optimizer", std::string());
   TESSEL_CHECK(saved_opt.empty() || saved_opt == s.opt->name(), kOp,

@@ -58,6 +58,13 @@ using LoadCheck = std::function<void(const nlohmann::json& extra, int64_t step)>
 // first.
 nlohmann::json load(const std::string& dir, RunBase& run, const LoadCheck& check = nullptr);
 
+// Loads only the model's tensors of `dir` into `run`: not the optimizer, the
+// step or the RNG (fine-tuning from another run's weights; any seed). Not
+// collective; each rank reads only its pieces. The same checks as load():
+// both sides must have the same model tensors, dtypes and shapes. Returns the
+// bytes this rank read.
+uint64_t load_weights(const std::string& dir, RunBase& run);
+
 // Waits for `run`'s pending async save (on rank 0: its commit); rethrows its error.
 void wait_for_save(RunBase& run);
 

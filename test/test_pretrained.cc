@@ -12,6 +12,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "test/util/runfiles.h"
+#include "run/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
 #include "train/metrics.h"
@@ -321,4 +322,31 @@ TEST_CASE("fine-tuning data: JSONL prompt/completion, loss on completions only, 
   CHECK_THROWS_WITH(load_corpus(bad("empty", R"({"prompt": "x", "completion": ""})"), bytes),
                     Catch::Contains(":2: the completion is empty"));
   CHECK_THROWS_WITH(load_corpus(bad("keys", R"({"input": "x"})"), bytes), Catch::Contains("got the keys input"));
+}
+
+TEST_CASE("tessel::load_weights: a checkpoint's model tensors only, any seed; another model is refused",
+          "[pretrained]") {
+  const auto [run_dir, hf] = saved_model("llama");
+  const auto [gpt_run, gpt_hf] = saved_model("nanogpt");  // trained before this thread holds a Run
+  auto build = [](uint64_t seed) {
+    std::shared_ptr<models::LanguageModel> m;
+    {
+      nn::ConstructionScope meta(kMeta);
+      m = models::build_model(models::model_config("llama", "tiny"));
+    }
+    RunOptions o;
+    o.seed = seed;  // not the saved run's: load() would refuse it, load_weights does not
+    return parallelize(m, adamw({}), o);
+  };
+  auto from_ckpt = build(99);
+  const std::string step_dir = find_pretrained(run_dir).path;
+  CHECK(load_weights(step_dir, from_ckpt) > 0);
+  CHECK(from_ckpt.step() == 0);
+  auto from_hf = build(98);
+  load_pretrained_weights(find_pretrained(hf), from_hf);
+  CHECK(from_ckpt.param_hash() == from_hf.param_hash());
+  CHECK(from_ckpt.param_hash() != build(99).param_hash());
+  // A NanoGPT checkpoint into a LLaMA run: named tensors on both sides.
+  CHECK_THROWS_WITH(load_weights(find_pretrained(gpt_run).path, from_ckpt),
+                    Catch::Contains("a checkpoint of another model"));
 }

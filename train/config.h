@@ -111,6 +111,8 @@ struct TrainConfig {
 
   std::string metrics_path() const;  // metrics, or <out_dir>/metrics.jsonl
   std::string checkpoint_root() const;  // ckpt_dir, or <out_dir>/checkpoints
+  // Whether the last step saves a checkpoint (ckpt_every > 0, or final_ckpt).
+  bool saves_final_checkpoint() const { return ckpt_every > 0 || final_ckpt; }
   DType param_dtype() const;         // dtype as a DType
 };
 

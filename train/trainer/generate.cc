@@ -7,7 +7,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/hf.h"
 #include "nn/parallel/plan.h"
 #include "run/run.h"
 #include "runtime/comm/comm.h"
@@ -36,16 +35,9 @@ std::shared_ptr<Tokenizer> find_tokenizer(const GenerateConfig& cfg, const Pretr
   return nullptr;
 }
 
-// config.json's eos_token_id (an id or a list: the first), or the tokenizer's.
+// config.json's eos_token_id, or the tokenizer's.
 int64_t find_eos(const Pretrained& p, const Tokenizer* tok) {
-  if (p.kind == Pretrained::Kind::HuggingFace) {
-    const nlohmann::json c = checkpoint::load_hf_config(p.path);
-    if (c.contains("eos_token_id")) {
-      const auto& e = c["eos_token_id"];
-      if (e.is_number_integer()) return e.get<int64_t>();
-      if (e.is_array() && !e.empty() && e[0].is_number_integer()) return e[0].get<int64_t>();
-    }
-  }
+  if (p.eos_id) return *p.eos_id;
   if (tok) {
     if (auto e = tok->eos_id()) return *e;
   }

@@ -11,13 +11,13 @@
 #include "checkpoint/manager.h"
 #include "checkpoint/model_config.h"
 #include "dtensor/ops.h"
+#include "run/checkpoint.h"
 #include "runtime/error.h"
 
 namespace tessel::train {
 namespace {
 
 constexpr const char* kOp = "pretrained";
-constexpr const char* kModel = "model.";
 
 bool is_hf_folder(const std::string& dir) {
   return checkpoint::io::exists(dir + "/config.json") &&
@@ -42,7 +42,13 @@ Pretrained find_pretrained(const std::string& dir) {
   if (is_hf_folder(dir)) {
     p.kind = Pretrained::Kind::HuggingFace;
     p.path = dir;
-    p.model = checkpoint::model_config_from_hf(checkpoint::load_hf_config(dir)).resolved();
+    const nlohmann::json config = checkpoint::load_hf_config(dir);
+    p.model = checkpoint::model_config_from_hf(config).resolved();
+    if (config.contains("eos_token_id")) {
+      const auto& e = config["eos_token_id"];
+      if (e.is_number_integer()) p.eos_id = e.get<int64_t>();
+      if (e.is_array() && !e.empty() && e[0].is_number_integer()) p.eos_id = e[0].get<int64_t>();
+    }
     return p;
   }
   std::string step_dir;
@@ -82,46 +88,8 @@ WeightsLoaded load_pretrained_weights(const Pretrained& p, Run<models::LanguageM
   NoGradGuard no_grad;
 
   if (p.kind == Pretrained::Kind::Checkpoint) {
-    checkpoint::CheckpointReader reader(p.path);
-    std::set<std::string> saved;
-    for (const auto& t : reader.meta().tensors)
-      if (t.name.rfind(kModel, 0) == 0) saved.insert(t.name.substr(6));
-    for (const std::string& name : saved)
-      TESSEL_CHECK(all_names.count(name), kOp,
-                   "checkpoint '{}' holds tensor 'model.{}' that this {} does not have: a checkpoint of another model",
-                   p.path, name, mine.describe());
-    checkpoint::NamedTensors named;
-    for (const auto& nt : targets) {
-      TESSEL_CHECK(saved.count(nt.name), kOp, "checkpoint '{}' has no tensor 'model.{}' ({} model tensors saved)",
-                   p.path, nt.name, saved.size());
-      const checkpoint::TensorMeta* m = reader.meta().find(kModel + nt.name);
-      TESSEL_CHECK(m->shape == nt.tensor.shape(), kOp, "checkpoint '{}': tensor 'model.{}' is {} but this model's is {}",
-                   p.path, nt.name, m->shape.str(), nt.tensor.shape().str());
-      if (m->dtype == nt.tensor.dtype()) {
-        named.emplace_back(kModel + nt.name, nt.tensor);
-      } else {
-        // Another dtype on disk (a float32 checkpoint into bf16 weights):
-        // read into a tensor of the saved dtype laid out like the weight, then convert.
-        Tensor tmp = nt.tensor.is_distributed()
-                         ? zeros(nt.tensor.shape(), nt.tensor.mesh(), nt.tensor.placements(), TensorOptions(m->dtype))
-                         : zeros(nt.tensor.shape(), TensorOptions(m->dtype));
-        named.emplace_back(kModel + nt.name, tmp);
-      }
-    }
-    const checkpoint::LoadResult r = checkpoint::load(reader, named);
-    for (size_t i = 0; i < targets.size(); ++i) {
-      Tensor dst = targets[i].tensor;  // a handle: copies write the weight
-      const Tensor& src = named[i].second;
-      if (src.dtype() == dst.dtype()) continue;
-      if (dst.is_distributed()) {
-        Tensor local = dst.dist().local;
-        local.copy_(src.dist().local);
-      } else {
-        dst.copy_(src);
-      }
-    }
+    loaded.bytes_read = load_weights(p.path, run);
     loaded.tensors = targets.size();
-    loaded.bytes_read = r.bytes_read;
     return loaded;
   }
 

@@ -39,6 +39,8 @@ struct Pretrained {
   // A tessel checkpoint's training config (its "config" key: tokenizer and
   // data settings), when it has one.
   std::optional<nlohmann::json> train_config;
+  // A Hugging Face folder's config.json eos_token_id (an id, or a list's first).
+  std::optional<int64_t> eos_id;
   const char* kind_name() const { return kind == Kind::HuggingFace ? "Hugging Face folder" : "tessel checkpoint"; }
 };
 

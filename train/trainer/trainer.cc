@@ -257,7 +257,10 @@ StepMetrics step_metrics(const TrainConfig& cfg, Run<models::LanguageModel>& run
 }
 
 // A greedy and a sampled continuation of "\n" (TrainResult and sample.txt).
-std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageModel>& run, TrainResult& result) {
+// Every rank runs the model; only the reporting rank (`report`) measures the
+// sample's words against the corpus (it reads the corpus text again).
+std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageModel>& run, TrainResult& result,
+                   bool report) {
   run.model().eval();
   auto logits_fn = [&](const Tensor& ids) { return run.forward(ids); };
   std::vector<int64_t> prompt{int64_t(s.tokenizer->encode("\n")[0])};
@@ -274,7 +277,7 @@ std::string sample(const TrainConfig& cfg, const Setup& s, Run<models::LanguageM
   so.temperature = cfg.temperature;
   so.top_k = cfg.top_k;
   result.sampled_text = decode_ids(*s.tokenizer, generate(logits_fn, prompt, so));
-  result.sample_words = known_words(result.sampled_text, word_set(load_corpus_text(cfg.data)));
+  if (report) result.sample_words = known_words(result.sampled_text, word_set(load_corpus_text(cfg.data)));
   return "--- greedy ---\n" + result.greedy_sample + "\n--- temperature " + std::to_string(cfg.temperature) +
          ", top-k " + std::to_string(cfg.top_k) + " ---\n" + result.sampled_text + "\n";
 }
@@ -299,7 +302,7 @@ void print_footer(const TrainConfig& cfg, const TrainResult& result, double trai
     std::printf("  the sampled text: %.0f%% of its %lld words are words of the corpus (seen 3+ times there)\n",
                 100.0 * result.sample_words.share(), (long long)result.sample_words.words);
   }
-  if (cfg.ckpt_every > 0 || cfg.final_ckpt)
+  if (cfg.saves_final_checkpoint())
     std::printf("  more text from this model: ./tessel generate --from %s --prompt \"The \" --temperature %g "
                 "--top-k %lld --max-new-tokens 200\n",
                 cfg.out_dir.c_str(), cfg.temperature, (long long)cfg.top_k);
@@ -341,7 +344,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       parallelize(build_on_meta(cfg, s.model), mesh, plan, optimizer(cfg), run_options(cfg));
   const models::ModelConfig& mc = run.model().config;
   std::optional<Checkpoints> ckpt;
-  const bool save_final = cfg.ckpt_every > 0 || cfg.final_ckpt;  // the last step saves
+  const bool save_final = cfg.saves_final_checkpoint();
   if (save_final || cfg.resume)
     ckpt.emplace(cfg.checkpoint_root(), Checkpoints::Options{cfg.ckpt_every, cfg.keep_last, !cfg.ckpt_sync});
   if (cfg.resume) {  // whatever mesh saved it; a checkpoint of another run is an error
@@ -428,7 +431,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   result.unigram_entropy =
       unigram_entropy(s.corpus.split.train.data(), s.corpus.split.train.size, s.tokenizer->vocab_size());
   if (main_rank) write_loss_curve_svg(out.path("loss.svg"), loss_series(read_metrics(cfg.metrics_path())));
-  const std::string samples = cfg.sample_length > 0 ? sample(cfg, s, run, result) : "";
+  const std::string samples = cfg.sample_length > 0 ? sample(cfg, s, run, result, main_rank) : "";
   if (main_rank && !samples.empty()) out.write("sample.txt", samples);
   if (!hooks.quiet) print_footer(cfg, result, train_seconds, cfg.steps - first_step, samples);
   return result;
