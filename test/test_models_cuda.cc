@@ -18,6 +18,7 @@
 #include "nn/module.h"
 #include "nn/optim.h"
 #include "runtime/numerics.h"
+#include "train/sample.h"
 #include "test/util/cuda.h"
 #include "test/util/util.h"
 
@@ -91,4 +92,50 @@ TEST_CASE("tiny NanoGPT and LLaMA train to the same bits on CPU and GPU") {
 TEST_CASE("tiny NanoGPT and LLaMA under bfloat16 autocast train to the same bits on CPU and GPU") {
   TESSEL_REQUIRE_GPU();
   check_cpu_gpu_training(DType::BFloat16);
+}
+
+// Generation (train/sample.h) on the GPU: with and without the KV cache,
+// greedy and sampled, tiny NanoGPT and LLaMA give the CPU's tokens, and the
+// cached decode's logits are the CPU's bits (bitwise GEMM, composite attention).
+TEST_CASE("tiny NanoGPT and LLaMA generate the CPU's tokens and logits on the GPU, with and without the KV cache") {
+  TESSEL_REQUIRE_GPU();
+  setenv("TESSEL_ATTENTION", "composite", 1);
+  numerics::GemmModeGuard mode(numerics::GemmMode::Bitwise);
+  for (std::string arch : {"nanogpt", "llama"}) {
+    INFO(arch);
+    auto cpu = build_on(arch, kCPU), gpu = build_on(arch, kCuda);
+    cpu->eval();
+    gpu->eval();
+    // The logits the sampler saw at every call, per device.
+    std::vector<Tensor> seen_cpu, seen_gpu;
+    train::LogitsFn on_cpu = [&](const Tensor& ids) {
+      Tensor l = cpu->forward(ids);
+      seen_cpu.push_back(l);
+      return l;
+    };
+    train::LogitsFn on_gpu = [&](const Tensor& ids) {
+      Tensor l = gpu->forward(ids.to(kCuda));
+      seen_gpu.push_back(l.to(kCPU));
+      return l;
+    };
+    const std::vector<std::vector<int64_t>> prompts = {{1, 5, 9, 2}, {7, 3, 3, 8}, {4, 11}};
+    for (bool cache : {true, false}) {
+      for (double temperature : {0.0, 0.8}) {
+        INFO("kv_cache " << cache << ", temperature " << temperature);
+        train::SampleOptions o;
+        o.max_new_tokens = 12;
+        o.temperature = temperature;
+        o.top_k = temperature > 0 ? 20 : 0;
+        o.seed = 3;
+        o.kv_cache = cache;
+        seen_cpu.clear();
+        seen_gpu.clear();
+        const auto want = train::generate_batch(on_cpu, prompts, o);
+        const auto got = train::generate_batch(on_gpu, prompts, o);
+        CHECK(got == want);
+        REQUIRE(seen_cpu.size() == seen_gpu.size());
+        for (size_t i = 0; i < seen_cpu.size(); ++i) CHECK_SAME_BITS(seen_gpu[i], seen_cpu[i]);
+      }
+    }
+  }
 }

@@ -19,7 +19,8 @@
 #   cases) and the step bench (nanogpt gpt2-124m in fast mode, which also times
 #   bitwise mode; its JSON line), copies logs to $OUT when set, and ends with one line:
 #     gpu_check: tests N passed, M failed, K skipped; bench <status>
-#   Extra args go to gpu_tests (e.g. a Catch2 test-name filter);
+#   Extra args are Catch2 test-name filters (wildcards allowed; a case
+#   matching any of them runs; none matching is an error);
 #   GPU_CHECK_SKIP_TESTS=1 runs the bench alone, GPU_CHECK_SKIP_BENCH=1 the tests alone;
 #   GPU_CHECK_SANITIZER=memcheck (racecheck, initcheck, synccheck) runs each
 #   test case under NVIDIA's compute-sanitizer (bundle with 'bundle --sanitizer'),
@@ -190,18 +191,28 @@ run() {
   rm -rf "$work"
   mkdir -p "$work"
   local names=()
+  # Several filters select the cases any of them matches (Catch2 ANDs separate
+  # arguments and ORs the comma-separated alternatives of one).
+  local filter=()
   if [[ $# -gt 0 ]]; then
-    mapfile -t names < <("$BUNDLE/bin/gpu_tests" --list-test-names-only "$@" | sed -e '/^$/d' -e 's/^ *//' | grep -v 'matching test case')
-  else
-    mapfile -t names < <("$BUNDLE/bin/gpu_tests" --list-test-names-only | sed -e '/^$/d' -e 's/^ *//' | grep -v 'matching test case')
+    local joined
+    joined=$(IFS=,; echo "$*")
+    filter=("$joined")
   fi
+  mapfile -t names < <("$BUNDLE/bin/gpu_tests" --list-test-names-only "${filter[@]}" | sed -e '/^$/d' -e 's/^ *//' | grep -v 'matching test case')
+  if [[ ${#names[@]} -eq 0 ]]; then
+    echo "gpu_check: no test case matches ${filter[*]:-(all)}"
+    echo "gpu_check: tests 0 passed, 1 failed, 0 skipped; bench not run"
+    exit 1
+  fi
+  echo "gpu_check: ${#names[@]} test cases"
   local deadline=$(( t_start + ${GPU_CHECK_TEST_BUDGET:-180} ))
   export -f run_one_test
   export BUNDLE GPU_CHECK_TEST_TIMEOUT GPU_CHECK_SANITIZER_ARGS
   local i=${#names[@]} k
   for (( k = 0; k < i; k++ )); do
     printf '%s\0%s\0' "$k" "${names[$k]}"
-  done | xargs -0 -n 2 -P "${GPU_CHECK_JOBS:-4}" bash -c 'run_one_test "$2" '"$deadline"' "'"$work"'/$1.result" "'"$work"'/$1.log"' _
+  done | xargs -0 -r -n 2 -P "${GPU_CHECK_JOBS:-4}" bash -c 'run_one_test "$2" '"$deadline"' "'"$work"'/$1.result" "'"$work"'/$1.log"' _
   local j status secs name
   : > "$out/gpu_tests.log"
   : > "$out/gpu_tests_results.txt"
