@@ -47,8 +47,18 @@
 //
 // Every sum over keys or queries is the canonical one over the *global*
 // length, so a split of keys or queries at chunk boundaries owns whole
-// subtrees (context parallelism could finish the same tree), and no result
-// depends on tiles, threads or an element's position.
+// subtrees, and no result depends on tiles, threads or an element's position.
+//
+// A piece of the queries (context parallelism): q may hold Tq <= n rows, the
+// global query rows q_begin .. q_begin + Tq - 1, while k and v hold all n keys
+// (n = k's T). Row i above is then global row q_begin + (local row); out and
+// stats have q's rows; dq is the piece's; dk and dv are the sums over the
+// piece's queries only, with the other queries' chunks as +0 leaves of the
+// same global tree: when the piece owns whole runs of the global chunks
+// (dtensor::local_chunks), that is its subtree's root, and the pieces' sum in
+// rank order by the collectives' tree is the one-device value. With g > 1 the
+// group sum would come before that cross-piece sum, so context-parallel
+// callers repeat k and v to g = 1 and sum the groups afterwards.
 #include <cstdint>
 
 #include "kernels/registry.h"
@@ -65,7 +75,8 @@ struct AttentionParams {
   PhiloxKey key{};
   uint32_t keep_threshold = 0;    // bernoulli_threshold(1 - p)
   double dropout_scale = 1.0;     // 1 / (1 - p) (0 when p == 1)
-  GlobalBlock block;              // where the local [B, Hq, T, T] probabilities sit (empty: whole)
+  GlobalBlock block;              // where the local [B, Hq, Tq, n] probabilities sit (empty: whole)
+  int64_t q_begin = 0;            // global row of q's first row (a piece of the queries; see above)
 };
 
 // Global row-major index of local probability element (b, h, i, j).

@@ -247,6 +247,110 @@ TEST_CASE("fused attention kernels equal the scalar reference bit for bit") {
   check_kernels_against_reference(make_qkv(1, 2, 2, 33, 8, 6, DType::Float32, true, 30.0), 16, false);
 }
 
+namespace {
+
+struct KernelRun {
+  Tensor out, stats, dq, dk, dv;
+};
+// The fused kernels on q (a piece of the queries when p.q_begin / q's T say
+// so), all keys, and the output gradient dout (q's rows).
+KernelRun run_kernels(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                      const kernels::AttentionParams& p) {
+  KernelRun r;
+  r.out = raw::empty(q.shape(), q.dtype());
+  r.stats = raw::empty({q.size(0), q.size(1), q.size(2), 2}, DType::Float32);
+  kernels::attention_forward(kCPU, q, k, v, p, r.out, r.stats);
+  r.dq = raw::empty(q.shape(), q.dtype()), r.dk = raw::empty(k.shape(), q.dtype()),
+  r.dv = raw::empty(v.shape(), q.dtype());
+  kernels::attention_backward(kCPU, q, k, v, dout, r.stats, p, r.dq, r.dk, r.dv);
+  return r;
+}
+
+// The balanced tree over W pieces' values, in order (the collectives' rank-order tree).
+Tensor tree_sum(std::vector<Tensor> parts) {
+  while (parts.size() > 1) {
+    std::vector<Tensor> next;
+    for (size_t i = 0; i < parts.size(); i += 2) next.push_back(parts[i] + parts[i + 1]);
+    parts = std::move(next);
+  }
+  return parts[0];
+}
+
+}  // namespace
+
+// Context parallelism's kernel contract (kernels/attention.h "A piece of the
+// queries"): the kernels on query rows [q0, q0 + Tq) against all keys equal
+// the scalar reference on that piece; out, stats and dq are the whole run's
+// rows; and with g = 1, the W pieces' dk and dv added by the balanced tree are
+// the whole run's dk and dv, bit for bit, when the pieces are whole runs of
+// the global chunks.
+TEST_CASE("fused attention on pieces of the queries: the reference's bits, the whole run's rows and sums") {
+  struct Case {
+    int64_t B, Hq, Hkv, T, D;
+    int v, w;
+  };
+  for (Case c : {Case{1, 2, 2, 64, 16, 16, 2}, Case{2, 3, 3, 64, 8, 16, 4}, Case{1, 2, 2, 100, 24, 4, 4},
+                 Case{1, 1, 1, 192, 16, 16, 4}, Case{2, 4, 2, 64, 16, 16, 2}, Case{1, 4, 1, 96, 8, 8, 4}})
+    for (bool dropout : {false, true}) {
+      INFO("B " << c.B << " Hq " << c.Hq << " Hkv " << c.Hkv << " T " << c.T << " D " << c.D << " V " << c.v
+                << " pieces " << c.w << " dropout " << dropout);
+      Qkv x = make_qkv(c.B, c.Hq, c.Hkv, c.T, c.D, uint64_t(c.T + c.w), DType::Float32, c.w == 2);
+      Tensor dout = uniform(x.q.shape(), 5, -1, 1);
+      kernels::AttentionParams p;
+      p.scale = 1.0 / std::sqrt(double(c.D));
+      p.chunks = c.v;
+      if (dropout) {
+        p.dropout = true;
+        p.key = PhiloxKey{11, 12};
+        p.keep_threshold = kernels::bernoulli_threshold(0.7);
+        p.dropout_scale = 1.0 / 0.7;
+        p.block = GlobalBlock{{c.B, c.Hq, c.T, c.T}, {0, 0, 0, 0}};
+      }
+      const KernelRun whole = run_kernels(x.q, x.k, x.v, dout, p);
+      const int64_t Tq = c.T / c.w;
+      std::vector<Tensor> dks, dvs;
+      for (int64_t i = 0; i < c.w; ++i) {
+        INFO("piece " << i);
+        kernels::AttentionParams pp = p;
+        pp.q_begin = i * Tq;
+        if (dropout) pp.block.offset[2] = i * Tq;
+        const Tensor q = x.q.narrow(2, i * Tq, Tq), d = dout.narrow(2, i * Tq, Tq);
+        const KernelRun piece = run_kernels(q, x.k, x.v, d, pp);
+        CHECK(bitwise_equal(piece.out, whole.out.narrow(2, i * Tq, Tq).contiguous()));
+        CHECK(bitwise_equal(piece.stats, whole.stats.narrow(2, i * Tq, Tq).contiguous()));
+        CHECK(bitwise_equal(piece.dq, whole.dq.narrow(2, i * Tq, Tq).contiguous()));
+        // The scalar reference on the piece.
+        const auto pr = kernels::ref::AttentionProblem<float>::make(c.B, c.Hq, c.Hkv, c.T, c.D, pp, Tq);
+        auto qf = values<float>(q), kf = values<float>(x.k), vf = values<float>(x.v), df = values<float>(d);
+        std::vector<float> o(qf.size()), st(size_t(c.B * c.Hq * Tq * 2)), gq(qf.size()), gk(kf.size()),
+            gv(vf.size());
+        kernels::ref::attention_forward(pr, qf.data(), kf.data(), vf.data(), o.data(), st.data());
+        kernels::ref::attention_backward(pr, qf.data(), kf.data(), vf.data(), df.data(), st.data(), gq.data(),
+                                         gk.data(), gv.data());
+        CHECK(bitwise_equal(piece.out, tensor(o, q.shape())));
+        CHECK(bitwise_equal(piece.dq, tensor(gq, q.shape())));
+        CHECK(bitwise_equal(piece.dk, tensor(gk, x.k.shape())));
+        CHECK(bitwise_equal(piece.dv, tensor(gv, x.v.shape())));
+        dks.push_back(piece.dk);
+        dvs.push_back(piece.dv);
+      }
+      if (c.Hq == c.Hkv) {  // g > 1 sums the group first (context parallelism repeats k and v)
+        CHECK(bitwise_equal(tree_sum(dks), whole.dk));
+        CHECK(bitwise_equal(tree_sum(dvs), whole.dv));
+      }
+    }
+  // A piece outside the keys, and dropout on a piece without its block, are refused.
+  Qkv x = make_qkv(1, 1, 1, 8, 4, 3);
+  kernels::AttentionParams p;
+  p.q_begin = 6;
+  CHECK_THROWS_WITH(run_kernels(x.q.narrow(2, 0, 4), x.k, x.v, uniform({1, 1, 4, 4}, 1), p),
+                    Catch::Contains("query rows 6..10") && Catch::Contains("outside the 8 keys"));
+  p.q_begin = 4;
+  p.dropout = true;
+  CHECK_THROWS_WITH(run_kernels(x.q.narrow(2, 4, 4), x.k, x.v, uniform({1, 1, 4, 4}, 1), p),
+                    Catch::Contains("needs the probabilities' block"));
+}
+
 TEST_CASE("fused attention: the thread count and batch/head slices never change a bit") {
   Qkv x = make_qkv(3, 6, 2, 77, 32, 9);
   AttentionOptions o;

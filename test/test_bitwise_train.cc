@@ -135,6 +135,15 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
                             {"dp=2", false, 3}});
 }
 
+// Context parallelism: sequences cut along time over "cp" (docs/distributed.md),
+// alone and with every other dim; attention keeps its queries local.
+TEST_CASE("bitwise: context parallel (cp, cp x dp, cp x tp + sp, cp x pp, cp x ep, ZeRO-3) gives the one-device bits every step",
+          "[bitwise][train][cp]") {
+  check_layouts("llama", {{"cp=2"}, {"cp=4"}, {"dp=2,cp=2"}, {"tp=2,cp=2", true}, {"cp=2,pp=2"}, {"dp=2,cp=2", false, 3}});
+  check_layouts("nanogpt", {{"cp=2"}, {"cp=2,tp=2"}, {"cp=2,dp=2", false, 2}});
+  check_layouts("mixtral", {{"cp=2"}, {"ep=2,cp=2"}});
+}
+
 // float16 autocast with dynamic loss scaling (the trainer's GradScaler):
 // 2^20 overflows the first steps' float16 gradients; those steps are skipped
 // on every layout alike (the inf flag is combined over the mesh), the scale

@@ -368,3 +368,58 @@ TEST_CASE("an op without a sharding rule runs on replicated inputs and is still 
   });
   CHECK(first_failure(reports) == "");
 }
+
+// Context parallelism (docs/distributed.md): q, k, v cut along time over a
+// "cp" mesh dim. The fused attention keeps the queries and the output cut,
+// gathers k and v, and in bitwise mode gives the one-device output and
+// gradients bit for bit (GQA and dropout included), whether the pieces are
+// whole runs of the canonical chunks (their dk/dv sums finish the tree) or
+// not (time is gathered).
+TEST_CASE("context parallel attention: sequence-local queries, the one-device bits", "[dtensor][cp]") {
+  struct Case {
+    int ranks;
+    int64_t T;
+    bool local;  // the output stays cut along time (else gathered: pieces not on chunk boundaries)
+  };
+  for (Case c : {Case{2, 64, true}, Case{4, 64, true}, Case{4, 60, false}}) {
+    INFO("cp=" << c.ranks << " T=" << c.T);
+    const int64_t B = 2, H = 4, Hkv = 2, D = 8;
+    AttentionOptions o;
+    o.causal = true;
+    o.dropout_p = 0.2;
+    o.dropout_key = PhiloxKey{3, 9};
+    auto inputs = [&] {
+      return std::vector<Tensor>{uniform({B, c.T, H, D}, 1, -2, 2).transpose(1, 2),
+                                 uniform({B, c.T, Hkv, D}, 2, -2, 2).transpose(1, 2),
+                                 uniform({B, c.T, Hkv, D}, 3).transpose(1, 2), uniform({B, H, c.T, D}, 4)};
+    };
+    // One device.
+    std::vector<Tensor> ref;
+    {
+      numerics::BitwiseGuard bitwise(true);
+      std::vector<Tensor> in = inputs();
+      for (int i = 0; i < 3; ++i) in[i] = in[i].detach().requires_grad_();
+      Tensor y = scaled_dot_product_attention(in[0], in[1], in[2], o);
+      sum(y * in[3]).backward();
+      ref = {y, in[0].grad(), in[1].grad(), in[2].grad()};
+    }
+    auto reports = on_ranks(c.ranks, [&](int) -> std::string {
+      numerics::BitwiseGuard bitwise(true);
+      MeshPtr mesh = Mesh::world({{"cp", c.ranks}});
+      std::vector<Tensor> in = inputs();
+      for (int i = 0; i < 4; ++i) in[i] = distribute_tensor(in[i], mesh, {Shard(2)});
+      for (int i = 0; i < 3; ++i) in[i] = in[i].detach().requires_grad_();
+      Tensor y = scaled_dot_product_attention(in[0], in[1], in[2], o);
+      const Placements want = c.local ? Placements{Shard(2)} : Placements{Replicate()};
+      if (y.placements() != want) return "output " + y.placements().str() + ", expected " + want.str();
+      sum(y * in[3]).backward();
+      const std::vector<Tensor> got = {y, in[0].grad(), in[1].grad(), in[2].grad()};
+      const char* names[] = {"output", "dq", "dk", "dv"};
+      for (int i = 0; i < 4; ++i)
+        if (!bitwise_equal(full_tensor(got[i]).contiguous(), ref[i].contiguous()))
+          return std::string(names[i]) + " differs from one device";
+      return "";
+    });
+    CHECK(first_failure(reports) == "");
+  }
+}

@@ -90,6 +90,27 @@ TEST_CASE("20 steps on dp2, tp2, tp2+sp, dp2xtp2 match one device", "[parallel][
   }
 }
 
+TEST_CASE("20 steps context parallel (cp2, cp4, dp2xcp2, tp2xcp2 + sp, cp2xpp2, ep2xcp2) match one device",
+          "[parallel][train][cp]") {
+  for (std::string model : {"nanogpt", "llama", "mixtral"}) {
+    const Run ref = run(base(model, scratch(model + "_cp_ref")));
+    struct Layout {
+      const char* mesh;
+      bool sp;
+    };
+    std::vector<Layout> layouts = {{"cp=2", false}, {"cp=4", false}, {"dp=2,cp=2", false}, {"tp=2,cp=2", true},
+                                   {"cp=2,pp=2", false}};
+    if (model == "mixtral") layouts.push_back({"ep=2,cp=2", false});
+    for (Layout l : layouts) {
+      TrainConfig c = base(model, scratch(model + "_cp"));
+      c.mesh = l.mesh;
+      c.sequence_parallel = l.sp;
+      if (std::string(l.mesh).find("pp") != std::string::npos) c.pipeline_schedule = "gpipe";
+      check_same(ref, run(c), model + " on " + l.mesh + (l.sp ? " + sp" : ""));
+    }
+  }
+}
+
 TEST_CASE("20 steps with DDP, ZeRO-1, ZeRO-2 and FSDP match one device", "[parallel][train][zero]") {
   for (std::string model : {"nanogpt", "llama", "mixtral"}) {
     const Run ref = run(base(model, scratch(model + "_ref")));

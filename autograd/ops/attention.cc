@@ -79,6 +79,25 @@ Placements whole_head_placements(const ShardingContext& ctx) {
   return p;
 }
 
+// Context parallelism: the mesh dim that cuts the queries along time, where
+// the rule above would gather them (-1: none). One such dim at most; in
+// bitwise mode only when every piece owns whole runs of the global chunks
+// (dtensor::local_chunks), so that the pieces' dk and dv (sums over their own
+// queries, kernels/attention.h) finish the one-device tree when the
+// collective adds them in rank order; otherwise the time dim is gathered.
+int context_parallel_dim(const ShardingContext& ctx, const Placements& p, int chunks) {
+  int found = -1;
+  for (int m = 0; m < ctx.mesh_ndim(); ++m) {
+    if (ctx.mesh->shape()[m] == 1 || !p[m].is_replicate() || !ctx.in[0].placements[m].is_shard(2)) continue;
+    if (found >= 0) return -1;  // time cut over two mesh dims: gathered
+    found = m;
+  }
+  if (found < 0 || !numerics::bitwise()) return found;
+  Placements time = Placements::replicated(ctx.mesh_ndim());
+  time[found] = Shard(0);
+  return dtensor::local_chunks(Dims{ctx.in[0].shape[2]}, time, *ctx.mesh, {0}, chunks) > 0 ? found : -1;
+}
+
 // The fused causal attention (kernels/attention.h has the order of operations).
 struct FusedAttentionOp {
   static constexpr const char* kName = "scaled_dot_product_attention";
@@ -101,19 +120,26 @@ struct FusedAttentionOp {
     return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
   }
 
+  // Whole heads per piece (whole_head_placements); with context parallelism
+  // the queries and the output keep their cut along time while k and v are
+  // gathered (their gradients come back as pending sums over that dim).
   ShardingPlan sharding(const ShardingContext& ctx) {
     const Placements p = whole_head_placements(ctx);
+    Placements pq = p;
+    if (const int m = context_parallel_dim(ctx, p, params.chunks); m >= 0) pq[m] = Shard(2);
     const Dims& qs = ctx.in[0].shape;
-    if (params.dropout) {  // the probabilities' block moves with the piece's batch and head offsets
-      const LocalGeometry lg = ctx.local(qs, p);
+    const LocalGeometry lg = ctx.local(qs, pq);
+    params.q_begin += lg.offset[2];
+    if (params.dropout) {  // the probabilities' block moves with the piece's batch, head and query offsets
       if (params.block.is_whole()) {
-        params.block = GlobalBlock{{qs[0], qs[1], qs[2], qs[2]}, {lg.offset[0], lg.offset[1], 0, 0}};
+        params.block = GlobalBlock{{qs[0], qs[1], qs[2], qs[2]}, {lg.offset[0], lg.offset[1], lg.offset[2], 0}};
       } else {
         params.block.offset[0] += lg.offset[0];
         params.block.offset[1] += lg.offset[1];
+        params.block.offset[2] += lg.offset[2];
       }
     }
-    return {{p, p, p}, {p}};
+    return {{pq, p, p}, {pq}};
   }
 };
 
@@ -212,6 +238,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return call(std::move(f), q, k, v);
   }
   if (use_fused(q, k, v, opts)) {
+    // Context parallelism in bitwise mode: the kernel sums a group's query
+    // heads before the pieces' dk/dv are added across the mesh, which is not
+    // the one-device order; with k and v repeated per query head that sum
+    // comes after (the repeat's backward, on the finished gradients).
+    if (g > 1 && numerics::bitwise() && q.is_distributed())
+      for (const Placement& pl : q.placements())
+        if (pl.is_shard(2)) return scaled_dot_product_attention(q, repeat_kv(k, g), repeat_kv(v, g), opts);
     FusedAttentionOp f;
     f.params.scale = scale;
     f.params.chunks = numerics::reduction_chunks();

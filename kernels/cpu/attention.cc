@@ -306,8 +306,12 @@ void keep_row(uint8_t* keep, int64_t n, const PhiloxKey& key, uint64_t e0, uint3
 }
 
 // The per-call constants and the packed operands' strides.
+// T is the global length n (k and v hold all of it); q holds the Tq query
+// rows q0 .. q0 + Tq - 1 (kernels/attention.h: a piece of the queries).
+// Query loops run over global rows i; q, dO, out, dq and stats are indexed
+// by the local row i - q0.
 struct Problem {
-  int64_t B, Hq, Hkv, g, T, D, Dp, Tp;
+  int64_t B, Hq, Hkv, g, T, D, Dp, Tp, Tq, q0;
   float scale, dscale;
   bool dropout;
   PhiloxKey key;
@@ -316,7 +320,8 @@ struct Problem {
   SumGeometry geo;
 
   Problem(const Tensor& q, const Tensor& k, const AttentionParams& p) {
-    B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), g = Hq / Hkv;
+    B = q.size(0), Hq = q.size(1), T = k.size(2), D = q.size(3), Hkv = k.size(1), g = Hq / Hkv;
+    Tq = q.size(2), q0 = p.q_begin;
     Dp = round_up(std::max<int64_t>(D, 1), NR), Tp = round_up(std::max<int64_t>(T, 1), NR);
     scale = float(p.scale), dscale = float(p.dropout_scale);
     dropout = p.dropout, key = p.key, threshold = p.keep_threshold;
@@ -375,19 +380,20 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
   T* obase = static_cast<T*>(out.raw_data());
   const int64_t osb = out.strides()[0], osh = out.strides()[1], ost = out.strides()[2], osd = out.strides()[3];
   float* st = static_cast<float*>(stats.raw_data());
-  const int64_t nqb = ceil_div(P.T, kBlock);
+  const int64_t nqb = ceil_div(P.Tq, kBlock);
   parallel_for(P.B * P.Hkv * nqb, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> kp(size_t(P.Tp * P.D)), vr(size_t(P.T * P.Dp)), qp(size_t(kBlock * P.D)),
         s(size_t(kBlock * P.Tp)), o(size_t(kBlock * P.Dp)), stack(size_t(std::max(1, P.geo.levels) * MR * NR));
     std::vector<uint8_t> keep(static_cast<size_t>(P.T));
     for (int64_t task = tb; task < te; ++task) {
       const int64_t qb = task % nqb, hk = (task / nqb) % P.Hkv, b = task / (nqb * P.Hkv);
-      const int64_t i0b = qb * kBlock, i1b = std::min(P.T, i0b + kBlock);
+      const int64_t l0 = qb * kBlock, l1 = std::min(P.Tq, l0 + kBlock);  // local rows
+      const int64_t i0b = P.q0 + l0, i1b = P.q0 + l1;                     // global rows
       pack_panels<NR>(K, b, hk, 0, i1b, P.D, kp.data());
       pack_rows(Vv, b, hk, 0, i1b, P.D, P.Dp, vr.data());
       for (int64_t r = 0; r < P.g; ++r) {
         const int64_t h = hk * P.g + r;
-        pack_panels<MR>(Q, b, h, i0b, i1b, P.D, qp.data());
+        pack_panels<MR>(Q, b, h, l0, l1, P.D, qp.data());
         score_block<true>(P, qp.data(), kp.data(), i0b, i1b, s.data(), P.Tp);
         for (int64_t i = i0b; i < i1b; ++i) {
           float* row = s.data() + (i - i0b) * P.Tp;
@@ -398,15 +404,15 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
           const float rl = 1.0f / l;
           for (int64_t j = 0; j < n; ++j) row[j] = row[j] * rl;
           if (P.dropout) {
-            keep_row(keep.data(), n, P.key, P.index(b, h, i, 0), P.threshold);
+            keep_row(keep.data(), n, P.key, P.index(b, h, i - P.q0, 0), P.threshold);
             for (int64_t j = 0; j < n; ++j) row[j] = keep[size_t(j)] ? row[j] * P.dscale : 0.0f;
           }
-          float* sti = st + ((b * P.Hq + h) * P.T + i) * 2;
+          float* sti = st + ((b * P.Hq + h) * P.Tq + (i - P.q0)) * 2;
           sti[0] = m;
           sti[1] = l;
         }
         sum_over_keys(P, s.data(), P.Tp, vr.data(), i0b, i1b, stack.data(), o.data());
-        store_rows(o.data(), P.Dp, obase, osb, osh, ost, osd, b, h, i0b, i1b, P.D);
+        store_rows(o.data(), P.Dp, obase, osb, osh, ost, osd, b, h, l0, l1, P.D);
       }
     }
   });
@@ -418,7 +424,7 @@ void backward_queries(const Problem& P, const Operand<T>& Q, const Operand<T>& K
                       const Operand<T>& dO, const float* st, float* dl, const Tensor& dq) {
   T* qbase = static_cast<T*>(dq.raw_data());
   const int64_t sb = dq.strides()[0], sh = dq.strides()[1], stt = dq.strides()[2], sd = dq.strides()[3];
-  const int64_t nqb = ceil_div(P.T, kBlock);
+  const int64_t nqb = ceil_div(P.Tq, kBlock);
   parallel_for(P.B * P.Hkv * nqb, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> kp(size_t(P.Tp * P.D)), vp(size_t(P.Tp * P.D)), kr(size_t(P.T * P.Dp)),
         qp(size_t(kBlock * P.D)), dop(size_t(kBlock * P.D)), s(size_t(kBlock * P.Tp)), gs(size_t(kBlock * P.Tp)),
@@ -426,24 +432,25 @@ void backward_queries(const Problem& P, const Operand<T>& Q, const Operand<T>& K
     std::vector<uint8_t> keep(static_cast<size_t>(P.T));
     for (int64_t task = tb; task < te; ++task) {
       const int64_t qb = task % nqb, hk = (task / nqb) % P.Hkv, b = task / (nqb * P.Hkv);
-      const int64_t i0b = qb * kBlock, i1b = std::min(P.T, i0b + kBlock);
+      const int64_t l0 = qb * kBlock, l1 = std::min(P.Tq, l0 + kBlock);  // local rows
+      const int64_t i0b = P.q0 + l0, i1b = P.q0 + l1;                     // global rows
       pack_panels<NR>(K, b, hk, 0, i1b, P.D, kp.data());
       pack_panels<NR>(Vv, b, hk, 0, i1b, P.D, vp.data());
       pack_rows(K, b, hk, 0, i1b, P.D, P.Dp, kr.data());
       for (int64_t r = 0; r < P.g; ++r) {
         const int64_t h = hk * P.g + r;
-        pack_panels<MR>(Q, b, h, i0b, i1b, P.D, qp.data());
-        pack_panels<MR>(dO, b, h, i0b, i1b, P.D, dop.data());
+        pack_panels<MR>(Q, b, h, l0, l1, P.D, qp.data());
+        pack_panels<MR>(dO, b, h, l0, l1, P.D, dop.data());
         score_block<true>(P, qp.data(), kp.data(), i0b, i1b, s.data(), P.Tp);
         score_block<false>(P, dop.data(), vp.data(), i0b, i1b, gs.data(), P.Tp);
         for (int64_t i = i0b; i < i1b; ++i) {
           float* p = s.data() + (i - i0b) * P.Tp;
           float* g = gs.data() + (i - i0b) * P.Tp;
-          const int64_t n = i + 1, row = (b * P.Hq + h) * P.T + i;
+          const int64_t n = i + 1, row = (b * P.Hq + h) * P.Tq + (i - P.q0);
           const float m = st[row * 2], rl = 1.0f / st[row * 2 + 1];
           for (int64_t j = 0; j < n; ++j) p[j] = tmath::exp(p[j] - m) * rl;
           if (P.dropout) {
-            keep_row(keep.data(), n, P.key, P.index(b, h, i, 0), P.threshold);
+            keep_row(keep.data(), n, P.key, P.index(b, h, i - P.q0, 0), P.threshold);
             for (int64_t j = 0; j < n; ++j) g[j] = keep[size_t(j)] ? g[j] * P.dscale : 0.0f;
           }
           for (int64_t j = 0; j < n; ++j) prod[size_t(j)] = g[j] * p[j];
@@ -452,7 +459,7 @@ void backward_queries(const Problem& P, const Operand<T>& Q, const Operand<T>& K
           dl[row] = dsum;
         }
         sum_over_keys(P, gs.data(), P.Tp, kr.data(), i0b, i1b, stack.data(), o.data());
-        store_rows(o.data(), P.Dp, qbase, sb, sh, stt, sd, b, h, i0b, i1b, P.D);
+        store_rows(o.data(), P.Dp, qbase, sb, sh, stt, sd, b, h, l0, l1, P.D);
       }
     }
   });
@@ -486,19 +493,27 @@ void backward_keys(const Problem& P, const Operand<T>& Q, const Operand<T>& K, c
     for (int64_t task = tb; task < te; ++task) {
       const int64_t kb = task % nkb, hk = (task / nkb) % P.Hkv, b = task / (nkb * P.Hkv);
       const int64_t j0b = kb * kBlock, j1b = std::min(P.T, j0b + kBlock), nkeys = j1b - j0b;
-      const int64_t nq = P.T - j0b;  // queries j0b..T-1 see some key of the block
+      // The piece's queries that see some key of the block: global rows qs..qe-1.
+      const int64_t qs = std::max(j0b, P.q0), qe = P.q0 + P.Tq, nq = qe - qs;
       pack_panels<NR>(K, b, hk, j0b, j1b, P.D, kp.data());
       pack_panels<NR>(Vv, b, hk, j0b, j1b, P.D, vp.data());
       for (int64_t r = 0; r < P.g; ++r) {
         const int64_t h = hk * P.g + r;
-        pack_panels<MR>(Q, b, h, j0b, P.T, P.D, qp.data());
-        pack_panels<MR>(dO, b, h, j0b, P.T, P.D, dop.data());
-        pack_rows(Q, b, h, j0b, P.T, P.D, P.Dp, qr.data());
-        pack_rows(dO, b, h, j0b, P.T, P.D, P.Dp, dor.data());
-        // Scores and dP' for (i >= j0b, j in the block), rows i - j0b.
+        float* dkp = dk_parts.data() + r * kBlock * P.Dp;
+        float* dvp = dv_parts.data() + r * kBlock * P.Dp;
+        if (nq <= 0) {  // every chunk of every sum is a +0 leaf
+          std::fill(dkp, dkp + kBlock * P.Dp, 0.0f);
+          std::fill(dvp, dvp + kBlock * P.Dp, 0.0f);
+          continue;
+        }
+        pack_panels<MR>(Q, b, h, qs - P.q0, qe - P.q0, P.D, qp.data());
+        pack_panels<MR>(dO, b, h, qs - P.q0, qe - P.q0, P.D, dop.data());
+        pack_rows(Q, b, h, qs - P.q0, qe - P.q0, P.D, P.Dp, qr.data());
+        pack_rows(dO, b, h, qs - P.q0, qe - P.q0, P.D, P.Dp, dor.data());
+        // Scores and dP' for (i >= qs, j in the block), rows i - qs.
         const int64_t npan = ceil_div(nq, MR), nkp = ceil_div(nkeys, NR);
         for (int64_t ip = 0; ip < npan; ++ip) {
-          const int64_t i0 = j0b + ip * MR;
+          const int64_t i0 = qs + ip * MR;
           for (int64_t kq = 0; kq < nkp && j0b + kq * NR <= i0 + MR - 1; ++kq) {
             dot_tile<true>(qp.data() + ip * MR * P.D, kp.data() + kq * NR * P.D, P.D, P.scale,
                            s.data() + ip * MR * kBlock + kq * NR, kBlock);
@@ -507,14 +522,14 @@ void backward_keys(const Problem& P, const Operand<T>& Q, const Operand<T>& K, c
           }
         }
         // P' into s and dS into gs for j <= i (the same per-element formulas as pass 1).
-        for (int64_t i = j0b; i < P.T; ++i) {
-          float* ps = s.data() + (i - j0b) * kBlock;
-          float* g = gs.data() + (i - j0b) * kBlock;
-          const int64_t nv = std::min(j1b, i + 1) - j0b, row = (b * P.Hq + h) * P.T + i;
+        for (int64_t i = qs; i < qe; ++i) {
+          float* ps = s.data() + (i - qs) * kBlock;
+          float* g = gs.data() + (i - qs) * kBlock;
+          const int64_t nv = std::min(j1b, i + 1) - j0b, row = (b * P.Hq + h) * P.Tq + (i - P.q0);
           const float m = st[row * 2], rl = 1.0f / st[row * 2 + 1], dsum = dl[row];
           for (int64_t j = 0; j < nv; ++j) prow[size_t(j)] = tmath::exp(ps[j] - m) * rl;
           if (P.dropout) {
-            keep_row(keep.data(), nv, P.key, P.index(b, h, i, j0b), P.threshold);
+            keep_row(keep.data(), nv, P.key, P.index(b, h, i - P.q0, j0b), P.threshold);
             for (int64_t j = 0; j < nv; ++j) {
               ps[j] = keep[size_t(j)] ? prow[size_t(j)] * P.dscale : 0.0f;
               g[j] = keep[size_t(j)] ? g[j] * P.dscale : 0.0f;
@@ -524,19 +539,17 @@ void backward_keys(const Problem& P, const Operand<T>& Q, const Operand<T>& K, c
           }
           for (int64_t j = 0; j < nv; ++j) g[j] = (prow[size_t(j)] * (g[j] - dsum)) * P.scale;
         }
-        // dV = sum over queries i >= j of P'[i][j] dO_i, dK = ... dS[i][j] q_i.
-        float* dkp = dk_parts.data() + r * kBlock * P.Dp;
-        float* dvp = dv_parts.data() + r * kBlock * P.Dp;
+        // dV = sum over the piece's queries i >= j of P'[i][j] dO_i, dK = ... dS[i][j] q_i.
         for (int64_t kt = 0; kt < ceil_div(nkeys, MR); ++kt) {
           int64_t lo[MR], hi[MR];
           for (int q = 0; q < MR; ++q) {
-            lo[q] = j0b + std::min(kt * MR + q, nkeys - 1);  // padded rows repeat the last key's range
-            hi[q] = P.T;
+            lo[q] = std::max(qs, j0b + std::min(kt * MR + q, nkeys - 1));  // padded rows repeat the last key's range
+            hi[q] = qe;
           }
           for (int64_t c0 = 0; c0 < P.Dp; c0 += NR) {
-            chunked_tile(s.data() + kt * MR, 1, kBlock, dor.data() + c0, P.Dp, j0b, lo, hi, P.geo, stack.data(),
+            chunked_tile(s.data() + kt * MR, 1, kBlock, dor.data() + c0, P.Dp, qs, lo, hi, P.geo, stack.data(),
                          dvp + kt * MR * P.Dp + c0, P.Dp);
-            chunked_tile(gs.data() + kt * MR, 1, kBlock, qr.data() + c0, P.Dp, j0b, lo, hi, P.geo, stack.data(),
+            chunked_tile(gs.data() + kt * MR, 1, kBlock, qr.data() + c0, P.Dp, qs, lo, hi, P.geo, stack.data(),
                          dkp + kt * MR * P.Dp + c0, P.Dp);
           }
         }
@@ -575,14 +588,27 @@ void scatter(const std::vector<C>& src, const Tensor& x) {
               src[size_t(((b * H + h) * T + t) * D + d)];
 }
 
+// A piece of the queries must lie inside the keys' range, and its dropout
+// coordinates come from the block (a whole block describes the whole square).
+void check_piece(const char* op, const Tensor& q, const Tensor& k, const AttentionParams& p) {
+  TESSEL_CHECK(p.q_begin >= 0 && p.q_begin + q.size(2) <= k.size(2), op,
+               "query rows {}..{} (q {}) lie outside the {} keys of k {}", p.q_begin, p.q_begin + q.size(2),
+               q.shape(), k.size(2), k.shape());
+  TESSEL_CHECK(!p.dropout || !p.block.is_whole() || (p.q_begin == 0 && q.size(2) == k.size(2)), op,
+               "dropout on a piece of the queries (q {} from row {}, k {}) needs the probabilities' block",
+               q.shape(), p.q_begin, k.shape());
+}
+
 void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                            const Tensor& out, const Tensor& stats) {
   const char* op = "attention_forward";
+  check_piece(op, q, k, p);
   if (out.numel() == 0 && stats.numel() == 0) return;
   dispatch_floating(q.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, double>) {
-      const auto pr = ref::AttentionProblem<double>::make(q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), p);
+      const auto pr = ref::AttentionProblem<double>::make(q.size(0), q.size(1), k.size(1), k.size(2), q.size(3), p,
+                                                             q.size(2));
       std::vector<double> o(size_t(out.numel()));
       ref::attention_forward(pr, gather<double>(q).data(), gather<double>(k).data(), gather<double>(v).data(),
                              o.data(), static_cast<double*>(stats.raw_data()));
@@ -596,11 +622,13 @@ void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, co
 void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const Tensor& stats,
                             const AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "attention_backward";
+  check_piece(op, q, k, p);
   if (q.numel() == 0 && k.numel() == 0) return;
   dispatch_floating(q.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, double>) {
-      const auto pr = ref::AttentionProblem<double>::make(q.size(0), q.size(1), k.size(1), q.size(2), q.size(3), p);
+      const auto pr = ref::AttentionProblem<double>::make(q.size(0), q.size(1), k.size(1), k.size(2), q.size(3), p,
+                                                             q.size(2));
       std::vector<double> gq(size_t(q.numel())), gk(size_t(k.numel())), gv(size_t(v.numel()));
       ref::attention_backward(pr, gather<double>(q).data(), gather<double>(k).data(), gather<double>(v).data(),
                               gather<double>(dout).data(), static_cast<const double*>(stats.raw_data()), gq.data(),
@@ -610,7 +638,7 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
       scatter(gv, dv);
     } else {
       const Problem P(q, k, p);
-      std::vector<float> dl(size_t(P.B * P.Hq * P.T));
+      std::vector<float> dl(size_t(P.B * P.Hq * P.Tq));
       const float* st = static_cast<const float*>(stats.raw_data());
       backward_queries<T>(P, operand<T>(q), operand<T>(k), operand<T>(v), operand<T>(dout), st, dl.data(), dq);
       backward_keys<T>(P, operand<T>(q), operand<T>(k), operand<T>(v), operand<T>(dout), st, dl.data(), dk, dv);

@@ -16,9 +16,12 @@
 
 namespace tessel::kernels::ref {
 
+// T is the global length n (k and v hold all n keys); q holds the Tq query
+// rows q0 .. q0 + Tq - 1 (a piece of the queries, kernels/attention.h; the
+// whole sequence: Tq = T, q0 = 0).
 template <class C>
 struct AttentionProblem {
-  int64_t B = 0, Hq = 0, Hkv = 0, T = 0, D = 0;
+  int64_t B = 0, Hq = 0, Hkv = 0, T = 0, D = 0, Tq = 0, q0 = 0;
   C scale = C(1);
   int chunks = 16;
   bool dropout = false;
@@ -27,9 +30,11 @@ struct AttentionProblem {
   C dropout_scale = C(1);
   AttentionDropoutIndex index;
 
-  static AttentionProblem make(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t D, const AttentionParams& p) {
+  static AttentionProblem make(int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t D, const AttentionParams& p,
+                               int64_t Tq = -1) {
     AttentionProblem a;
     a.B = B, a.Hq = Hq, a.Hkv = Hkv, a.T = T, a.D = D;
+    a.Tq = Tq < 0 ? T : Tq, a.q0 = p.q_begin;
     a.scale = C(p.scale);
     a.chunks = p.chunks;
     a.dropout = p.dropout;
@@ -84,14 +89,14 @@ C scores_max(const C* s, int64_t n) {
   return m + C(0);  // a zero maximum is +0
 }
 
-// Recomputes row i of one head: scores s, probabilities p and (with dropout)
-// p' = dropped p, for keys j <= i. m and l from the forward (or computed here
-// when `stats_in` is false, and returned).
+// Recomputes local query row `row` (global row i = q0 + row) of one head: scores s,
+// probabilities p and (with dropout) p' = dropped p, for keys j <= i. m and l
+// from the forward (or computed here when `stats_in` is false, and returned).
 template <class C>
-void probs_row(const AttentionProblem<C>& pr, const C* q, const C* k, int64_t b, int64_t h, int64_t i, bool stats_in,
-               C& m, C& l, C* s, C* p, C* pd) {
-  const int64_t T = pr.T, D = pr.D, n = i + 1;
-  for (int64_t j = 0; j < n; ++j) s[j] = dot_chain(q + i * D, k + j * D, D) * pr.scale;
+void probs_row(const AttentionProblem<C>& pr, const C* q, const C* k, int64_t b, int64_t h, int64_t row,
+               bool stats_in, C& m, C& l, C* s, C* p, C* pd) {
+  const int64_t T = pr.T, D = pr.D, i = pr.q0 + row, n = i + 1;
+  for (int64_t j = 0; j < n; ++j) s[j] = dot_chain(q + row * D, k + j * D, D) * pr.scale;
   if (!stats_in) m = scores_max(s, n);
   std::vector<C> e(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) e[size_t(j)] = tmath::exp(s[j] - m);
@@ -99,42 +104,43 @@ void probs_row(const AttentionProblem<C>& pr, const C* q, const C* k, int64_t b,
   const C r = C(1) / l;
   for (int64_t j = 0; j < n; ++j) {
     p[j] = e[size_t(j)] * r;
-    pd[j] = !pr.dropout ? p[j] : (pr.keep(b, h, i, j) ? p[j] * pr.dropout_scale : C(0));
+    pd[j] = !pr.dropout ? p[j] : (pr.keep(b, h, row, j) ? p[j] * pr.dropout_scale : C(0));
   }
 }
 
-// out, stats ([B, Hq, T, 2]) from q, k, v.
+// out, stats ([B, Hq, Tq, 2]) from q ([B, Hq, Tq, D]), k, v ([B, Hkv, T, D]).
 template <class C>
 void attention_forward(const AttentionProblem<C>& pr, const C* q, const C* k, const C* v, C* out, C* stats) {
-  const int64_t T = pr.T, D = pr.D, g = pr.Hq / pr.Hkv;
+  const int64_t T = pr.T, Tq = pr.Tq, D = pr.D, g = pr.Hq / pr.Hkv;
   std::vector<C> s(static_cast<size_t>(T)), p(static_cast<size_t>(T)), pd(static_cast<size_t>(T));
   for (int64_t b = 0; b < pr.B; ++b)
     for (int64_t h = 0; h < pr.Hq; ++h) {
-      const C* qh = q + (b * pr.Hq + h) * T * D;
+      const C* qh = q + (b * pr.Hq + h) * Tq * D;
       const C* kh = k + (b * pr.Hkv + h / g) * T * D;
       const C* vh = v + (b * pr.Hkv + h / g) * T * D;
-      for (int64_t i = 0; i < T; ++i) {
+      for (int64_t r = 0; r < Tq; ++r) {
         C m = 0, l = 0;
-        probs_row(pr, qh, kh, b, h, i, false, m, l, s.data(), p.data(), pd.data());
-        C* o = out + ((b * pr.Hq + h) * T + i) * D;
+        probs_row(pr, qh, kh, b, h, r, false, m, l, s.data(), p.data(), pd.data());
+        C* o = out + ((b * pr.Hq + h) * Tq + r) * D;
         for (int64_t d = 0; d < D; ++d)
-          o[d] = chunked_fma<C>(T, pr.chunks, 0, i + 1, [&](int64_t t) { return pd[size_t(t)]; },
+          o[d] = chunked_fma<C>(T, pr.chunks, 0, pr.q0 + r + 1, [&](int64_t t) { return pd[size_t(t)]; },
                                 [&](int64_t t) { return vh[t * D + d]; });
-        C* st = stats + ((b * pr.Hq + h) * T + i) * 2;
+        C* st = stats + ((b * pr.Hq + h) * Tq + r) * 2;
         st[0] = m;
         st[1] = l;
       }
     }
 }
 
-// dq, dk, dv from q, k, v, dout and the forward's stats.
+// dq, dk, dv from q, k, v, dout and the forward's stats (dk, dv: sums over
+// the piece's queries, kernels/attention.h).
 template <class C>
 void attention_backward(const AttentionProblem<C>& pr, const C* q, const C* k, const C* v, const C* dout,
                         const C* stats, C* dq, C* dk, C* dv) {
-  const int64_t T = pr.T, D = pr.D, g = pr.Hq / pr.Hkv;
+  const int64_t T = pr.T, Tq = pr.Tq, q0 = pr.q0, D = pr.D, g = pr.Hq / pr.Hkv;
   const int V = pr.chunks;
-  // Per query head: P' and dS over the whole square (lower triangle used), dk/dv per head.
-  std::vector<C> P(size_t(T * T)), PD(size_t(T * T)), DS(size_t(T * T));
+  // Per query head: P' and dS of the piece's rows (columns j <= i used), dk/dv per head.
+  std::vector<C> P(size_t(Tq * T)), PD(size_t(Tq * T)), DS(size_t(Tq * T));
   std::vector<C> dp(static_cast<size_t>(T)), prod(static_cast<size_t>(T));
   std::vector<C> dk_h(size_t(g * T * D)), dv_h(size_t(g * T * D));
   for (int64_t b = 0; b < pr.B; ++b)
@@ -143,34 +149,36 @@ void attention_backward(const AttentionProblem<C>& pr, const C* q, const C* k, c
       const C* vh = v + (b * pr.Hkv + hk) * T * D;
       for (int64_t r = 0; r < g; ++r) {
         const int64_t h = hk * g + r;
-        const C* qh = q + (b * pr.Hq + h) * T * D;
-        const C* doh = dout + (b * pr.Hq + h) * T * D;
-        for (int64_t i = 0; i < T; ++i) {
-          const int64_t n = i + 1;
-          C m = stats[((b * pr.Hq + h) * T + i) * 2], l = stats[((b * pr.Hq + h) * T + i) * 2 + 1];
-          C* s = DS.data() + i * T;  // scores land here first, then dS overwrites them
-          C* p = P.data() + i * T;
-          probs_row(pr, qh, kh, b, h, i, true, m, l, s, p, PD.data() + i * T);
+        const C* qh = q + (b * pr.Hq + h) * Tq * D;
+        const C* doh = dout + (b * pr.Hq + h) * Tq * D;
+        for (int64_t ri = 0; ri < Tq; ++ri) {
+          const int64_t n = q0 + ri + 1;
+          C m = stats[((b * pr.Hq + h) * Tq + ri) * 2], l = stats[((b * pr.Hq + h) * Tq + ri) * 2 + 1];
+          C* s = DS.data() + ri * T;  // scores land here first, then dS overwrites them
+          C* p = P.data() + ri * T;
+          probs_row(pr, qh, kh, b, h, ri, true, m, l, s, p, PD.data() + ri * T);
           for (int64_t j = 0; j < n; ++j) {
-            C gj = dot_chain(doh + i * D, vh + j * D, D);
-            dp[size_t(j)] = !pr.dropout ? gj : (pr.keep(b, h, i, j) ? gj * pr.dropout_scale : C(0));
+            C gj = dot_chain(doh + ri * D, vh + j * D, D);
+            dp[size_t(j)] = !pr.dropout ? gj : (pr.keep(b, h, ri, j) ? gj * pr.dropout_scale : C(0));
             prod[size_t(j)] = dp[size_t(j)] * p[j];
           }
           const C Dl = masked_row_sum(prod.data(), T, n, V);
           for (int64_t j = 0; j < n; ++j) s[j] = (p[j] * (dp[size_t(j)] - Dl)) * pr.scale;
-          C* dqi = dq + ((b * pr.Hq + h) * T + i) * D;
+          C* dqi = dq + ((b * pr.Hq + h) * Tq + ri) * D;
           for (int64_t d = 0; d < D; ++d)
             dqi[d] = chunked_fma<C>(T, V, 0, n, [&](int64_t t) { return s[t]; },
                                     [&](int64_t t) { return kh[t * D + d]; });
         }
+        // Sums over the piece's global query rows t >= j (local row t - q0).
         for (int64_t j = 0; j < T; ++j)
           for (int64_t d = 0; d < D; ++d) {
+            const int64_t lo = j > q0 ? j : q0;
             dk_h[size_t((r * T + j) * D + d)] =
-                chunked_fma<C>(T, V, j, T, [&](int64_t t) { return DS[size_t(t * T + j)]; },
-                               [&](int64_t t) { return qh[t * D + d]; });
+                chunked_fma<C>(T, V, lo, q0 + Tq, [&](int64_t t) { return DS[size_t((t - q0) * T + j)]; },
+                               [&](int64_t t) { return qh[(t - q0) * D + d]; });
             dv_h[size_t((r * T + j) * D + d)] =
-                chunked_fma<C>(T, V, j, T, [&](int64_t t) { return PD[size_t(t * T + j)]; },
-                               [&](int64_t t) { return doh[t * D + d]; });
+                chunked_fma<C>(T, V, lo, q0 + Tq, [&](int64_t t) { return PD[size_t((t - q0) * T + j)]; },
+                               [&](int64_t t) { return doh[(t - q0) * D + d]; });
           }
       }
       C* dkh = dk + (b * pr.Hkv + hk) * T * D;

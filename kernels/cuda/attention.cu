@@ -349,6 +349,10 @@ void strides_of(const Tensor& x, int64_t* s) {
 }
 
 AttentionArgs args_of(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  TESSEL_CHECK(p.q_begin == 0 && q.size(2) == k.size(2), kOp,
+               "a piece of the queries (q {} from global row {} against k {}: context parallelism) has no CUDA "
+               "kernel yet; run context parallelism on the CPU",
+               q.shape(), p.q_begin, k.shape());
   AttentionArgs a;
   a.B = q.size(0), a.Hq = q.size(1), a.Hkv = k.size(1), a.T = q.size(2), a.D = q.size(3);
   a.scale = p.scale;

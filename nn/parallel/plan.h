@@ -65,7 +65,7 @@ struct ParallelPlan {
   std::vector<ParamRule> params;
   std::vector<ModuleRule> modules;
   std::vector<ExpertRule> experts;
-  DimLayout data{{{"dp", Shard(0)}, {"ep", Shard(0)}}};
+  DimLayout data{{{"dp", Shard(0)}, {"ep", Shard(0)}, {"cp", Shard(1)}}};
 
   static ParallelPlan from_json(const std::string& text, const std::string& source = "plan");
   static ParallelPlan from_file(const std::string& path);
