@@ -90,7 +90,12 @@ ShardingPlan pointwise_exact(const ShardingContext& ctx, std::initializer_list<u
   return pointwise(ctx, linear_sets);
 }
 
-int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const std::vector<int>& dims, int v) {
+int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const std::vector<int>& all_dims, int v) {
+  // Reduced dims of size 1 change no element's place in the flattened order
+  // (a micro-batch of one sequence cut along time is a contiguous run).
+  std::vector<int> dims;
+  for (int d : all_dims)
+    if (shape[d] != 1) dims.push_back(d);
   if (dims.empty()) return v;
   const int d0 = dims[0];
   std::vector<int> cuts;  // mesh dims cutting d0, in mesh order

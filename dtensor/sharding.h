@@ -140,7 +140,9 @@ Placements unshard(const Placements& p, std::initializer_list<int> dims, bool pa
 
 // Bitwise mode (numerics::bitwise()): the local chunk count of a canonical
 // reduction over `dims` (flattened row-major, as the kernels do) of a tensor
-// with `shape` laid out by `p`, when V chunks are used globally.
+// with `shape` laid out by `p`, when V chunks are used globally. Reduced
+// dims of size 1 are left out first (they move no element in the flattened
+// order: one sequence cut along time is a contiguous run).
 //   - no mesh dim cuts a reduced dim: V;
 //   - the cuts all fall on the outermost reduced dim, W (the product of the
 //     cutting mesh dims' sizes) divides V, and every piece is a whole run of

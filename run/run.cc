@@ -14,6 +14,7 @@
 #include "dtensor/ops.h"
 #include "nn/autocast.h"
 #include "nn/clip.h"
+#include "nn/kv_cache.h"
 #include "nn/moe.h"
 #include "nn/parallel/parallelize.h"
 #include "nn/parallel/plan.h"
@@ -233,6 +234,7 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   RunStatePtr s(new RunState);
   s->model = std::move(model);
   s->model_type = model_type;
+  s->cp_at_start = context_parallel_attention_count();
   s->mesh = std::move(mesh);
   s->plan = std::move(plan);
   s->options = std::move(o);
@@ -358,6 +360,60 @@ nn::ForwardContext RunBase::forward_context(int64_t first_sample, int64_t global
   return {state_->options.seed, uint64_t(state_->step), first_sample, global_batch};
 }
 
+namespace {
+
+// A "cp" mesh dim cuts the sequences along time so that attention works on
+// a piece of the queries (docs/parallel.md "Context parallelism"). After the
+// first step's forwards, before its update: a run whose attention gathered
+// the whole sequence, or that has no attention at all, did not get what the
+// mesh asks for -- an error, not a silently slower (or pointless) run.
+int context_parallel_dim(const RunState& s) {
+  if (!s.mesh) return -1;
+  for (int d = 0; d < s.mesh->ndim(); ++d)
+    if (s.mesh->name(d) == "cp" && s.mesh->size(d) > 1) return d;
+  return -1;
+}
+int context_parallel_size(const RunState& s) {
+  const int d = context_parallel_dim(s);
+  return d < 0 ? 1 : int(s.mesh->size(d));
+}
+
+void check_context_parallel(const RunState& s) {
+  const int cp = context_parallel_dim(s);
+  if (cp < 0) return;
+  const ContextParallelAttentionCount now = context_parallel_attention_count();
+  const int64_t local = now.local - s.cp_at_start.local, gathered = now.gathered - s.cp_at_start.gathered,
+                whole = now.whole - s.cp_at_start.whole;
+  const int v = numerics::reduction_chunks();
+  TESSEL_CHECK(local + gathered + whole > 0, kRun,
+               "mesh {}: the cp dim (size {}) cuts each sequence along time for context-parallel attention, but {}'s "
+               "first step ran no attention on distributed inputs: the model has no attention (use dp), or it does "
+               "not run on the inputs the Run laid out",
+               s.mesh->str(), s.mesh->size(cp), s.model_type);
+  if (numerics::bitwise() && gathered == 0 && local == 0) {
+    // Bitwise mode keeps a weight gradient's sum over a micro-batch's tokens
+    // in the one-device order, which pieces cut along time (inside each
+    // sequence) are not whole subtrees of: the linear layers gather time.
+    if (s.mesh->my_rank() == 0)
+      spdlog::warn(
+          "tessel::Run: mesh {}: bitwise mode gathered the sequences before attention in {} of {}'s attention "
+          "calls (weight gradients summed in the one-device order over micro-batches of several sequences cut along "
+          "time): cp gives the one-device bits but divides no work; fast mode keeps each rank's piece "
+          "(docs/parallel.md \"Context parallelism\")",
+          s.mesh->str(), whole, s.model_type);
+    return;
+  }
+  TESSEL_CHECK(gathered == 0 && whole == 0, kRun,
+               "mesh {}: context parallelism over cp={}: {} of {}'s {} attention call(s) in the first step ran on "
+               "the whole sequence on every rank (only causal attention without an explicit mask, by the fused CPU "
+               "kernel, keeps the queries local -- and in bitwise mode only when each rank's piece is a whole run of "
+               "the {} canonical chunks: a sequence length that is a multiple of {} with cp dividing {}). The result "
+               "would be right but would save nothing",
+               s.mesh->str(), s.mesh->size(cp), gathered + whole, s.model_type, local + gathered + whole, v, v, v);
+}
+
+}  // namespace
+
 StepReport RunBase::step_optimizer() {
   RunState& s = *state_;
   TESSEL_CHECK(s.micro == s.options.micro_batches, kRun,
@@ -365,6 +421,10 @@ StepReport RunBase::step_optimizer() {
                s.step + 1, s.model_type, s.options.micro_batches,
                s.micro == 0 ? " (no backward since the last step on the thread that called parallelize)" : "");
   s.check_parameters_unchanged();
+  if (!s.cp_checked) {
+    s.cp_checked = true;
+    check_context_parallel(s);
+  }
   if (s.dp && s.inputs == 0 && !s.warned_no_input && s.mesh->my_rank() == 0) {
     spdlog::warn(
         "tessel::Run: step {} of {} ran on mesh {} without run.input(): every data-parallel rank computed the whole "
@@ -507,6 +567,18 @@ Tensor RunBase::forward(const Tensor& inputs) {
                "forward needs an nn::StagedModel (embed, blocks, head); {} is not one: call its own methods on "
                "run.input(...) instead",
                s.model_type);
+  // Context parallelism cuts sequences along time for training. Decoding
+  // appends one position at a time to a KV cache, and a sampled prefix need
+  // not divide by cp: those inputs are replicated over cp instead (every cp
+  // rank computes the whole sequence; the same result).
+  const int cp = context_parallel_size(s);
+  if (cp > 1 && (nn::current_kv_cache() != nullptr || inputs.dim() < 2 || inputs.size(1) % cp != 0)) {
+    s.accept_input(inputs);
+    parallel::ParallelPlan whole = s.plan;
+    for (auto& [name, p] : whole.data.dims)
+      if (name == "cp") p = Replicate();
+    return staged->forward(parallel::distribute_batch(inputs, s.mesh, whole));
+  }
   return staged->forward(input(inputs));
 }
 

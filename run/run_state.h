@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "autograd/anomaly.h"
+#include "autograd/ops/attention.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "run/run.h"
 
@@ -47,6 +48,8 @@ class RunState {
   int64_t micro = 0;  // backward passes begun in this step
   int64_t inputs = 0;  // input() calls in this step (a data-parallel step without any is worth a warning)
   bool warned_no_input = false;
+  bool cp_checked = false;  // the first step's context-parallel attention was checked
+  ContextParallelAttentionCount cp_at_start;  // this thread's count when the Run was made
   int observer = 0;   // backward observer handle (0: none)
   nn::ForwardContext caller_context;  // the thread's forward context before the Run set its own
   std::unique_ptr<checkpoint::Saver> saver;  // async checkpoints (checkpoint.cc), created on first use

@@ -137,11 +137,22 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
 
 // Context parallelism: sequences cut along time over "cp" (docs/distributed.md),
 // alone and with every other dim; attention keeps its queries local.
+// Micro-batches of one sequence per rank keep every piece local (attention
+// on its own queries); micro-batches of several sequences per rank gather
+// time for the weight gradients (the one-device order over (sequence,
+// position)), so cp then gives the bits without dividing the work.
 TEST_CASE("bitwise: context parallel (cp, cp x dp, cp x tp + sp, cp x pp, cp x ep, ZeRO-3) gives the one-device bits every step",
           "[bitwise][train][cp]") {
-  check_layouts("llama", {{"cp=2"}, {"cp=4"}, {"dp=2,cp=2"}, {"tp=2,cp=2", true}, {"cp=2,pp=2"}, {"dp=2,cp=2", false, 3}});
-  check_layouts("nanogpt", {{"cp=2"}, {"cp=2,tp=2"}, {"cp=2,dp=2", false, 2}});
-  check_layouts("mixtral", {{"cp=2"}, {"ep=2,cp=2"}});
+  for (std::string model : {"nanogpt", "llama", "mixtral"}) {
+    TrainConfig one_sequence = base(model);  // per rank and micro-batch: with dp=2, 2 micro-batches of 2
+    one_sequence.batch_size = 4;
+    check_layouts(one_sequence, {{"dp=2,cp=2"}, {"cp=2,dp=2", false, 3}});
+    one_sequence.batch_size = 2;
+    std::vector<Layout> layouts = {{"cp=2"}, {"cp=4"}, {"tp=2,cp=2", true}, {"cp=2,pp=2"}};
+    if (model == "mixtral") layouts.push_back({"ep=2,cp=2"});
+    check_layouts(one_sequence, layouts);
+  }
+  check_layouts("llama", {{"cp=2"}, {"dp=2,cp=2"}});  // several sequences per micro-batch
 }
 
 // float16 autocast with dynamic loss scaling (the trainer's GradScaler):

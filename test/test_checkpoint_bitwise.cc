@@ -133,6 +133,18 @@ TEST_CASE("bitwise: checkpoints of a pipelined run (pp mesh dim) resume on one d
   CHECK(resume_run(root + "/dp2pp2_to_tp2pp2", dppp, {"tp=2,pp=2", true}, ref) == "");
 }
 
+TEST_CASE("bitwise: a checkpoint saved on cp=2 (context parallel) resumes on one device, dp=2 and dp=2 x cp=2 with the one-device bits",
+          "[checkpoint][bitwise][cp]") {
+  const std::string root = testing::scratch_dir("ckpt_bitwise_cp");
+  const Trace ref = run(base(root + "/ref"));
+  REQUIRE(ref.steps.size() == 20);
+  const std::string cp = save_run(root + "/cp2", {"cp=2"}, ref);
+  CHECK(resume_run(root + "/cp2_to_one", cp, {""}, ref) == "");
+  CHECK(resume_run(root + "/cp2_to_dp2", cp, {"dp=2"}, ref) == "");
+  const std::string one = save_run(root + "/one", {""}, ref);
+  CHECK(resume_run(root + "/one_to_dp2cp2", one, {"dp=2,cp=2"}, ref) == "");
+}
+
 TEST_CASE("bitwise: Mixtral checkpoints with expert parallelism (ep) resume on other layouts with the one-device bits",
           "[checkpoint][bitwise]") {
   const std::string root = testing::scratch_dir("ckpt_bitwise_ep");

@@ -279,7 +279,7 @@ TEST_CASE("Plans: the experts rules in JSON, and mixtral's") {
   REQUIRE(mix.experts.size() == 1);
   CHECK(mix.experts[0].dim == "ep");
   CHECK(parallel::builtin_plan("llama").experts.empty());
-  CHECK(parallel::ParallelPlan().data.str() == "{dp: S(0), ep: S(0)}");
+  CHECK(parallel::ParallelPlan().data.str() == "{dp: S(0), ep: S(0), cp: S(1)}");
 }
 
 TEST_CASE("bitwise: expert-parallel MoE gives the single-device bits, float32 and bfloat16, with drops", "[bitwise]") {

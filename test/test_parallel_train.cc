@@ -193,4 +193,19 @@ TEST_CASE("bad parallel settings fail before anything is written", "[parallel][t
   bad.model = "mixtral";
   bad.mesh = "ep=3";
   expect(bad, "ep=3 does not divide num_experts=4");
+  // Context parallelism: cp divides the sequence; in bitwise mode into whole runs of the canonical chunks.
+  bad = c;
+  bad.mesh = "cp=3";
+  expect(bad, "cp=3 does not divide seq_len=16");
+  bad = c;
+  bad.mesh = "cp=2";
+  bad.seq_len = 12;
+  bad.bitwise = true;
+  expect(bad, "bitwise mode with cp=2 needs each rank's 6 positions to be a whole run of the 16 canonical chunks (1 "
+              "positions each) of seq_len=12: pick a seq_len that is a multiple of 16, e.g. 16");
+  bad = c;
+  bad.mesh = "cp=3";
+  bad.seq_len = 24;
+  bad.bitwise = true;
+  expect(bad, "bitwise mode needs cp to divide the 16 canonical chunks");
 }

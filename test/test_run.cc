@@ -14,7 +14,9 @@
 #include <mutex>
 #include <optional>
 
+#include "models/language_model.h"
 #include "test/run/mlp_classifier.h"
+#include "test/util/dist.h"
 #include "test/util/util.h"
 
 using namespace tessel;
@@ -538,11 +540,25 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
          })) {
       INFO(e);
       CHECK(contains(e, "mesh (xp=2): dim 'xp' (size 2) means nothing to MlpClassifier's run"));
-      CHECK(contains(e, "plan 'mlp-tp' lays parameters or modules out on tp, its data layout cuts the batch over dp, ep"));
+      CHECK(contains(e, "plan 'mlp-tp' lays parameters or modules out on tp, its data layout cuts the batch over cp, dp, ep"));
+    }
+  }
+  SECTION("context parallelism (cp) with a model without attention: an error before the first update") {
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           auto run = parallelize(model, Mesh::world({{"cp", 2}}), mlp_plan(), adamw(), {});
+           auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+           run.forward_backward(x, y);
+           run.step_optimizer();
+         })) {
+      INFO(e);
+      CHECK(contains(e, "mesh (cp=2): the cp dim (size 2) cuts each sequence along time"));
+      CHECK(contains(e, "MlpClassifier's first step ran no attention on distributed inputs"));
     }
   }
   SECTION("backward twice without a step; a step without a backward") {
     auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+    model->reset_parameters(1);  // parameters are created uninitialised: a step on them may see a NaN norm
     auto run = parallelize(model, adamw({1e-2}), RunOptions{});
     auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
     run.model().loss(x, y).backward();
@@ -688,4 +704,44 @@ TEST_CASE("run: the forward context keys dropout by step between steps, and is r
   }
   CHECK(nn::forward_context().seed == before.seed);
   CHECK(nn::forward_context().step == before.step);
+}
+
+// Context parallelism through tessel::Run: LLaMA on cp=2 in bitwise mode with
+// micro-batches of one sequence keeps every attention call on the rank's own
+// queries (none gathered) and gives the one-device loss bits; with two
+// sequences per micro-batch the weight gradients gather time (a warning, the
+// same bits).
+TEST_CASE("run: context parallel (cp=2) attention stays local for one sequence per micro-batch, bitwise", "[run][cp]") {
+  auto losses = [](const MeshPtr& mesh, int64_t batch, ContextParallelAttentionCount* count) {
+    numerics::BitwiseGuard bitwise(true);
+    std::shared_ptr<models::LanguageModel> model = models::build_model(models::model_config("llama", "tiny"));
+    model->reset_parameters(1);
+    const ContextParallelAttentionCount before = context_parallel_attention_count();
+    auto run = parallelize(model, mesh, parallel::builtin_plan("llama"), adamw({1e-2}), {});
+    std::vector<double> out;
+    for (int step = 0; step < 3; ++step) {
+      Tensor ids = randint({batch, 33}, uint64_t(step + 5), 0, 200);
+      out.push_back(run.forward_backward(ids.narrow(1, 0, 32), ids.narrow(1, 1, 32)).loss);
+      run.step_optimizer();
+    }
+    const ContextParallelAttentionCount after = context_parallel_attention_count();
+    if (count) *count = {after.local - before.local, after.gathered - before.gathered, after.whole - before.whole};
+    return out;
+  };
+  for (int64_t batch : {1, 2}) {
+    INFO("batch " << batch);
+    const std::vector<double> ref = losses(nullptr, batch, nullptr);
+    auto reports = on_ranks(2, [&](int) -> std::string {
+      ContextParallelAttentionCount c;
+      const std::vector<double> got = losses(Mesh::world({{"cp", 2}}), batch, &c);
+      if (got != ref) return "losses differ from one device";
+      if (batch == 1 && (c.local != 6 || c.gathered != 0 || c.whole != 0))
+        return fmt::format("attention calls: {} local, {} gathered, {} whole (expected 6 local)", c.local, c.gathered,
+                           c.whole);
+      if (batch == 2 && (c.local != 0 || c.whole != 6))
+        return fmt::format("attention calls: {} local, {} whole (expected 6 whole)", c.local, c.whole);
+      return "";
+    });
+    CHECK(first_failure(reports) == "");
+  }
 }

@@ -79,6 +79,17 @@ Placements whole_head_placements(const ShardingContext& ctx) {
   return p;
 }
 
+thread_local ContextParallelAttentionCount cp_count;
+
+// Whether q is cut along time over some mesh dim of size > 1.
+bool cut_along_time(const Tensor& q) {
+  if (!q.is_distributed()) return false;
+  const Placements& p = q.placements();
+  for (int m = 0; m < p.size(); ++m)
+    if (p[m].is_shard(2) && q.mesh()->shape()[m] > 1) return true;
+  return false;
+}
+
 // Context parallelism: the mesh dim that cuts the queries along time, where
 // the rule above would gather them (-1: none). One such dim at most; in
 // bitwise mode only when every piece owns whole runs of the global chunks
@@ -126,7 +137,16 @@ struct FusedAttentionOp {
   ShardingPlan sharding(const ShardingContext& ctx) {
     const Placements p = whole_head_placements(ctx);
     Placements pq = p;
-    if (const int m = context_parallel_dim(ctx, p, params.chunks); m >= 0) pq[m] = Shard(2);
+    if (const int m = context_parallel_dim(ctx, p, params.chunks); m >= 0) {
+      pq[m] = Shard(2);
+      ++cp_count.local;
+    } else {
+      for (int d = 0; d < ctx.mesh_ndim(); ++d)
+        if (ctx.in[0].placements[d].is_shard(2) && ctx.mesh->shape()[d] > 1) {
+          ++cp_count.gathered;
+          break;
+        }
+    }
     const Dims& qs = ctx.in[0].shape;
     const LocalGeometry lg = ctx.local(qs, pq);
     params.q_begin += lg.offset[2];
@@ -216,6 +236,8 @@ bool use_fast_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Att
 }
 }  // namespace
 
+ContextParallelAttentionCount context_parallel_attention_count() { return cp_count; }
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   const char* op = "scaled_dot_product_attention";
   TESSEL_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
@@ -231,8 +253,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                opts.dropout_p);
   const double scale = opts.scale ? *opts.scale : 1.0 / std::sqrt(double(D));
   const int64_t g = Hq / Hkv;
+  if (q.is_distributed() && !cut_along_time(q)) ++cp_count.whole;
 
   if (use_fast_fused(q, k, v, opts)) {
+    if (cut_along_time(q)) ++cp_count.gathered;  // whole_head_placements gathers time
     FastAttentionOp f;
     f.scale = scale;
     return call(std::move(f), q, k, v);
@@ -259,6 +283,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return call(std::move(f), q, k, v);
   }
 
+  if (cut_along_time(q)) ++cp_count.gathered;  // the composite's matmuls gather what they need
   Tensor kk = repeat_kv(k, g), vv = repeat_kv(v, g);
   Tensor scores = mul(matmul(q, kk.transpose(-2, -1)), scale);  // [B, Hq, Tq, Tk]
   if (opts.causal) {

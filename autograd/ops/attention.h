@@ -37,4 +37,21 @@ struct AttentionOptions {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& opts = {});
 
+// Context parallelism (docs/parallel.md "Context parallelism"): queries cut
+// along time (dim 2) over a mesh dim. The fused causal attention keeps them
+// cut and gathers k and v ("local"); everything else -- an explicit mask,
+// non-causal attention, the composite, cuts not on the canonical chunks in
+// bitwise mode, the GPU's kernels -- gathers the time dim ("gathered": the
+// right result, without the memory saving); "whole": distributed queries
+// that arrived not cut along time (an earlier op gathered it, as bitwise
+// mode's weight gradients do for micro-batches of several sequences).
+// Counted per thread since it started, so a run on a cp mesh can tell
+// whether it got what it asked for.
+struct ContextParallelAttentionCount {
+  int64_t local = 0;
+  int64_t gathered = 0;
+  int64_t whole = 0;
+};
+ContextParallelAttentionCount context_parallel_attention_count();
+
 }  // namespace tessel

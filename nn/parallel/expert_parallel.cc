@@ -134,10 +134,15 @@ Tensor ExpertParallelDispatch::layout(nn::MoE& moe, const Tensor& x2d) {
   const std::vector<bool> sharded = expert_sharded_dims(moe, mesh_, ep_dim_);
   // Tokens: sharded over ep (each rank routes its own), kept sharded over
   // other dims that shard them and not the experts (dp), replicated elsewhere.
+  // In bitwise mode a cp cut is gathered: its pieces split sequences, and an
+  // expert's weight gradient summed over them would not finish the
+  // one-device order over the tokens routed to it.
   Placements want = x.placements();
   for (int m = 0; m < mesh_->ndim(); ++m) {
     if (m == ep_dim_) want[m] = Shard(0);
-    else if (!want[m].is_shard(0) || want[m].is_owned() || sharded[size_t(m)]) want[m] = Replicate();
+    else if (!want[m].is_shard(0) || want[m].is_owned() || sharded[size_t(m)] ||
+             (numerics::bitwise() && mesh_->name(m) == "cp"))
+      want[m] = Replicate();
   }
   return redistribute(x, want);
 }

@@ -154,6 +154,10 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
 
 Tensor distribute_batch(const Tensor& ids, const MeshPtr& mesh, const ParallelPlan& plan) {
   Placements p = plan.data.on(*mesh, Placements::replicated(mesh->ndim()));
+  // Context parallelism cuts sequences along time; a tensor without a time
+  // dim (per-sample labels [B]) is whole along cp.
+  for (int m = 0; m < p.size(); ++m)
+    if (mesh->name(m) == "cp" && p[m].is_shard() && p[m].dim >= ids.dim()) p[m] = Replicate();
   return distribute_tensor(ids, mesh, p);
 }
 

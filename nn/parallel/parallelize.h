@@ -36,7 +36,8 @@ struct ParallelizeResult {
 ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const ParallelPlan& plan);
 
 // The plan's layout for the token ids [B, T] on `mesh` (plain ids are full on
-// every rank; the result keeps each rank's piece).
+// every rank; the result keeps each rank's piece). A tensor with no time dim
+// (labels [B]) is replicated over a "cp" dim rather than cut.
 Tensor distribute_batch(const Tensor& ids, const MeshPtr& mesh, const ParallelPlan& plan);
 
 // Bytes this rank holds for the parameters (their local pieces).

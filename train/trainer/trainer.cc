@@ -77,6 +77,36 @@ struct Setup {
   std::optional<Pretrained> pretrained;  // --init-from
 };
 
+// Context parallelism cuts every sequence into cp pieces of seq_len / cp
+// positions; in bitwise mode each piece must also be a whole run of the
+// canonical chunks of the sequence (attention's sums over it finish the
+// one-device tree across ranks: docs/parallel.md "Context parallelism") --
+// the same rule as dtensor::local_chunks.
+void check_context_parallel(const TrainConfig& cfg, int64_t cp) {
+  const int64_t n = cfg.seq_len;
+  TESSEL_CHECK(n % cp == 0, "train",
+               "mesh {}: cp={} does not divide seq_len={}: every rank holds seq_len / cp positions of each sequence",
+               cfg.mesh, cp, n);
+  if (!cfg.bitwise) return;
+  const int v = numerics::reduction_chunks();
+  bool whole = false;
+  if (v % cp == 0)
+    for (int64_t k = v / cp; k >= 1 && !whole; k /= 2) {
+      if (k < v / cp && numerics::chunk_begin(n, v, int(cp * k)) != n) break;
+      bool ok = true;
+      for (int64_t i = 0; i <= cp && ok; ++i) ok = numerics::chunk_begin(n, v, int(i * k)) == std::min(n, i * (n / cp));
+      whole = ok;
+    }
+  TESSEL_CHECK(v % cp == 0, "train",
+               "mesh {}: bitwise mode needs cp to divide the {} canonical chunks of a sequence (cp = 2, 4, ..., {}), "
+               "got cp={}",
+               cfg.mesh, v, v, cp);
+  TESSEL_CHECK(whole, "train",
+               "mesh {}: bitwise mode with cp={} needs each rank's {} positions to be a whole run of the {} canonical "
+               "chunks ({} positions each) of seq_len={}: pick a seq_len that is a multiple of {}, e.g. {}",
+               cfg.mesh, cp, n / cp, v, numerics::chunk_size(n, v), n, v, (n + v - 1) / v * v);
+}
+
 Setup prepare(const TrainConfig& cfg) {
   cfg.validate();
   Setup s;
@@ -129,6 +159,7 @@ Setup prepare(const TrainConfig& cfg) {
       TESSEL_CHECK(m.num_experts % size == 0, "train", "mesh {}: ep={} does not divide num_experts={} of {} config '{}'",
                    cfg.mesh, size, m.num_experts, models::arch_name(m.arch), m.name);
     }
+    if (name == "cp" && size > 1) check_context_parallel(cfg, size);
     if (name == "tp" && size > 1) {
       TESSEL_CHECK(m.n_head % size == 0, "train", "mesh {}: tp={} does not divide n_head={} of {} config '{}'",
                    cfg.mesh, size, m.n_head, models::arch_name(m.arch), m.name);
