@@ -68,6 +68,8 @@ std::vector<ModelConfig> all_configs() {
   std::vector<ModelConfig> v;
   // NanoGPT (GPT-2). Vocab 50304 = 50257 padded to a multiple of 64, as in nanoGPT.
   v.push_back(gpt("tiny", 2, 64, 4, 64, 256));
+  // tiny with a 16k context: long-sequence and context-parallel runs (docs/parallel.md).
+  v.push_back(gpt("tiny-16k", 2, 64, 4, 16384, 256));
   // `tessel train`'s default: the most a 2-core CPU learns in ~3 minutes of
   // bytes (a compute-optimal size for that budget: ~350k parameters).
   v.push_back(gpt("demo", 3, 96, 4, 64, 256));
@@ -78,6 +80,7 @@ std::vector<ModelConfig> all_configs() {
   v.push_back(gpt("gpt2-1558m", 48, 1600, 25, 1024, 50304));
   // LLaMA.
   v.push_back(llama("tiny", 2, 64, 4, 2, 0, 64, 256, 10000.0));
+  v.push_back(llama("tiny-16k", 2, 64, 4, 2, 0, 16384, 256, 10000.0));
   v.push_back(llama("demo", 3, 96, 4, 2, 0, 64, 256, 10000.0));  // `tessel train --model llama`
   v.push_back(llama("small", 6, 384, 6, 2, 0, 256, 256, 10000.0));
   v.push_back(llama("llama-7b", 32, 4096, 32, 32, 11008, 4096, 32000, 10000.0));

@@ -321,11 +321,12 @@ void print_footer(const TrainConfig& cfg, const TrainResult& result, double trai
   std::printf("  held-out loss %.4f nats/token; unigram entropy of the training tokens %.4f nats/token\n",
               result.heldout_loss, result.unigram_entropy);
   std::printf("  %.0f tokens/s; final param_hash %s\n", result.tokens_per_s, result.param_hash.c_str());
-  std::printf("  allocator peak during training %s (this process: %s)\n",
-              mib(cpu_allocator()->stats().peak_bytes).c_str(),
-              comm::has_world() && comm::world()->size() > 1 && std::string(comm::world()->backend()) == "local"
-                  ? "every rank's thread"
-                  : "one rank");
+  const bool threads =
+      comm::has_world() && comm::world()->size() > 1 && std::string(comm::world()->backend()) == "local";
+  const bool processes = comm::has_world() && comm::world()->size() > 1 && !threads;
+  std::printf("  allocator peak during training %s (this process: %s%s)\n", mib(result.allocator_peak_bytes).c_str(),
+              threads ? "every rank's thread" : "one rank",
+              processes ? ("; the largest rank's: " + mib(result.allocator_peak_bytes_max)).c_str() : "");
   std::printf("  wrote %s, %s/loss.svg%s\n", cfg.metrics_path().c_str(), cfg.out_dir.c_str(),
               samples.empty() ? "" : (", " + cfg.out_dir + "/sample.txt").c_str());
   if (!samples.empty()) {
@@ -453,6 +454,12 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   bar.reset();
 
   // ---- after training: parameters, held-out loss, samples, plot --------------------------------
+  result.allocator_peak_bytes = result.allocator_peak_bytes_max = cpu_allocator()->stats().peak_bytes;
+  if (comm::has_world() && comm::world()->size() > 1 && std::string(comm::world()->backend()) != "local") {
+    Tensor peak = tensor(std::vector<int64_t>{result.allocator_peak_bytes}, Dims{1});
+    comm::world()->all_reduce(peak, comm::ReduceOp::Max)->wait();
+    result.allocator_peak_bytes_max = peak.to_vector<int64_t>()[0];
+  }
   result.steps = cfg.steps;
   if (hooks.keep_params) result.final_params = run.full_parameters();
   if (profiler) result.profile = profiler->table(train_seconds);

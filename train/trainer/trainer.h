@@ -42,6 +42,11 @@ struct TrainResult {
   std::vector<std::pair<std::string, Tensor>> final_params;
   // With TrainConfig::profile (or TESSEL_PROFILE=1): this rank's per-op table.
   std::string profile;
+  // The CPU allocator's peak during the training steps: this process's, and
+  // the largest over the processes when each rank is one (MPI); with ranks as
+  // threads of one process both are the process's.
+  int64_t allocator_peak_bytes = 0;
+  int64_t allocator_peak_bytes_max = 0;
 };
 
 struct TrainHooks {
