@@ -369,10 +369,11 @@ TEST_CASE("an op without a sharding rule runs on replicated inputs and is still 
   CHECK(first_failure(reports) == "");
 }
 
-// Context parallelism (docs/distributed.md): q, k, v cut along time over a
+// Context parallelism (docs/parallel.md): q, k, v cut along time over a
 // "cp" mesh dim. The fused attention keeps the queries and the output cut,
-// gathers k and v, and in bitwise mode gives the one-device output and
-// gradients bit for bit (GQA and dropout included), whether the pieces are
+// gathers k and v, balances the causal work (rank r computes segments r and
+// 2W-1-r of 2W), and in bitwise mode gives the one-device output and
+// gradients bit for bit (GQA and dropout included), whether the segments are
 // whole runs of the canonical chunks (their dk/dv sums finish the tree) or
 // not (time is gathered).
 TEST_CASE("context parallel attention: sequence-local queries, the one-device bits", "[dtensor][cp]") {
@@ -409,7 +410,10 @@ TEST_CASE("context parallel attention: sequence-local queries, the one-device bi
       std::vector<Tensor> in = inputs();
       for (int i = 0; i < 4; ++i) in[i] = distribute_tensor(in[i], mesh, {Shard(2)});
       for (int i = 0; i < 3; ++i) in[i] = in[i].detach().requires_grad_();
+      const ContextParallelAttentionCount before = context_parallel_attention_count();
       Tensor y = scaled_dot_product_attention(in[0], in[1], in[2], o);
+      const ContextParallelAttentionCount after = context_parallel_attention_count();
+      if (c.local && after.balanced != before.balanced + 1) return std::string("not load-balanced");
       const Placements want = c.local ? Placements{Shard(2)} : Placements{Replicate()};
       if (y.placements() != want) return "output " + y.placements().str() + ", expected " + want.str();
       sum(y * in[3]).backward();
@@ -418,6 +422,46 @@ TEST_CASE("context parallel attention: sequence-local queries, the one-device bi
       for (int i = 0; i < 4; ++i)
         if (!bitwise_equal(full_tensor(got[i]).contiguous(), ref[i].contiguous()))
           return std::string(names[i]) + " differs from one device";
+      return "";
+    });
+    CHECK(first_failure(reports) == "");
+  }
+}
+
+// Fast mode: the same layouts within float tolerance, load-balanced when the
+// sequence splits into 2W segments (T = 64) and one contiguous piece per rank
+// otherwise (T = 66 on cp=2: 66 = 2 x 33 but not 4 x 16.5).
+TEST_CASE("context parallel attention in fast mode: balanced or contiguous pieces, the one-device values", "[dtensor][cp]") {
+  for (int64_t T : {64, 66}) {
+    INFO("T=" << T);
+    const int64_t B = 2, H = 4, Hkv = 2, D = 8;
+    auto inputs = [&] {
+      return std::vector<Tensor>{uniform({B, H, T, D}, 1, -2, 2), uniform({B, Hkv, T, D}, 2, -2, 2),
+                                 uniform({B, Hkv, T, D}, 3), uniform({B, H, T, D}, 4)};
+    };
+    std::vector<Tensor> ref;
+    {
+      std::vector<Tensor> in = inputs();
+      for (int i = 0; i < 3; ++i) in[i] = in[i].detach().requires_grad_();
+      Tensor y = scaled_dot_product_attention(in[0], in[1], in[2]);
+      sum(y * in[3]).backward();
+      ref = {y, in[0].grad(), in[1].grad(), in[2].grad()};
+    }
+    auto reports = on_ranks(2, [&](int) -> std::string {
+      MeshPtr mesh = Mesh::world({{"cp", 2}});
+      std::vector<Tensor> in = inputs();
+      for (int i = 0; i < 4; ++i) in[i] = distribute_tensor(in[i], mesh, {Shard(2)});
+      for (int i = 0; i < 3; ++i) in[i] = in[i].detach().requires_grad_();
+      const ContextParallelAttentionCount before = context_parallel_attention_count();
+      Tensor y = scaled_dot_product_attention(in[0], in[1], in[2]);
+      const ContextParallelAttentionCount after = context_parallel_attention_count();
+      if (after.local != before.local + 1) return std::string("queries not kept local");
+      if ((after.balanced == before.balanced + 1) != (T == 64)) return std::string("balanced when it should not be, or not");
+      if (y.placements() != Placements{Shard(2)}) return "output " + y.placements().str();
+      sum(y * in[3]).backward();
+      const std::vector<Tensor> got = {y, in[0].grad(), in[1].grad(), in[2].grad()};
+      for (int i = 0; i < 4; ++i)
+        if (!allclose(full_tensor(got[i]), ref[i], 1e-5, 1e-6)) return "value " + std::to_string(i) + " differs";
       return "";
     });
     CHECK(first_failure(reports) == "");

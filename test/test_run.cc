@@ -725,7 +725,9 @@ TEST_CASE("run: context parallel (cp=2) attention stays local for one sequence p
       run.step_optimizer();
     }
     const ContextParallelAttentionCount after = context_parallel_attention_count();
-    if (count) *count = {after.local - before.local, after.gathered - before.gathered, after.whole - before.whole};
+    if (count)
+      *count = {after.local - before.local, after.gathered - before.gathered, after.whole - before.whole,
+                after.balanced - before.balanced};
     return out;
   };
   for (int64_t batch : {1, 2}) {
@@ -735,9 +737,9 @@ TEST_CASE("run: context parallel (cp=2) attention stays local for one sequence p
       ContextParallelAttentionCount c;
       const std::vector<double> got = losses(Mesh::world({{"cp", 2}}), batch, &c);
       if (got != ref) return "losses differ from one device";
-      if (batch == 1 && (c.local != 6 || c.gathered != 0 || c.whole != 0))
-        return fmt::format("attention calls: {} local, {} gathered, {} whole (expected 6 local)", c.local, c.gathered,
-                           c.whole);
+      if (batch == 1 && (c.local != 6 || c.balanced != 6 || c.gathered != 0 || c.whole != 0))
+        return fmt::format("attention calls: {} local ({} balanced), {} gathered, {} whole (expected 6 balanced)",
+                           c.local, c.balanced, c.gathered, c.whole);
       if (batch == 2 && (c.local != 0 || c.whole != 6))
         return fmt::format("attention calls: {} local, {} whole (expected 6 whole)", c.local, c.whole);
       return "";

@@ -7,14 +7,17 @@
 #include <numeric>
 
 #include "autograd/function.h"
+#include "autograd/ops/all_to_all.h"
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
 #include "autograd/ops/indexing.h"
+#include "autograd/ops/join.h"
 #include "autograd/ops/matmul.h"
 #include "autograd/ops/random.h"
 #include "autograd/ops/softmax.h"
 #include "autograd/ops/unary.h"
+#include "dtensor/ops.h"
 #include "dtensor/sharding.h"
 #include "kernels/attention.h"
 #include "kernels/random.h"
@@ -199,6 +202,179 @@ struct FastAttentionOp {
   }
 };
 
+// ---- Context parallelism with causal load balancing -----------------------------------------
+// With the sequence cut into W contiguous pieces, rank r's queries see r + 1
+// pieces of keys: the last rank does 2W - 1 times the first one's work. So
+// attention cuts the sequence into 2W segments of S = T / 2W positions and
+// rank r computes segments r and 2W - 1 - r (the same work on every rank):
+// its own piece holds segments 2r and 2r + 1, and an exchange of query rows
+// (all_to_all_v over the cp group) brings the two it computes; the output
+// rows go back the same way. k and v are gathered whole, once, and given to
+// the kernels twice -- once per segment -- so that each segment's dk, dv is a
+// pending sum of its own: over the ranks, the first segments (0 .. W-1, in
+// rank order) and the second ones (2W-1 .. W, in reverse rank order, whose
+// balanced tree is the mirror of the in-order one: the same bits, since a
+// + b == b + a) each finish a half of the one-device tree, and adding the two
+// halves is its root (bitwise mode: when every segment is a whole run of the
+// canonical chunks).
+
+// The rank that computes segment s of 2W.
+int64_t segment_worker(int64_t s, int64_t w) { return s < w ? s : 2 * w - 1 - s; }
+
+// Rows [seg a ; seg b] (each S rows, dim 0) of this rank, sent to the ranks
+// that want them and received from the ranks that have them, in the exchange
+// order of all_to_all_v (by rank, then by segment). `have` are the segments
+// this rank holds in row order, `holder` / `want` say who holds / who wants
+// segment s; returns the segments `get`, in that order.
+Tensor exchange_segments(const Tensor& rows, const comm::CommPtr& group, int64_t w, int64_t me, int64_t S,
+                         const std::vector<int64_t>& have, const std::function<int64_t(int64_t)>& holder,
+                         const std::function<int64_t(int64_t)>& want, const std::vector<int64_t>& get) {
+  // Send order: by destination rank, then segment.
+  std::vector<std::pair<int64_t, int64_t>> out;  // (dest, index in `have`)
+  for (size_t i = 0; i < have.size(); ++i) out.push_back({want(have[i]), int64_t(i)});
+  std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : have[size_t(a.second)] < have[size_t(b.second)];
+  });
+  std::vector<Tensor> parts;
+  std::vector<int64_t> send(size_t(w), 0), recv(size_t(w), 0);
+  for (const auto& [dest, i] : out) {
+    parts.push_back(rows.narrow(0, i * S, S));
+    send[size_t(dest)] += S;
+  }
+  for (int64_t s : get) recv[size_t(holder(s))] += S;
+  (void)me;
+  const Tensor got = all_to_all_v(cat(parts, 0), group, send, recv);
+  // Received by source rank, then segment; put them in `get`'s order.
+  std::vector<int64_t> arrival = get;
+  std::stable_sort(arrival.begin(), arrival.end(), [&](int64_t a, int64_t b) {
+    return holder(a) != holder(b) ? holder(a) < holder(b) : a < b;
+  });
+  if (arrival == get) return got;
+  std::vector<Tensor> ordered;
+  for (int64_t s : get) {
+    const int64_t at = int64_t(std::find(arrival.begin(), arrival.end(), s) - arrival.begin());
+    ordered.push_back(got.narrow(0, at * S, S));
+  }
+  return cat(ordered, 0);
+}
+
+// Fused attention over a rank's two segments (plain local tensors): rows
+// [0, S) of q are global rows a*S .., rows [S, 2S) global rows b*S ..; k_a,
+// v_a serve the first and k_b, v_b the second (the same values, separate
+// gradients). The order of operations is the fused kernels' (kernels/attention.h).
+struct BalancedAttentionOp {
+  static constexpr const char* kName = "scaled_dot_product_attention";
+  kernels::AttentionParams pa, pb;
+  int64_t S = 0;
+  SavedTensor q, ka, va, kb, vb, sta, stb;
+
+  Tensor forward(const Tensor& q_, const Tensor& ka_, const Tensor& va_, const Tensor& kb_, const Tensor& vb_) {
+    Tensor out = empty_like_layout(q_);
+    const DType acc = accumulate_dtype(q_.dtype());
+    Tensor a = raw::empty({q_.size(0), q_.size(1), S, 2}, acc, q_.device());
+    Tensor b = raw::empty({q_.size(0), q_.size(1), S, 2}, acc, q_.device());
+    kernels::attention_forward(q_.device(), raw::narrow(q_, 2, 0, S), ka_, va_, pa, raw::narrow(out, 2, 0, S), a);
+    kernels::attention_forward(q_.device(), raw::narrow(q_, 2, S, S), kb_, vb_, pb, raw::narrow(out, 2, S, S), b);
+    q = q_, ka = ka_, va = va_, kb = kb_, vb = vb_, sta = a, stb = b;
+    return out;
+  }
+
+  std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
+    const Tensor& q_ = q.get();
+    Tensor g = detail::cast_raw(grads[0], q_.dtype());
+    Tensor dq = empty_like_layout(q_);
+    Tensor dka = empty_like_layout(ka.get()), dva = empty_like_layout(va.get());
+    Tensor dkb = empty_like_layout(kb.get()), dvb = empty_like_layout(vb.get());
+    kernels::attention_backward(q_.device(), raw::narrow(q_, 2, 0, S), ka.get(), va.get(), raw::narrow(g, 2, 0, S),
+                                sta.get(), pa, raw::narrow(dq, 2, 0, S), dka, dva);
+    kernels::attention_backward(q_.device(), raw::narrow(q_, 2, S, S), kb.get(), vb.get(), raw::narrow(g, 2, S, S),
+                                stb.get(), pb, raw::narrow(dq, 2, S, S), dkb, dvb);
+    return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dka : Tensor(), ctx.needs(2) ? dva : Tensor(),
+            ctx.needs(3) ? dkb : Tensor(), ctx.needs(4) ? dvb : Tensor()};
+  }
+};
+
+// The mesh dim to balance over (-1: none): q, k, v distributed alike, cut
+// along time over exactly one mesh dim of size W > 1 into even pieces, every
+// other dim whole, a batch shard or a head shard (whole_head_placements'
+// cases); the sequence splits into 2W segments -- in bitwise mode, whole runs
+// of the canonical chunks.
+int balanced_dim(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, int chunks) {
+  if (!q.is_distributed() || !k.is_distributed() || !v.is_distributed() || !o.dropout_block.is_whole()) return -1;
+  if (q.placements() != k.placements() || q.placements() != v.placements()) return -1;
+  const Placements& p = q.placements();
+  const Mesh& mesh = *q.mesh();
+  int m = -1;
+  int64_t head_split = 1;
+  for (int d = 0; d < p.size(); ++d) {
+    if (mesh.size(d) == 1 || p[d].is_replicate() || p[d].is_shard(0)) continue;
+    if (p[d].is_shard(1) && !p[d].is_owned()) {
+      head_split *= mesh.size(d);
+      continue;
+    }
+    if (!p[d].is_shard(2) || p[d].is_owned() || m >= 0) return -1;
+    m = d;
+  }
+  if (m < 0 || k.size(1) % head_split != 0) return -1;
+  const int64_t w = mesh.size(m), T = q.size(2);
+  if (T % (2 * w) != 0) return -1;
+  if (numerics::bitwise()) {
+    if (chunks % (2 * w) != 0) return -1;
+    for (int64_t i = 0; i <= 2 * w; ++i)
+      if (numerics::chunk_begin(T, chunks, int(i * chunks / (2 * w))) != std::min(T, i * (T / (2 * w)))) return -1;
+  }
+  return m;
+}
+
+Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, double scale,
+                          int m) {
+  const MeshPtr& mesh = q.mesh();
+  const Placements p = q.placements();
+  const int64_t w = mesh->size(m), me = mesh->coordinate(m), T = q.size(2), S = T / (2 * w);
+  const comm::CommPtr group = mesh->comm(m);
+  // k and v whole along time, used twice (one pending-sum gradient per segment).
+  Placements whole = p, pending = p;
+  whole[m] = Replicate();
+  pending[m] = Partial();
+  const Tensor kr = redistribute(k, whole), vr = redistribute(v, whole);
+  const Tensor ka = to_local(kr, pending), va = to_local(vr, pending), kb = to_local(kr, pending),
+               vb = to_local(vr, pending);
+  // This rank's query rows [segment 2me ; 2me + 1] -> [segment me ; 2w - 1 - me], time first.
+  const Tensor ql = to_local(q);
+  const Tensor rows = ql.permute({2, 0, 1, 3});  // [2S, B, H, D]
+  auto holder = [](int64_t s) { return s / 2; };
+  auto worker = [w](int64_t s) { return segment_worker(s, w); };
+  const Tensor mine =
+      exchange_segments(rows, group, w, me, S, {2 * me, 2 * me + 1}, holder, worker, {me, 2 * w - 1 - me})
+          .permute({1, 2, 0, 3});  // [B, H, 2S, D]
+  BalancedAttentionOp f;
+  f.S = S;
+  kernels::AttentionParams base;
+  base.scale = scale;
+  base.chunks = numerics::reduction_chunks();
+  const LocalGeometry lg = local_geometry(q.shape(), mesh->shape(), p, mesh->coords());
+  if (o.dropout_p > 0.0) {
+    base.dropout = true;
+    base.key = o.dropout_key;
+    base.keep_threshold = kernels::bernoulli_threshold(1.0 - o.dropout_p);
+    base.dropout_scale = o.dropout_p == 1.0 ? 0.0 : 1.0 / (1.0 - o.dropout_p);
+  }
+  f.pa = f.pb = base;
+  f.pa.q_begin = me * S;
+  f.pb.q_begin = (2 * w - 1 - me) * S;
+  if (base.dropout) {
+    const Dims& qs = q.shape();
+    f.pa.block = GlobalBlock{{qs[0], qs[1], T, T}, {lg.offset[0], lg.offset[1], f.pa.q_begin, 0}};
+    f.pb.block = GlobalBlock{{qs[0], qs[1], T, T}, {lg.offset[0], lg.offset[1], f.pb.q_begin, 0}};
+  }
+  const Tensor out = call(std::move(f), mine, ka, va, kb, vb);  // [B, H, 2S, D]: segments me, 2w - 1 - me
+  // The output rows back to their holders: [segment 2me ; 2me + 1].
+  const Tensor back = exchange_segments(out.permute({2, 0, 1, 3}), group, w, me, S, {me, 2 * w - 1 - me}, worker,
+                                        holder, {2 * me, 2 * me + 1})
+                          .permute({1, 2, 0, 3});
+  return from_local(back, mesh, p, q.shape());
+}
+
 // TESSEL_ATTENTION=composite turns the fused op off everywhere (A/B timing, debugging).
 bool fused_enabled() {
   static const bool on = [] {
@@ -269,6 +445,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     if (g > 1 && numerics::bitwise() && q.is_distributed())
       for (const Placement& pl : q.placements())
         if (pl.is_shard(2)) return scaled_dot_product_attention(q, repeat_kv(k, g), repeat_kv(v, g), opts);
+    if (const int m = balanced_dim(q, k, v, opts, numerics::reduction_chunks()); m >= 0) {
+      ++cp_count.local;
+      ++cp_count.balanced;
+      return balanced_attention(q, k, v, opts, scale, m);
+    }
     FusedAttentionOp f;
     f.params.scale = scale;
     f.params.chunks = numerics::reduction_chunks();

@@ -39,7 +39,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
 // Context parallelism (docs/parallel.md "Context parallelism"): queries cut
 // along time (dim 2) over a mesh dim. The fused causal attention keeps them
-// cut and gathers k and v ("local"); everything else -- an explicit mask,
+// cut and gathers k and v ("local"; "balanced" when each rank computes
+// segments r and 2W-1-r of 2W, exchanging query and output rows); everything else -- an explicit mask,
 // non-causal attention, the composite, cuts not on the canonical chunks in
 // bitwise mode, the GPU's kernels -- gathers the time dim ("gathered": the
 // right result, without the memory saving); "whole": distributed queries
@@ -51,6 +52,7 @@ struct ContextParallelAttentionCount {
   int64_t local = 0;
   int64_t gathered = 0;
   int64_t whole = 0;
+  int64_t balanced = 0;  // of `local`: with causal load balancing (2 segments per rank)
 };
 ContextParallelAttentionCount context_parallel_attention_count();
 
