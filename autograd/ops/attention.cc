@@ -300,7 +300,12 @@ struct BalancedAttentionOp {
 // cases); the sequence splits into 2W segments -- in bitwise mode, whole runs
 // of the canonical chunks.
 int balanced_dim(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, int chunks) {
-  if (!q.is_distributed() || !k.is_distributed() || !v.is_distributed() || !o.dropout_block.is_whole()) return -1;
+  // TESSEL_CP_BALANCE=0: contiguous pieces (A/B timing of the balancing).
+  static const bool enabled = [] {
+    const char* e = std::getenv("TESSEL_CP_BALANCE");
+    return !(e && std::string(e) == "0");
+  }();
+  if (!enabled || !q.is_distributed() || !k.is_distributed() || !v.is_distributed() || !o.dropout_block.is_whole()) return -1;
   if (q.placements() != k.placements() || q.placements() != v.placements()) return -1;
   const Placements& p = q.placements();
   const Mesh& mesh = *q.mesh();
