@@ -90,6 +90,24 @@ TEST_CASE("verify --dump: bitwise tp=2 + sp matches one device op for op; fast m
   CHECK(first_divergence(one.out_dir + "/metrics.jsonl", fast.out_dir + "/metrics.jsonl").has_value());
 }
 
+// Context parallelism: one sequence per step, so the pieces stay local in
+// bitwise mode; a traced run takes contiguous pieces (autograd/ops/attention.cc).
+TEST_CASE("verify --dump: bitwise cp=2 matches one device op for op", "[verify][cp]") {
+  TrainHooks quiet;
+  quiet.quiet = true;
+  TrainConfig one = tiny("cp_one");
+  one.bitwise = true;
+  one.batch_size = 1;
+  run_training(one, quiet);
+  TrainConfig cp = tiny("cp2");
+  cp.bitwise = true;
+  cp.batch_size = 1;
+  cp.mesh = "cp=2";
+  run_training(cp, quiet);
+  CHECK_FALSE(first_divergence(one.dump, cp.dump).has_value());
+  CHECK_FALSE(first_divergence(one.out_dir + "/metrics.jsonl", cp.out_dir + "/metrics.jsonl").has_value());
+}
+
 TEST_CASE("--dump refuses a pipeline mesh", "[verify]") {
   TrainConfig c = tiny("pp");
   c.mesh = "pp=2";

@@ -17,6 +17,7 @@
 #include "autograd/ops/random.h"
 #include "autograd/ops/softmax.h"
 #include "autograd/ops/unary.h"
+#include "autograd/trace.h"
 #include "dtensor/ops.h"
 #include "dtensor/sharding.h"
 #include "kernels/attention.h"
@@ -305,6 +306,10 @@ int balanced_dim(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     const char* e = std::getenv("TESSEL_CP_BALANCE");
     return !(e && std::string(e) == "0");
   }();
+  // An op trace (tessel train --dump) lines its entries up with the one-device
+  // run's op by op; the exchange's internal ops have no counterpart there, so
+  // a traced run takes the contiguous pieces (the same bits).
+  if (trace::current() != nullptr) return -1;
   if (!enabled || !q.is_distributed() || !k.is_distributed() || !v.is_distributed() || !o.dropout_block.is_whole()) return -1;
   if (q.placements() != k.placements() || q.placements() != v.placements()) return -1;
   const Placements& p = q.placements();
