@@ -173,8 +173,9 @@ class RunBase {
 
   // ---- inputs --------------------------------------------------------------------
   // `full` (the global batch, dim 0 = samples, identical on every rank) laid
-  // out by the plan's data layout ("dp" and "ep": Shard(0), other dims
-  // Replicate): each rank keeps its piece. Any dtype (token ids, floats,
+  // out by the plan's data layout ("dp" and "ep": Shard(0), "cp": Shard(1) --
+  // time -- for tensors that have a dim 1, other dims Replicate): each rank
+  // keeps its piece. Any dtype (token ids, floats,
   // masks). On one device: `full` itself. Ranks that pass different tensors
   // get an error (RunOptions::check_inputs).
   Tensor input(const Tensor& full) const;
