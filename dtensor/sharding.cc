@@ -97,35 +97,69 @@ int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const
   for (int d : all_dims)
     if (shape[d] != 1) dims.push_back(d);
   if (dims.empty()) return v;
-  const int d0 = dims[0];
-  std::vector<int> cuts;  // mesh dims cutting d0, in mesh order
+  // The mesh dims that cut a reduced dim (index into `dims`), in mesh order.
+  struct Cut {
+    int m, i;
+  };
+  std::vector<Cut> cuts;
   for (int m = 0; m < p.size(); ++m) {
     if (!p[m].is_shard() || mesh.size(m) == 1) continue;
-    for (size_t i = 1; i < dims.size(); ++i)
-      if (p[m].dim == dims[i]) return 0;  // an inner reduced dim is cut: pieces are not contiguous runs
-    if (p[m].dim == d0) cuts.push_back(m);
+    for (size_t i = 0; i < dims.size(); ++i)
+      if (p[m].dim == dims[i]) cuts.push_back({m, int(i)});
   }
   if (cuts.empty()) return v;
   int64_t w = 1;
-  for (int m : cuts) w *= mesh.size(m);
+  for (const Cut& c : cuts) w *= mesh.size(c.m);
   if (w > v || v % w != 0) return 0;
-  int64_t unit = 1;
-  for (size_t i = 1; i < dims.size(); ++i) unit *= shape[dims[i]];
-  const int64_t n = shape[d0] * unit;
-  // Every piece, in nested order (outer mesh dim major): [offset, length) along d0.
-  struct Piece {
-    int64_t off, len;
+  const size_t nd = dims.size();
+  std::vector<int64_t> unit(nd, 1);  // flattened stride of each reduced dim
+  for (size_t i = nd - 1; i-- > 0;) unit[i] = unit[i + 1] * shape[dims[i + 1]];
+  const int64_t n = shape[dims[0]] * unit[0];
+  // Every piece, in nested order (outer mesh dim major), as [start, length)
+  // per reduced dim; then as one run [off, off + len) of the flattened order,
+  // which it must be: the dims before some j of length 1, those after it
+  // whole (a cut on d0 alone; or, with every outer reduced dim cut down to
+  // single indices, a cut inside one of them -- one sequence per rank cut
+  // along time). The runs must tile [0, n) in that order, as the
+  // collectives' rank-order tree combines them.
+  struct Box {
+    std::vector<int64_t> start, len;
   };
-  std::vector<Piece> pieces{{0, shape[d0]}};
-  for (int m : cuts) {
-    std::vector<Piece> next;
-    for (const Piece& pc : pieces)
-      for (int64_t c = 0; c < mesh.size(m); ++c) {
-        Range r = chunk_range(pc.len, mesh.size(m), c);
-        next.push_back({pc.off + r.begin, r.size()});
+  std::vector<Box> boxes{{std::vector<int64_t>(nd, 0), std::vector<int64_t>(nd)}};
+  for (size_t i = 0; i < nd; ++i) boxes[0].len[i] = shape[dims[i]];
+  for (const Cut& c : cuts) {
+    std::vector<Box> next;
+    for (const Box& b : boxes)
+      for (int64_t x = 0; x < mesh.size(c.m); ++x) {
+        Box piece = b;
+        const Range r = chunk_range(b.len[size_t(c.i)], mesh.size(c.m), x);
+        piece.start[size_t(c.i)] += r.begin;
+        piece.len[size_t(c.i)] = r.size();
+        next.push_back(std::move(piece));
       }
-    pieces = std::move(next);
+    boxes = std::move(next);
   }
+  struct Piece {
+    int64_t off, len;  // flattened
+  };
+  std::vector<Piece> pieces;
+  int64_t end = 0;
+  for (const Box& b : boxes) {
+    int64_t len = 1, off = 0;
+    for (size_t i = 0; i < nd; ++i) len *= b.len[i], off += b.start[i] * unit[i];
+    if (len == 0) {
+      pieces.push_back({end, 0});
+      continue;
+    }
+    size_t j = 0;
+    while (j < nd && b.len[j] == 1) ++j;
+    for (size_t i = j + 1; i < nd; ++i)
+      if (b.len[i] != shape[dims[i]]) return 0;  // not one run of the flattened order
+    if (off != end) return 0;                      // the runs out of the collectives' order
+    pieces.push_back({off, len});
+    end = off + len;
+  }
+  if (end != n) return 0;
   // Piece i must own global chunks [i*k, (i+1)*k) with its own k-chunk
   // geometry. k = V/W is the plain case; a smaller power of two k works when
   // every global chunk from W*k on is empty (a short reduction, n < V...):
@@ -136,7 +170,7 @@ int local_chunks(const Dims& shape, const Placements& p, const Mesh& mesh, const
     if (k < v / w && numerics::chunk_begin(n, v, int(w) * k) != n) break;
     bool ok = true;
     for (size_t i = 0; i < pieces.size() && ok; ++i) {
-      const int64_t off = pieces[i].off * unit, len = pieces[i].len * unit;
+      const int64_t off = pieces[i].off, len = pieces[i].len;
       for (int j = 0; j < k && ok; ++j) {
         const int g = int(i) * k + j;
         ok = off + numerics::chunk_begin(len, k, j) == numerics::chunk_begin(n, v, g) &&

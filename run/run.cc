@@ -390,6 +390,12 @@ void check_context_parallel(const RunState& s) {
                "first step ran no attention on distributed inputs: the model has no attention (use dp), or it does "
                "not run on the inputs the Run laid out",
                s.mesh->str(), s.mesh->size(cp), s.model_type);
+  // The step never called run.input(): every rank holds whole sequences.
+  TESSEL_CHECK(s.inputs > 0 || local > 0, kRun,
+               "mesh {}: {}'s first step ran without run.input(): every cp rank computed the whole sequences (the "
+               "result would be right, but context parallelism would save nothing); lay the inputs out with "
+               "run.input(batch), or use run.forward_backward(inputs, targets)",
+               s.mesh->str(), s.model_type);
   if (numerics::bitwise() && gathered == 0 && local == 0) {
     // Bitwise mode keeps a weight gradient's sum over a micro-batch's tokens
     // in the one-device order, which pieces cut along time (inside each
@@ -397,9 +403,10 @@ void check_context_parallel(const RunState& s) {
     if (s.mesh->my_rank() == 0)
       spdlog::warn(
           "tessel::Run: mesh {}: bitwise mode gathered the sequences before attention in {} of {}'s attention "
-          "calls (weight gradients summed in the one-device order over micro-batches of several sequences cut along "
-          "time): cp gives the one-device bits but divides no work; fast mode keeps each rank's piece "
-          "(docs/parallel.md \"Context parallelism\")",
+          "calls (weight gradients are summed in the one-device order over a micro-batch's tokens, which pieces of "
+          "several sequences cut along time -- or a cp dim before dp in the mesh -- do not follow): cp gives the "
+          "one-device bits but divides no work; one sequence per micro-batch and dp rank, with dp before cp, or fast "
+          "mode keep each rank's piece (docs/parallel.md \"Context parallelism\")",
           s.mesh->str(), whole, s.model_type);
     return;
   }

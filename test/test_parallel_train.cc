@@ -201,8 +201,9 @@ TEST_CASE("bad parallel settings fail before anything is written", "[parallel][t
   bad.mesh = "cp=2";
   bad.seq_len = 12;
   bad.bitwise = true;
-  expect(bad, "bitwise mode with cp=2 needs each rank's 6 positions to be a whole run of the 16 canonical chunks (1 "
-              "positions each) of seq_len=12: pick a seq_len that is a multiple of 16, e.g. 16");
+  expect(bad, "bitwise mode with cp=2 cuts seq_len=12 into pieces of 6 positions, but a sum over a sequence runs in 16 "
+              "canonical chunks of up to 1 position(s) combined by a balanced tree, and each piece must be one aligned "
+              "subtree of it (8 consecutive chunks): pick a seq_len that is a multiple of 16, e.g. 16");
   bad = c;
   bad.mesh = "cp=3";
   bad.seq_len = 24;

@@ -556,6 +556,20 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
       CHECK(contains(e, "MlpClassifier's first step ran no attention on distributed inputs"));
     }
   }
+  SECTION("context parallelism (cp) without run.input: an error before the first update") {
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           std::shared_ptr<models::LanguageModel> model = models::build_model(models::model_config("llama", "tiny"));
+           model->reset_parameters(1);
+           auto run = parallelize(model, Mesh::world({{"cp", 2}}), parallel::builtin_plan("llama"), adamw(), {});
+           Tensor ids = randint({1, 17}, 5, 0, 200);
+           run.model().loss(run.model().forward(ids.narrow(1, 0, 16)), ids.narrow(1, 1, 16)).backward();
+           run.step_optimizer();
+         })) {
+      INFO(e);
+      CHECK(contains(e, "mesh (cp=2): Llama's first step ran without run.input(): every cp rank computed the whole "
+                        "sequences"));
+    }
+  }
   SECTION("backward twice without a step; a step without a backward") {
     auto model = nn::make_model<MlpClassifier>(MlpConfig{});
     model->reset_parameters(1);  // parameters are created uninitialised: a step on them may see a NaN norm
@@ -746,4 +760,37 @@ TEST_CASE("run: context parallel (cp=2) attention stays local for one sequence p
     });
     CHECK(first_failure(reports) == "");
   }
+}
+
+// The same with attention dropout inside micro-batches (each micro-batch's
+// probabilities sit at its rows of the step's: a dropout block), NanoGPT.
+TEST_CASE("run: context parallel (cp=2) balanced attention with dropout in micro-batches, bitwise", "[run][cp]") {
+  auto losses = [](const MeshPtr& mesh, ContextParallelAttentionCount* count) {
+    numerics::BitwiseGuard bitwise(true);
+    models::ModelConfig mc = models::model_config("nanogpt", "tiny");
+    mc.dropout = 0.1;
+    std::shared_ptr<models::LanguageModel> model = models::build_model(mc);
+    model->reset_parameters(1);
+    const ContextParallelAttentionCount before = context_parallel_attention_count();
+    RunOptions o;
+    o.micro_batches = 2;
+    auto run = parallelize(model, mesh, parallel::builtin_plan("nanogpt"), adamw({1e-2}), o);
+    std::vector<double> out;
+    for (int step = 0; step < 3; ++step) {
+      Tensor ids = randint({2, 33}, uint64_t(step + 5), 0, 200);
+      out.push_back(run.forward_backward(ids.narrow(1, 0, 32), ids.narrow(1, 1, 32)).loss);
+      out.push_back(double(run.step_optimizer().grad_norm));
+    }
+    const ContextParallelAttentionCount after = context_parallel_attention_count();
+    if (count) count->balanced = after.balanced - before.balanced;
+    return out;
+  };
+  const std::vector<double> ref = losses(nullptr, nullptr);
+  auto reports = on_ranks(2, [&](int) -> std::string {
+    ContextParallelAttentionCount c;
+    if (losses(Mesh::world({{"cp", 2}}), &c) != ref) return "losses or grad norms differ from one device";
+    if (c.balanced != 12) return fmt::format("{} balanced attention calls, expected 12", c.balanced);
+    return "";
+  });
+  CHECK(first_failure(reports) == "");
 }

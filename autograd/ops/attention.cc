@@ -227,7 +227,7 @@ int64_t segment_worker(int64_t s, int64_t w) { return s < w ? s : 2 * w - 1 - s;
 // order of all_to_all_v (by rank, then by segment). `have` are the segments
 // this rank holds in row order, `holder` / `want` say who holds / who wants
 // segment s; returns the segments `get`, in that order.
-Tensor exchange_segments(const Tensor& rows, const comm::CommPtr& group, int64_t w, int64_t me, int64_t S,
+Tensor exchange_segments(const Tensor& rows, const comm::CommPtr& group, int64_t w, int64_t S,
                          const std::vector<int64_t>& have, const std::function<int64_t(int64_t)>& holder,
                          const std::function<int64_t(int64_t)>& want, const std::vector<int64_t>& get) {
   // Send order: by destination rank, then segment.
@@ -243,7 +243,6 @@ Tensor exchange_segments(const Tensor& rows, const comm::CommPtr& group, int64_t
     send[size_t(dest)] += S;
   }
   for (int64_t s : get) recv[size_t(holder(s))] += S;
-  (void)me;
   const Tensor got = all_to_all_v(cat(parts, 0), group, send, recv);
   // Received by source rank, then segment; put them in `get`'s order.
   std::vector<int64_t> arrival = get;
@@ -310,7 +309,7 @@ int balanced_dim(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   // run's op by op; the exchange's internal ops have no counterpart there, so
   // a traced run takes the contiguous pieces (the same bits).
   if (trace::current() != nullptr) return -1;
-  if (!enabled || !q.is_distributed() || !k.is_distributed() || !v.is_distributed() || !o.dropout_block.is_whole()) return -1;
+  if (!enabled || !q.is_distributed() || !k.is_distributed() || !v.is_distributed()) return -1;
   if (q.placements() != k.placements() || q.placements() != v.placements()) return -1;
   const Placements& p = q.placements();
   const Mesh& mesh = *q.mesh();
@@ -355,7 +354,7 @@ Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   auto holder = [](int64_t s) { return s / 2; };
   auto worker = [w](int64_t s) { return segment_worker(s, w); };
   const Tensor mine =
-      exchange_segments(rows, group, w, me, S, {2 * me, 2 * me + 1}, holder, worker, {me, 2 * w - 1 - me})
+      exchange_segments(rows, group, w, S, {2 * me, 2 * me + 1}, holder, worker, {me, 2 * w - 1 - me})
           .permute({1, 2, 0, 3});  // [B, H, 2S, D]
   BalancedAttentionOp f;
   f.S = S;
@@ -372,14 +371,18 @@ Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   f.pa = f.pb = base;
   f.pa.q_begin = me * S;
   f.pb.q_begin = (2 * w - 1 - me) * S;
-  if (base.dropout) {
+  if (base.dropout) {  // the probabilities' block: the caller's (a micro-batch's rows), moved to the piece
     const Dims& qs = q.shape();
-    f.pa.block = GlobalBlock{{qs[0], qs[1], T, T}, {lg.offset[0], lg.offset[1], f.pa.q_begin, 0}};
-    f.pb.block = GlobalBlock{{qs[0], qs[1], T, T}, {lg.offset[0], lg.offset[1], f.pb.q_begin, 0}};
+    GlobalBlock block = o.dropout_block.is_whole() ? GlobalBlock{{qs[0], qs[1], T, T}, {0, 0, 0, 0}} : o.dropout_block;
+    block.offset[0] += lg.offset[0];
+    block.offset[1] += lg.offset[1];
+    f.pa.block = f.pb.block = block;
+    f.pa.block.offset[2] += f.pa.q_begin;
+    f.pb.block.offset[2] += f.pb.q_begin;
   }
   const Tensor out = call(std::move(f), mine, ka, va, kb, vb);  // [B, H, 2S, D]: segments me, 2w - 1 - me
   // The output rows back to their holders: [segment 2me ; 2me + 1].
-  const Tensor back = exchange_segments(out.permute({2, 0, 1, 3}), group, w, me, S, {me, 2 * w - 1 - me}, worker,
+  const Tensor back = exchange_segments(out.permute({2, 0, 1, 3}), group, w, S, {me, 2 * w - 1 - me}, worker,
                                         holder, {2 * me, 2 * me + 1})
                           .permute({1, 2, 0, 3});
   return from_local(back, mesh, p, q.shape());
@@ -455,6 +458,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     if (g > 1 && numerics::bitwise() && q.is_distributed())
       for (const Placement& pl : q.placements())
         if (pl.is_shard(2)) return scaled_dot_product_attention(q, repeat_kv(k, g), repeat_kv(v, g), opts);
+    if (opts.dropout_p > 0.0) kernels::check_global_block(op, {B, Hq, Tq, Tk}, opts.dropout_block);
     if (const int m = balanced_dim(q, k, v, opts, numerics::reduction_chunks()); m >= 0) {
       ++cp_count.local;
       ++cp_count.balanced;
@@ -464,7 +468,6 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     f.params.scale = scale;
     f.params.chunks = numerics::reduction_chunks();
     if (opts.dropout_p > 0.0) {
-      kernels::check_global_block(op, {B, Hq, Tq, Tk}, opts.dropout_block);
       f.params.dropout = true;
       f.params.key = opts.dropout_key;
       f.params.keep_threshold = kernels::bernoulli_threshold(1.0 - opts.dropout_p);

@@ -102,9 +102,11 @@ void check_context_parallel(const TrainConfig& cfg, int64_t cp) {
                "got cp={}",
                cfg.mesh, v, v, cp);
   TESSEL_CHECK(whole, "train",
-               "mesh {}: bitwise mode with cp={} needs each rank's {} positions to be a whole run of the {} canonical "
-               "chunks ({} positions each) of seq_len={}: pick a seq_len that is a multiple of {}, e.g. {}",
-               cfg.mesh, cp, n / cp, v, numerics::chunk_size(n, v), n, v, (n + v - 1) / v * v);
+               "mesh {}: bitwise mode with cp={} cuts seq_len={} into pieces of {} positions, but a sum over a "
+               "sequence runs in {} canonical chunks of up to {} position(s) combined by a balanced tree, and each "
+               "piece must be one aligned subtree of it ({} consecutive chunks): pick a seq_len that is a multiple "
+               "of {}, e.g. {}",
+               cfg.mesh, cp, n, n / cp, v, numerics::chunk_size(n, v), v / cp, v, (n + v - 1) / v * v);
 }
 
 Setup prepare(const TrainConfig& cfg) {
