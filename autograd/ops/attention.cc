@@ -335,8 +335,12 @@ int balanced_dim(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   return m;
 }
 
+// `repeat` > 1 (bitwise mode, grouped-query attention): k and v are gathered
+// as they are and then repeated per query head, so the kernels see g = 1 and
+// each head's dk, dv is summed across the ranks before the repeat's backward
+// sums the group (the one-device order; the gather moves g times less).
 Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, double scale,
-                          int m) {
+                          int m, int64_t repeat) {
   const MeshPtr& mesh = q.mesh();
   const Placements p = q.placements();
   const int64_t w = mesh->size(m), me = mesh->coordinate(m), T = q.size(2), S = T / (2 * w);
@@ -345,7 +349,7 @@ Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   Placements whole = p, pending = p;
   whole[m] = Replicate();
   pending[m] = Partial();
-  const Tensor kr = redistribute(k, whole), vr = redistribute(v, whole);
+  const Tensor kr = repeat_kv(redistribute(k, whole), repeat), vr = repeat_kv(redistribute(v, whole), repeat);
   const Tensor ka = to_local(kr, pending), va = to_local(vr, pending), kb = to_local(kr, pending),
                vb = to_local(vr, pending);
   // This rank's query rows [segment 2me ; 2me + 1] -> [segment me ; 2w - 1 - me], time first.
@@ -454,16 +458,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     // Context parallelism in bitwise mode: the kernel sums a group's query
     // heads before the pieces' dk/dv are added across the mesh, which is not
     // the one-device order; with k and v repeated per query head that sum
-    // comes after (the repeat's backward, on the finished gradients).
-    if (g > 1 && numerics::bitwise() && q.is_distributed())
-      for (const Placement& pl : q.placements())
-        if (pl.is_shard(2)) return scaled_dot_product_attention(q, repeat_kv(k, g), repeat_kv(v, g), opts);
+    // comes after (the repeat's backward, on the finished gradients). The
+    // balanced path repeats after its gather, the contiguous one before.
     if (opts.dropout_p > 0.0) kernels::check_global_block(op, {B, Hq, Tq, Tk}, opts.dropout_block);
     if (const int m = balanced_dim(q, k, v, opts, numerics::reduction_chunks()); m >= 0) {
       ++cp_count.local;
       ++cp_count.balanced;
-      return balanced_attention(q, k, v, opts, scale, m);
+      return balanced_attention(q, k, v, opts, scale, m, numerics::bitwise() ? g : 1);
     }
+    if (g > 1 && numerics::bitwise() && q.is_distributed())
+      for (const Placement& pl : q.placements())
+        if (pl.is_shard(2)) return scaled_dot_product_attention(q, repeat_kv(k, g), repeat_kv(v, g), opts);
     FusedAttentionOp f;
     f.params.scale = scale;
     f.params.chunks = numerics::reduction_chunks();
