@@ -193,20 +193,21 @@ TEST_CASE("bad parallel settings fail before anything is written", "[parallel][t
   bad.model = "mixtral";
   bad.mesh = "ep=3";
   expect(bad, "ep=3 does not divide num_experts=4");
-  // Context parallelism: cp divides the sequence; in bitwise mode into whole runs of the canonical chunks.
+  // Context parallelism: 2 x cp divides the sequence (load-balanced attention
+  // segments); in bitwise mode into aligned subtrees of the canonical sum.
   bad = c;
   bad.mesh = "cp=3";
-  expect(bad, "cp=3 does not divide seq_len=16");
+  expect(bad, "cp=3 needs seq_len divisible by 2 x cp = 6, got seq_len=16");
   bad = c;
   bad.mesh = "cp=2";
   bad.seq_len = 12;
   bad.bitwise = true;
-  expect(bad, "bitwise mode with cp=2 cuts seq_len=12 into pieces of 6 positions, but a sum over a sequence runs in 16 "
-              "canonical chunks of up to 1 position(s) combined by a balanced tree, and each piece must be one aligned "
-              "subtree of it (8 consecutive chunks): pick a seq_len that is a multiple of 16, e.g. 16");
+  expect(bad, "bitwise mode with cp=2 cuts seq_len=12 into 4 segments of 3 positions, but a sum over a sequence runs "
+              "in 16 canonical chunks of up to 1 position(s) combined by a balanced tree, and each segment must be one "
+              "aligned subtree of it (4 consecutive chunks): pick a seq_len that is a multiple of 16, e.g. 16");
   bad = c;
   bad.mesh = "cp=3";
   bad.seq_len = 24;
   bad.bitwise = true;
-  expect(bad, "bitwise mode needs cp to divide the 16 canonical chunks");
+  expect(bad, "bitwise mode needs 2 x cp to divide the 16 canonical chunks");
 }

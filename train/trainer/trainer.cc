@@ -78,35 +78,34 @@ struct Setup {
 };
 
 // Context parallelism cuts every sequence into cp pieces of seq_len / cp
-// positions; in bitwise mode each piece must also be a whole run of the
-// canonical chunks of the sequence (attention's sums over it finish the
-// one-device tree across ranks: docs/parallel.md "Context parallelism") --
-// the same rule as dtensor::local_chunks.
+// positions, and attention into 2 cp segments (causal load balancing: rank r
+// computes segments r and 2cp-1-r). In bitwise mode each segment must also be
+// an aligned subtree of the canonical sum over the sequence (its sums over
+// queries finish the one-device tree across ranks: docs/parallel.md "Context
+// parallelism") -- the condition autograd/ops/attention.cc's balanced_dim
+// checks, so that every traced or balanced call keeps its queries local.
 void check_context_parallel(const TrainConfig& cfg, int64_t cp) {
-  const int64_t n = cfg.seq_len;
-  TESSEL_CHECK(n % cp == 0, "train",
-               "mesh {}: cp={} does not divide seq_len={}: every rank holds seq_len / cp positions of each sequence",
-               cfg.mesh, cp, n);
+  const int64_t n = cfg.seq_len, segments = 2 * cp;
+  TESSEL_CHECK(n % segments == 0, "train",
+               "mesh {}: cp={} needs seq_len divisible by 2 x cp = {}, got seq_len={}: every rank holds seq_len / cp "
+               "positions of each sequence, and attention balances its causal work over 2 x cp segments",
+               cfg.mesh, cp, segments, n);
   if (!cfg.bitwise) return;
   const int v = numerics::reduction_chunks();
-  bool whole = false;
-  if (v % cp == 0)
-    for (int64_t k = v / cp; k >= 1 && !whole; k /= 2) {
-      if (k < v / cp && numerics::chunk_begin(n, v, int(cp * k)) != n) break;
-      bool ok = true;
-      for (int64_t i = 0; i <= cp && ok; ++i) ok = numerics::chunk_begin(n, v, int(i * k)) == std::min(n, i * (n / cp));
-      whole = ok;
-    }
-  TESSEL_CHECK(v % cp == 0, "train",
-               "mesh {}: bitwise mode needs cp to divide the {} canonical chunks of a sequence (cp = 2, 4, ..., {}), "
-               "got cp={}",
-               cfg.mesh, v, v, cp);
+  TESSEL_CHECK(v % segments == 0, "train",
+               "mesh {}: bitwise mode needs 2 x cp to divide the {} canonical chunks of a sequence (cp = 1, 2, 4, "
+               "..., {}), got cp={}",
+               cfg.mesh, v, v / 2, cp);
+  bool whole = true;
+  for (int64_t i = 0; i <= segments && whole; ++i)
+    whole = numerics::chunk_begin(n, v, int(i * (v / segments))) == i * (n / segments);
   TESSEL_CHECK(whole, "train",
-               "mesh {}: bitwise mode with cp={} cuts seq_len={} into pieces of {} positions, but a sum over a "
+               "mesh {}: bitwise mode with cp={} cuts seq_len={} into {} segments of {} positions, but a sum over a "
                "sequence runs in {} canonical chunks of up to {} position(s) combined by a balanced tree, and each "
-               "piece must be one aligned subtree of it ({} consecutive chunks): pick a seq_len that is a multiple "
+               "segment must be one aligned subtree of it ({} consecutive chunks): pick a seq_len that is a multiple "
                "of {}, e.g. {}",
-               cfg.mesh, cp, n, n / cp, v, numerics::chunk_size(n, v), v / cp, v, (n + v - 1) / v * v);
+               cfg.mesh, cp, n, segments, n / segments, v, numerics::chunk_size(n, v), v / segments, v,
+               (n + v - 1) / v * v);
 }
 
 Setup prepare(const TrainConfig& cfg) {
