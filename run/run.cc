@@ -373,10 +373,6 @@ int context_parallel_dim(const RunState& s) {
     if (s.mesh->name(d) == "cp" && s.mesh->size(d) > 1) return d;
   return -1;
 }
-int context_parallel_size(const RunState& s) {
-  const int d = context_parallel_dim(s);
-  return d < 0 ? 1 : int(s.mesh->size(d));
-}
 
 void check_context_parallel(const RunState& s) {
   const int cp = context_parallel_dim(s);
@@ -578,13 +574,12 @@ Tensor RunBase::forward(const Tensor& inputs) {
   // appends one position at a time to a KV cache, and a sampled prefix need
   // not divide by cp: those inputs are replicated over cp instead (every cp
   // rank computes the whole sequence; the same result).
-  const int cp = context_parallel_size(s);
-  if (cp > 1 && (nn::current_kv_cache() != nullptr || inputs.dim() < 2 || inputs.size(1) % cp != 0)) {
+  const int cp = context_parallel_dim(s);
+  if (cp >= 0 && (nn::current_kv_cache() != nullptr || inputs.dim() < 2 || inputs.size(1) % s.mesh->size(cp) != 0)) {
     s.accept_input(inputs);
-    parallel::ParallelPlan whole = s.plan;
-    for (auto& [name, p] : whole.data.dims)
-      if (name == "cp") p = Replicate();
-    return staged->forward(parallel::distribute_batch(inputs, s.mesh, whole));
+    Placements p = s.plan.data.on(*s.mesh, Placements::replicated(s.mesh->ndim()));
+    p[cp] = Replicate();
+    return staged->forward(distribute_tensor(inputs, s.mesh, p));
   }
   return staged->forward(input(inputs));
 }

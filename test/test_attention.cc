@@ -443,3 +443,14 @@ TEST_CASE("attention errors come from the op, on Meta tensors too") {
                     Catch::Contains("scaled_dot_product_attention") && Catch::Contains("inconsistent shapes"));
   CHECK_THROWS_WITH(scaled_dot_product_attention(meta({2, 4, 8}), k, k), Catch::Contains("[B, H, T, D]"));
 }
+
+TEST_CASE("balanced_segments_fit: 2 cp equal segments, in bitwise mode aligned runs of the canonical chunks") {
+  CHECK(balanced_segments_fit(64, 2, false, 16));
+  CHECK(balanced_segments_fit(66, 1, false, 16));      // 2 segments of 33
+  CHECK_FALSE(balanced_segments_fit(66, 2, false, 16));  // 66 / 4 is not whole
+  CHECK(balanced_segments_fit(64, 4, true, 16));       // 8 segments of 8 = 2 chunks of 4
+  CHECK_FALSE(balanced_segments_fit(12, 2, true, 16));   // segments of 3 positions, chunks of 1
+  CHECK_FALSE(balanced_segments_fit(48, 3, true, 16));   // 6 segments do not divide 16 chunks
+  CHECK(balanced_segments_fit(32, 8, true, 16));       // 16 segments of 2 = one chunk each
+  CHECK_FALSE(balanced_segments_fit(32, 0, false, 16));
+}

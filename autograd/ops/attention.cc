@@ -100,7 +100,7 @@ bool cut_along_time(const Tensor& q) {
 // (dtensor::local_chunks), so that the pieces' dk and dv (sums over their own
 // queries, kernels/attention.h) finish the one-device tree when the
 // collective adds them in rank order; otherwise the time dim is gathered.
-int context_parallel_dim(const ShardingContext& ctx, const Placements& p, int chunks) {
+int query_time_cut_dim(const ShardingContext& ctx, const Placements& p, int chunks) {
   int found = -1;
   for (int m = 0; m < ctx.mesh_ndim(); ++m) {
     if (ctx.mesh->shape()[m] == 1 || !p[m].is_replicate() || !ctx.in[0].placements[m].is_shard(2)) continue;
@@ -141,7 +141,7 @@ struct FusedAttentionOp {
   ShardingPlan sharding(const ShardingContext& ctx) {
     const Placements p = whole_head_placements(ctx);
     Placements pq = p;
-    if (const int m = context_parallel_dim(ctx, p, params.chunks); m >= 0) {
+    if (const int m = query_time_cut_dim(ctx, p, params.chunks); m >= 0) {
       pq[m] = Shard(2);
       ++cp_count.local;
     } else {
@@ -202,6 +202,22 @@ struct FastAttentionOp {
     return {{p, p, p}, {p}};
   }
 };
+
+// The fused kernels' parameters for `o` (the caller's dropout block as given;
+// the sharding rule or the balanced path moves it to the local piece).
+kernels::AttentionParams fused_params(const AttentionOptions& o, double scale) {
+  kernels::AttentionParams a;
+  a.scale = scale;
+  a.chunks = numerics::reduction_chunks();
+  if (o.dropout_p > 0.0) {
+    a.dropout = true;
+    a.key = o.dropout_key;
+    a.keep_threshold = kernels::bernoulli_threshold(1.0 - o.dropout_p);
+    a.dropout_scale = o.dropout_p == 1.0 ? 0.0 : 1.0 / (1.0 - o.dropout_p);
+    a.block = o.dropout_block;
+  }
+  return a;
+}
 
 // ---- Context parallelism with causal load balancing -----------------------------------------
 // With the sequence cut into W contiguous pieces, rank r's queries see r + 1
@@ -325,14 +341,7 @@ int balanced_dim(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     m = d;
   }
   if (m < 0 || k.size(1) % head_split != 0) return -1;
-  const int64_t w = mesh.size(m), T = q.size(2);
-  if (T % (2 * w) != 0) return -1;
-  if (numerics::bitwise()) {
-    if (chunks % (2 * w) != 0) return -1;
-    for (int64_t i = 0; i <= 2 * w; ++i)
-      if (numerics::chunk_begin(T, chunks, int(i * chunks / (2 * w))) != std::min(T, i * (T / (2 * w)))) return -1;
-  }
-  return m;
+  return balanced_segments_fit(q.size(2), mesh.size(m), numerics::bitwise(), chunks) ? m : -1;
 }
 
 // `repeat` > 1 (bitwise mode, grouped-query attention): k and v are gathered
@@ -362,22 +371,14 @@ Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
           .permute({1, 2, 0, 3});  // [B, H, 2S, D]
   BalancedAttentionOp f;
   f.S = S;
-  kernels::AttentionParams base;
-  base.scale = scale;
-  base.chunks = numerics::reduction_chunks();
+  const kernels::AttentionParams base = fused_params(o, scale);
   const LocalGeometry lg = local_geometry(q.shape(), mesh->shape(), p, mesh->coords());
-  if (o.dropout_p > 0.0) {
-    base.dropout = true;
-    base.key = o.dropout_key;
-    base.keep_threshold = kernels::bernoulli_threshold(1.0 - o.dropout_p);
-    base.dropout_scale = o.dropout_p == 1.0 ? 0.0 : 1.0 / (1.0 - o.dropout_p);
-  }
   f.pa = f.pb = base;
   f.pa.q_begin = me * S;
   f.pb.q_begin = (2 * w - 1 - me) * S;
   if (base.dropout) {  // the probabilities' block: the caller's (a micro-batch's rows), moved to the piece
     const Dims& qs = q.shape();
-    GlobalBlock block = o.dropout_block.is_whole() ? GlobalBlock{{qs[0], qs[1], T, T}, {0, 0, 0, 0}} : o.dropout_block;
+    GlobalBlock block = base.block.is_whole() ? GlobalBlock{{qs[0], qs[1], T, T}, {0, 0, 0, 0}} : base.block;
     block.offset[0] += lg.offset[0];
     block.offset[1] += lg.offset[1];
     f.pa.block = f.pb.block = block;
@@ -429,6 +430,16 @@ bool use_fast_fused(const Tensor& q, const Tensor& k, const Tensor& v, const Att
 }
 }  // namespace
 
+bool balanced_segments_fit(int64_t seq_len, int64_t cp, bool bitwise, int chunks) {
+  const int64_t segments = 2 * cp;
+  if (cp < 1 || seq_len % segments != 0) return false;
+  if (!bitwise) return true;
+  if (chunks % segments != 0) return false;
+  for (int64_t i = 0; i <= segments; ++i)
+    if (numerics::chunk_begin(seq_len, chunks, int(i * (chunks / segments))) != i * (seq_len / segments)) return false;
+  return true;
+}
+
 ContextParallelAttentionCount context_parallel_attention_count() { return cp_count; }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
@@ -470,15 +481,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       for (const Placement& pl : q.placements())
         if (pl.is_shard(2)) return scaled_dot_product_attention(q, repeat_kv(k, g), repeat_kv(v, g), opts);
     FusedAttentionOp f;
-    f.params.scale = scale;
-    f.params.chunks = numerics::reduction_chunks();
-    if (opts.dropout_p > 0.0) {
-      f.params.dropout = true;
-      f.params.key = opts.dropout_key;
-      f.params.keep_threshold = kernels::bernoulli_threshold(1.0 - opts.dropout_p);
-      f.params.dropout_scale = opts.dropout_p == 1.0 ? 0.0 : 1.0 / (1.0 - opts.dropout_p);
-      f.params.block = opts.dropout_block;
-    }
+    f.params = fused_params(opts, scale);
     return call(std::move(f), q, k, v);
   }
 

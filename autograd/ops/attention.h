@@ -56,4 +56,11 @@ struct ContextParallelAttentionCount {
 };
 ContextParallelAttentionCount context_parallel_attention_count();
 
+// Whether a sequence of seq_len positions splits into the 2 cp equal segments
+// of load-balanced context-parallel attention -- in bitwise mode (`bitwise`,
+// V = `chunks`) also each an aligned run of V / 2cp canonical chunks, so that
+// its sums over queries finish the one-device tree. The trainer checks it
+// before any work; attention falls back to contiguous pieces without it.
+bool balanced_segments_fit(int64_t seq_len, int64_t cp, bool bitwise, int chunks);
+
 }  // namespace tessel

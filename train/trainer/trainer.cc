@@ -82,8 +82,8 @@ struct Setup {
 // computes segments r and 2cp-1-r). In bitwise mode each segment must also be
 // an aligned subtree of the canonical sum over the sequence (its sums over
 // queries finish the one-device tree across ranks: docs/parallel.md "Context
-// parallelism") -- the condition autograd/ops/attention.cc's balanced_dim
-// checks, so that every traced or balanced call keeps its queries local.
+// parallelism") -- balanced_segments_fit, which attention itself asks, so
+// every trainer run's attention is balanced.
 void check_context_parallel(const TrainConfig& cfg, int64_t cp) {
   const int64_t n = cfg.seq_len, segments = 2 * cp;
   TESSEL_CHECK(n % segments == 0, "train",
@@ -96,10 +96,7 @@ void check_context_parallel(const TrainConfig& cfg, int64_t cp) {
                "mesh {}: bitwise mode needs 2 x cp to divide the {} canonical chunks of a sequence (cp = 1, 2, 4, "
                "..., {}), got cp={}",
                cfg.mesh, v, v / 2, cp);
-  bool whole = true;
-  for (int64_t i = 0; i <= segments && whole; ++i)
-    whole = numerics::chunk_begin(n, v, int(i * (v / segments))) == i * (n / segments);
-  TESSEL_CHECK(whole, "train",
+  TESSEL_CHECK(balanced_segments_fit(n, cp, /*bitwise=*/true, v), "train",
                "mesh {}: bitwise mode with cp={} cuts seq_len={} into {} segments of {} positions, but a sum over a "
                "sequence runs in {} canonical chunks of up to {} position(s) combined by a balanced tree, and each "
                "segment must be one aligned subtree of it ({} consecutive chunks): pick a seq_len that is a multiple "
