@@ -130,7 +130,13 @@ NamedTensors to_hf(const models::ModelConfig& cfg, const NamedTensors& tessel) {
   return out;
 }
 
-NamedTensors from_hf(const models::ModelConfig& cfg, const NamedTensors& hf_in) {
+namespace {
+
+// The one map from Hugging Face tensors to tessel's parameters: put(name, t)
+// is called once per parameter with `t` a view (transpose, slice, select) of
+// one of `hf_in`'s tensors. from_hf copies the views; hf_views records them.
+template <class Put>
+void map_from_hf(const models::ModelConfig& cfg, const NamedTensors& hf_in, Put&& put) {
   const models::ModelConfig c = cfg.resolved();
   // The hub's original GPT-2 files name tensors without "transformer.".
   NamedTensors hf = hf_in;
@@ -145,9 +151,7 @@ NamedTensors from_hf(const models::ModelConfig& cfg, const NamedTensors& hf_in) 
   for (const auto& [n, t] : src.all())  // buffers some exporters store
     if (ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias") || ends_with(n, "rotary_emb.inv_freq"))
       if (c.arch != Arch::NanoGPT || n.find(".attn.c_attn") == std::string::npos) src.skip(n);
-  NamedTensors out;
   NoGradGuard ng;
-  auto put = [&](const std::string& name, const Tensor& t) { out.emplace_back(name, t.contiguous()); };
   const int64_t C = c.dim;
   if (c.arch == Arch::NanoGPT) {
     require_gpt2_bias(c);
@@ -165,11 +169,11 @@ NamedTensors from_hf(const models::ModelConfig& cfg, const NamedTensors& hf_in) 
         put(t + "attn." + names[k] + ".weight", wt.slice(0, k * C, (k + 1) * C));
         put(t + "attn." + names[k] + ".bias", b.slice(0, k * C, (k + 1) * C));
       }
-      put(t + "attn.wo.weight", t2(src.take(h + "attn.c_proj.weight")));
+      put(t + "attn.wo.weight", src.take(h + "attn.c_proj.weight").t());
       put(t + "attn.wo.bias", src.take(h + "attn.c_proj.bias"));
-      put(t + "mlp.fc.weight", t2(src.take(h + "mlp.c_fc.weight")));
+      put(t + "mlp.fc.weight", src.take(h + "mlp.c_fc.weight").t());
       put(t + "mlp.fc.bias", src.take(h + "mlp.c_fc.bias"));
-      put(t + "mlp.proj.weight", t2(src.take(h + "mlp.c_proj.weight")));
+      put(t + "mlp.proj.weight", src.take(h + "mlp.c_proj.weight").t());
       put(t + "mlp.proj.bias", src.take(h + "mlp.c_proj.bias"));
     }
     put("ln_f.weight", src.take("transformer.ln_f.weight"));
@@ -202,6 +206,30 @@ NamedTensors from_hf(const models::ModelConfig& cfg, const NamedTensors& hf_in) 
     put("output.weight", src.has("lm_head.weight") ? src.take("lm_head.weight") : embed);  // tied files omit it
   }
   src.check_all_used();
+}
+
+}  // namespace
+
+NamedTensors from_hf(const models::ModelConfig& cfg, const NamedTensors& hf) {
+  NamedTensors out;
+  NoGradGuard ng;
+  map_from_hf(cfg, hf, [&](const std::string& name, const Tensor& t) { out.emplace_back(name, t.contiguous()); });
+  return out;
+}
+
+std::vector<HfView> hf_views(const models::ModelConfig& cfg, const std::vector<TensorSpec>& hf) {
+  // Meta tensors of the files' shapes: the map's views keep their strides and
+  // offsets, and the storage tells which file tensor each view is of.
+  NamedTensors shapes;
+  std::map<const StorageImpl*, std::string> file_name;
+  for (const TensorSpec& s : hf) {
+    shapes.emplace_back(s.name, raw::empty(s.shape, s.dtype, kMeta));
+    file_name[shapes.back().second.storage().get()] = s.name;
+  }
+  std::vector<HfView> out;
+  map_from_hf(cfg, shapes, [&](const std::string& name, const Tensor& t) {
+    out.push_back(HfView{name, file_name.at(t.storage().get()), t.shape(), t.strides(), t.offset()});
+  });
   return out;
 }
 

@@ -29,6 +29,7 @@
 //   mlp.experts.gate_up_proj [E, 2H, D] = w1|w3, mlp.experts.down_proj [E, D, H] = w2).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,22 @@ NamedTensors to_hf(const models::ModelConfig& config, const NamedTensors& tessel
 // map to nothing are errors (buffers HF may store, like GPT-2's attn.bias
 // mask or rotary inv_freq, are skipped).
 NamedTensors from_hf(const models::ModelConfig& config, const NamedTensors& hf);
+
+// Where from_hf takes a tessel parameter from: a strided view of one Hugging
+// Face tensor (its transpose, a slice of GPT-2's fused q|k|v, one expert of
+// transformers 5's fused experts, or the whole tensor; the tied LM head is a
+// view of the embedding). Strides and offset count elements of the HF
+// tensor's row-major layout. Readers of pieces (checkpoint/hf_reader.h) use
+// it to read a rank's part of each parameter and nothing else.
+struct HfView {
+  std::string name;     // tessel's parameter path
+  std::string hf_name;  // the tensor in the files
+  Dims shape, strides;
+  int64_t offset = 0;
+};
+// The views of every parameter, from the names, dtypes and shapes of a
+// folder's tensors (its headers): the same map, checks and errors as from_hf.
+std::vector<HfView> hf_views(const models::ModelConfig& config, const std::vector<TensorSpec>& hf);
 
 // config.json for transformers (model_type, architectures, sizes), and back.
 nlohmann::json hf_config_json(const models::ModelConfig& config);

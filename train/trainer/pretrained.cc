@@ -7,6 +7,7 @@
 #include "autograd/api.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/hf_reader.h"
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "checkpoint/model_config.h"
@@ -93,35 +94,19 @@ WeightsLoaded load_pretrained_weights(const Pretrained& p, Run<models::LanguageM
     return loaded;
   }
 
-  // Hugging Face: the whole folder, mapped to tessel's names and layouts.
-  uint64_t bytes = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(p.path))
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") bytes += entry.file_size();
-  const checkpoint::NamedTensors hf = checkpoint::load_hf_tensors(p.path);
-  std::map<std::string, Tensor> full;
-  for (auto& [name, t] : checkpoint::from_hf(p.model, hf)) full.emplace(name, t);
-  for (const auto& [name, t] : full)
-    TESSEL_CHECK(all_names.count(name), kOp, "'{}' maps to tensor '{}' that this {} does not have", p.path, name,
+  // Hugging Face: the headers, then this rank's pieces, mapped to tessel's
+  // names and layouts. A name of the model the rank does not hold (another
+  // pipeline stage's) is not a tensor the folder may lack, but the map
+  // checks every name of the folder against the whole model.
+  checkpoint::HfFolderReader reader(p.path);
+  for (const auto& v : checkpoint::hf_views(p.model, reader.tensors()))
+    TESSEL_CHECK(all_names.count(v.name), kOp, "'{}' maps to tensor '{}' that this {} does not have", p.path, v.name,
                  mine.describe());
-  for (const auto& nt : targets) {
-    auto it = full.find(nt.name);
-    TESSEL_CHECK(it != full.end(), kOp, "'{}' has no weight for '{}' (after mapping Hugging Face names)", p.path,
-                 nt.name);
-    const Tensor& src = it->second;
-    TESSEL_CHECK(src.shape() == nt.tensor.shape(), kOp, "'{}': '{}' is {} but this model's is {}", p.path, nt.name,
-                 src.shape().str(), nt.tensor.shape().str());
-    Tensor converted = src.to(nt.tensor.dtype());
-    Tensor dst = nt.tensor;  // a handle: copies write the weight
-    if (dst.is_distributed()) {
-      const Tensor piece = distribute_tensor(converted, dst.mesh(), dst.placements());
-      Tensor local = dst.dist().local;
-      local.copy_(piece.dist().local);
-    } else {
-      dst.copy_(converted);
-    }
-  }
+  checkpoint::NamedTensors wanted;
+  for (const auto& nt : targets) wanted.emplace_back(nt.name, nt.tensor);
+  checkpoint::load_hf(reader, p.model, wanted);
   loaded.tensors = targets.size();
-  loaded.bytes_read = bytes;
+  loaded.bytes_read = reader.bytes_read();
   return loaded;
 }
 

@@ -13,11 +13,10 @@
 // state), never from flags.
 //
 // Loading fills the weights of a parallelized Run in place, on any mesh;
-// not collective (each rank reads what it holds). From a tessel checkpoint a
-// rank reads only the byte ranges of its pieces (checkpoint/load.h). From a
-// Hugging Face folder every rank reads the whole folder and keeps its pieces
-// (a model larger than one rank's memory: convert it once with `tessel ckpt
-// convert --to tessel` and start from the checkpoint). Every parameter must
+// not collective (each rank reads what it holds): from a tessel checkpoint
+// the byte ranges of its pieces (checkpoint/load.h), from a Hugging Face
+// folder the headers and then its pieces' rows (checkpoint/hf_reader.h), so
+// no rank materialises a model larger than its share. Every parameter must
 // be found with its shape, and a tensor the model does not have is an error:
 // both name the tensor.
 #include <cstdint>
