@@ -188,6 +188,67 @@ TEST_CASE("gemm_f32 equals the reference bit for bit: shapes x layouts x V x acc
   }
 }
 
+TEST_CASE("gemm_f32 with few rows (the unpacked small-M path) equals the reference bit for bit") {
+  // M <= 8 with B unit-stride along k (x·Wᵀ: Linear, LM head, q·kᵀ) or along
+  // j (p·v) takes the AVX-512 path without packing; M = 9 and strided B the
+  // packed one. Column counts around the 16-lane groups, K around the 16 x 16
+  // transposes and inside / across chunks, V from 1 to 1024.
+  Restore restore;
+  std::mt19937 rng(808);
+  const std::vector<std::pair<int64_t, int64_t>> nk = {{1, 1},   {15, 17}, {16, 16}, {17, 48},
+                                                       {33, 5},  {47, 100}, {100, 770}, {3, 1100}};
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (GemmIsa isa : isas()) {
+      gemm_force_isa(isa);
+      for (int64_t m = 1; m <= 9; ++m) {
+        for (const auto& [n, k] : nk) {
+          for (Layout la : {Layout::RowMajor, Layout::Strided}) {
+            for (Layout lb : kLayouts) {
+              Problem<float> p(m, n, k, la, lb, rng);
+              for (int v : {1, 16, 1024}) {
+                for (bool acc : {false, true}) {
+                  INFO("threads=" << threads << " isa=" << gemm_isa_name(isa) << " M=" << m << " N=" << n << " K="
+                                  << k << " V=" << v << " trans=" << name(la) << name(lb) << " acc=" << acc);
+                  CHECK(same_bits(run_opt(p, acc, v), run_ref(p, acc, v)));
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Decoding attention: batched, one query row, B broadcast or per problem.
+  const int64_t batch = 6, N = 37, K = 64;
+  std::vector<float> A(batch * K), B(batch * K * N), C(batch * N);
+  fill(A, rng);
+  fill(B, rng);
+  for (bool kcontig : {true, false}) {
+    for (int64_t b_bs : {int64_t(0), K * N}) {
+      GemmArgs g;
+      g.M = 1, g.N = N, g.K = K;
+      g.A = A.data(), g.a_row_stride = K, g.a_col_stride = 1;
+      g.B = B.data();
+      g.b_row_stride = kcontig ? 1 : N;
+      g.b_col_stride = kcontig ? K : 1;
+      g.c_row_stride = N;
+      g.C = C.data();
+      gemm_batched_f32(g, batch, K, b_bs, N);
+      std::vector<float> R(C.size());
+      for (int64_t b = 0; b < batch; ++b) {
+        GemmArgs gb = g;
+        gb.A += b * K;
+        gb.B += b * b_bs;
+        gb.C = R.data() + b * N;
+        gemm_reference_f32(gb);
+      }
+      INFO("kcontig=" << kcontig << " b_batch_stride=" << b_bs);
+      CHECK(same_bits(C, R));
+    }
+  }
+}
+
 TEST_CASE("gemm_f32 equals the reference on shapes spanning several units and threads") {
   Restore restore;
   std::mt19937 rng(99);

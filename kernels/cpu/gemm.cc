@@ -236,10 +236,37 @@ void check_args(const char* op, const GemmArgsT<T>& g) {
                "A or B is null (M={} N={} K={})", g.M, g.N, g.K);
 }
 
+// A few rows of C against a B that is unit-stride along k or j: no packing,
+// B read once (gemm_small_m_avx512.cc); columns in groups of 16 spread over
+// the threads. Same bits as the packed path.
+template <class T>
+bool run_small_m(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch, int64_t a_bs, int64_t b_bs,
+                 int64_t c_bs) {
+  if (!isa.small_m || args.M > kSmallM || args.K == 0 || (args.b_row_stride != 1 && args.b_col_stride != 1))
+    return false;
+  constexpr int64_t G = 16;
+  const int64_t groups = (args.N + G - 1) / G;
+  // At least ~64k FMAs per task, so tiny products stay on one thread.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, args.M * G * args.K));
+  parallel_for(batch * groups, grain, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1;) {
+      const int64_t bi = p / groups, first = p % groups, last = std::min(groups, first + (p1 - p));
+      GemmArgsT<T> g = args;
+      g.A += bi * a_bs;
+      g.B += bi * b_bs;
+      g.C += bi * c_bs;
+      isa.small_m(g, first * G, std::min(args.N, last * G));
+      p += last - first;
+    }
+  });
+  return true;
+}
+
 template <class T>
 void gemm_driver(const IsaImpl<T>& isa, const GemmArgsT<T>& args, int64_t batch, int64_t a_bs, int64_t b_bs,
                  int64_t c_bs) {
   if (args.M == 0 || args.N == 0 || batch == 0) return;
+  if (run_small_m(isa, args, batch, a_bs, b_bs, c_bs)) return;
   // Up to one_block_k_max, all of K is one block: each kernel call builds a
   // tile's whole tree (its stack stays in L1, no tree state outlives the
   // call), and units get fewer rows so the unit's A block still fits L2.

@@ -6,9 +6,12 @@
 namespace tessel::kernels::cpu::gemm_detail {
 
 const IsaImpl<float>& avx512_f32() {
-  static const IsaImpl<float> impl{
-      "avx512", 8, 48, &micro_kernel<F32x16, 8, 3>, &pack_a_f32<8>, &pack_b_f32<48>,
-      /*kc_max=*/256, /*mc_max=*/256, /*nc_min=*/480, /*nc_max=*/960};
+  static const IsaImpl<float> impl = [] {
+    IsaImpl<float> i{"avx512", 8, 48, &micro_kernel<F32x16, 8, 3>, &pack_a_f32<8>, &pack_b_f32<48>,
+                     /*kc_max=*/256, /*mc_max=*/256, /*nc_min=*/480, /*nc_max=*/960};
+    i.small_m = &small_m_f32_avx512;
+    return i;
+  }();
   return impl;
 }
 

@@ -16,6 +16,8 @@
 // stack, or the tree is complete and the tile is written to C.
 #include <cstdint>
 
+#include "kernels/gemm.h"
+
 namespace tessel::kernels::cpu::gemm_detail {
 
 // A k range inside one chunk: a whole chunk, or one piece of a chunk longer
@@ -69,6 +71,12 @@ using PackB = void (*)(const T* src, int64_t rs, int64_t cs, int64_t klen, int64
 
 inline constexpr int64_t kPackSlack = 64;
 
+// A GEMM of at most kSmallM rows whose B is unit-stride along k or along j,
+// without packing: columns [j_begin, j_end) of C, all rows.
+template <class T>
+using SmallM = void (*)(const GemmArgsT<T>& g, int64_t j_begin, int64_t j_end);
+inline constexpr int64_t kSmallM = 8;
+
 // One code path: tile shape, its micro-kernel and packers, and the blocking
 // limits tuned for it.
 template <class T>
@@ -90,12 +98,16 @@ struct IsaImpl {
   // at most a_block_bytes / (K * sizeof(T)) rows (>= mr, <= mc_max).
   int64_t one_block_k_max = 2048;
   int64_t a_block_bytes = int64_t(512) << 10;
+  // Small-M path (null: the packed path for every M).
+  SmallM<T> small_m = nullptr;
 };
 
 // Defined in gemm_avx2.cc (x86-64-v3) and gemm_avx512.cc (-mavx512f).
 const IsaImpl<float>& avx2_f32();
 const IsaImpl<float>& avx512_f32();
 const IsaImpl<double>& avx2_f64();
+// gemm_small_m_avx512.cc.
+void small_m_f32_avx512(const GemmArgsT<float>& g, int64_t j_begin, int64_t j_end);
 
 // Packers (gemm_pack.cc, x86-64-v3), explicitly instantiated for the tile
 // shapes in use.
