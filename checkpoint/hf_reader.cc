@@ -3,6 +3,8 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -75,6 +77,12 @@ FileBox file_box_of(const HfView& v, const Dims& file_shape, const Box& piece) {
   return fb;
 }
 
+// model-00001-of-00003.safetensors: the names save_pretrained gives shards.
+bool is_shard_name(const std::string& f) {
+  static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  return std::regex_match(f, shard);
+}
+
 }  // namespace
 
 struct HfFolderReader::Shard {
@@ -106,6 +114,17 @@ HfFolderReader::HfFolderReader(std::string dir) : dir_(std::move(dir)) {
       by_file[file.get<std::string>()].push_back(name);
     }
   }
+  // A shard-named file the index does not list is a leftover of another save
+  // (or an index that lost entries): reading around it could mix two models.
+  if (io::exists(index))
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+      const std::string f = e.path().filename().string();
+      if (is_shard_name(f))
+        TESSEL_CHECK(by_file.count(f), kOp,
+                     "'{}': shard '{}' is not in model.safetensors.index.json ({} shards listed): a leftover of "
+                     "another save? Remove it or fix the index",
+                     dir_, f, by_file.size());
+    }
   for (const auto& [file, names] : by_file) {
     const std::string path = dir_ + "/" + file;
     TESSEL_CHECK(io::exists(path), kOp, "'{}': shard '{}' is missing (the index puts {} tensors in it, e.g. '{}')",

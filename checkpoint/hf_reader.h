@@ -18,8 +18,9 @@
 // Before anything is written every target must have a tensor of its shape,
 // and every tensor of the folder must map to a parameter of the model (the
 // checks of from_hf), with errors naming the tensor, file and folder; an
-// index naming a missing shard, or a shard that lacks a tensor the index puts
-// there, is an error naming both.
+// index naming a missing shard, a shard that lacks a tensor the index puts
+// there, or a shard-named file (model-0000i-of-0000n.safetensors) the index
+// does not list (a leftover of another save) is an error naming them.
 //
 // count_only: nothing is read or written, the bytes the reads would take are
 // counted, and targets may be Meta tensors (their placements are all it

@@ -169,20 +169,37 @@ TEST_CASE("hf pieces: bad folders and targets are errors naming the tensor, shar
     CHECK_THROWS_WITH(HfFolderReader(dir), Catch::Contains("model-00002") && Catch::Contains("is missing"));
   }
   {
+    // A shard-named file the index does not list (a leftover of another save).
+    const std::string dir = testing::scratch_dir("hfp_extra");
+    fs::copy(f.dir, dir, fs::copy_options::recursive);
+    std::string first;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("model-00001", 0) == 0) first = e.path().string();
+    REQUIRE(!first.empty());
+    fs::copy_file(first, dir + "/model-00009-of-00009.safetensors");
+    CHECK_THROWS_WITH(HfFolderReader(dir), Catch::Contains("'model-00009-of-00009.safetensors' is not in"));
+  }
+  {
     // The index puts a tensor in a shard that does not hold it.
     const std::string dir = testing::scratch_dir("hfp_index");
     fs::copy(f.dir, dir, fs::copy_options::recursive);
     std::ifstream in(dir + "/model.safetensors.index.json");
     auto index = nlohmann::json::parse(in);
     in.close();
-    std::string first_file = index["weight_map"]["model.norm.weight"];
-    for (auto& [n, file] : index["weight_map"].items())
-      if (file != first_file) {
-        index["weight_map"]["model.norm.weight"] = file;
-        break;
-      }
+    // Move a tensor that shares its shard (so every shard stays listed) to another shard.
+    std::map<std::string, int> per_file;
+    for (const auto& [n, file] : index["weight_map"].items()) per_file[file.get<std::string>()]++;
+    std::string moved, to;
+    for (const auto& [n, file] : index["weight_map"].items()) {
+      if (moved.empty() && per_file[file.get<std::string>()] > 1) moved = n;
+      if (!moved.empty() && to.empty() && file != index["weight_map"][moved]) to = file.get<std::string>();
+    }
+    REQUIRE(!moved.empty());
+    REQUIRE(!to.empty());
+    index["weight_map"][moved] = to;
     std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
-    CHECK_THROWS_WITH(HfFolderReader(dir), Catch::Contains("model.norm.weight") && Catch::Contains("does not hold it"));
+    CHECK_THROWS_WITH(HfFolderReader(dir), Catch::Contains("'" + moved + "' in '" + to + "'") &&
+                                               Catch::Contains("does not hold it"));
   }
   HfFolderReader reader(f.dir);
   // A target of another shape names the tensor; nothing is written.
