@@ -3,6 +3,7 @@
 #include "autograd/api.h"
 #include "nn/context.h"
 #include "nn/kv_cache.h"
+#include "nn/recompute.h"
 
 namespace tessel::nn {
 
@@ -84,38 +85,48 @@ Tensor Attention::forward(const Tensor& x, int64_t position_offset) {
   TESSEL_CHECK(!c.rope || position_offset + T <= c.max_seq_len, "Attention",
                "'{}': positions {}..{} exceed the RoPE tables (max_seq_len {})", path(), position_offset,
                position_offset + T - 1, c.max_seq_len);
-  Tensor q = (*wq)(x).reshape({B, T, H, D});
-  Tensor k = (*wk)(x).reshape({B, T, Hkv, D});
-  Tensor v = (*wv)(x).reshape({B, T, Hkv, D});
-  if (c.rope) {
-    q = apply_rotary(q, rope_cos, rope_sin, position_offset, c.rope_interleaved);
-    k = apply_rotary(k, rope_cos, rope_sin, position_offset, c.rope_interleaved);
-  }
-  AttentionOptions o;
-  o.causal = true;
-  if (is_training() && c.attn_dropout > 0.0) {
-    const std::string site = path().empty() ? "attn_drop" : path() + ".attn_drop";
-    o.dropout_p = c.attn_dropout;
-    o.dropout_key = random_key(site);
-    o.dropout_block = batch_block({B, H, T, T}, "Attention '" + path() + "'");
-  }
-  Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);
-  if (cache) {
-    const int64_t past = cache->position();
-    std::tie(kt, vt) = cache->append(path(), kt, vt);
-    if (past > 0) {
-      // Query i sits at position past + i and sees keys 0 .. past + i: with
-      // one query that is every key; with more, a [T, past + T] mask.
-      o.causal = false;
-      if (T > 1) {
-        Tensor qpos = arange(past, past + T).reshape({T, 1});
-        Tensor kpos = arange(int64_t(0), past + T).reshape({1, past + T});
-        o.mask = le(kpos, qpos).to(x.device());
+  const Tensor q = (*wq)(x).reshape({B, T, H, D});
+  const Tensor k = (*wk)(x).reshape({B, T, Hkv, D});
+  const Tensor v = (*wv)(x).reshape({B, T, Hkv, D});
+  // The core: RoPE, the fused attention, the head merge. Captured by value:
+  // with selective recomputation (nn/recompute.h) the backward runs it again.
+  const bool training = is_training();  // a replay draws the forward's dropout even after eval()
+  auto core = [this, B, T, H, D, position_offset, cache, training](const std::vector<Tensor>& qkv) {
+    const AttentionConfig& c = config;
+    Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+    if (c.rope) {
+      q = apply_rotary(q, rope_cos, rope_sin, position_offset, c.rope_interleaved);
+      k = apply_rotary(k, rope_cos, rope_sin, position_offset, c.rope_interleaved);
+    }
+    AttentionOptions o;
+    o.causal = true;
+    if (training && c.attn_dropout > 0.0) {
+      const std::string site = path().empty() ? "attn_drop" : path() + ".attn_drop";
+      o.dropout_p = c.attn_dropout;
+      o.dropout_key = random_key(site);
+      o.dropout_block = batch_block({B, H, T, T}, "Attention '" + path() + "'");
+    }
+    Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);
+    if (cache) {
+      const int64_t past = cache->position();
+      std::tie(kt, vt) = cache->append(path(), kt, vt);
+      if (past > 0) {
+        // Query i sits at position past + i and sees keys 0 .. past + i: with
+        // one query that is every key; with more, a [T, past + T] mask.
+        o.causal = false;
+        if (T > 1) {
+          Tensor qpos = arange(past, past + T).reshape({T, 1});
+          Tensor kpos = arange(int64_t(0), past + T).reshape({1, past + T});
+          o.mask = le(kpos, qpos).to(q.device());
+        }
       }
     }
-  }
-  Tensor y = scaled_dot_product_attention(q.transpose(1, 2), kt, vt, o);
-  y = y.transpose(1, 2).reshape({B, T, H * D});
+    Tensor y = scaled_dot_product_attention(q.transpose(1, 2), kt, vt, o);
+    return y.transpose(1, 2).reshape({B, T, H * D});
+  };
+  // A KV cache appends: never replayed (decoding runs without grad anyway).
+  const Tensor y = recompute_core_ && !cache ? nn::recompute(path() + " (attention core)", core, {q, k, v}, {})
+                                             : core({q, k, v});
   return (*resid_drop)((*wo)(y));
 }
 

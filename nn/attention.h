@@ -55,6 +55,15 @@ class Attention : public UnaryModule {
   std::shared_ptr<Linear> wq, wk, wv, wo;
   std::shared_ptr<Dropout> resid_drop;
   Tensor rope_cos, rope_sin;  // [max_seq_len, head_dim / 2]; undefined without rope
+
+  // Selective activation recomputation (nn/recompute.h): the core (RoPE,
+  // the fused attention, the head merge) keeps only q, k, v and runs again
+  // in the backward. nn::apply_recompute sets it.
+  void set_recompute_core(bool on) { recompute_core_ = on; }
+  bool recompute_core() const { return recompute_core_; }
+
+ private:
+  bool recompute_core_ = false;
 };
 
 }  // namespace tessel::nn

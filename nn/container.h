@@ -18,6 +18,7 @@ class UnaryModule : public Module {
   virtual Tensor forward(const Tensor& x) = 0;
   // forward(x) with the forward hooks around it (call submodules this way).
   Tensor operator()(const Tensor& x) {
+    if (TESSEL_UNLIKELY(recompute_)) return call_recomputed(x);
     if (TESSEL_UNLIKELY(anomaly::enabled())) {  // messages name the module an op ran in
       anomaly::ModuleScope scope(path());
       return call_hooked(x);
@@ -25,7 +26,16 @@ class UnaryModule : public Module {
     return call_hooked(x);
   }
 
+  // Activation recomputation of this module's calls (nn/recompute.h):
+  // operator() keeps only its input and its backward runs the call again,
+  // hooks included. nn::apply_recompute sets it on a model's blocks.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
+
  private:
+  Tensor call_recomputed(const Tensor& x);  // nn/recompute.cc
+  bool recompute_ = false;
+
   Tensor call_hooked(const Tensor& x) {
     if (!has_forward_hooks()) return forward(x);
     Tensor in = run_forward_pre_hooks(x);

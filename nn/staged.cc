@@ -1,6 +1,8 @@
 #include "nn/staged.h"
 
 #include "autograd/api.h"
+#include "autograd/grad_mode.h"
+#include "runtime/error.h"
 
 namespace tessel::nn {
 
@@ -12,10 +14,21 @@ Tensor StagedModel::forward(const Tensor& input_in) {
   return has_forward_hooks() ? run_forward_hooks(input, output) : output;
 }
 
+Tensor StagedModel::recorded_block_aux_loss(size_t i) const {
+  Tensor a = block_aux_loss(i);
+  TESSEL_CHECK(!a.defined() || !blocks()[i]->recompute() || !GradMode::is_enabled() || a.requires_grad(),
+               "recompute",
+               "block {} ('{}') of {} runs under recompute = full and produced an auxiliary loss: recorded nowhere, "
+               "it would train without its gradient. Use recompute = selective, or a model without the auxiliary "
+               "loss (aux_loss_coef = 0 does not remove it)",
+               i, blocks()[i]->path(), type_name());
+  return a;
+}
+
 Tensor StagedModel::aux_loss() const {
   Tensor total;
   for (size_t i = 0; i < blocks().size(); ++i) {
-    Tensor a = block_aux_loss(i);
+    Tensor a = recorded_block_aux_loss(i);
     if (!a.defined()) continue;
     total = total.defined() ? total + a : a;
   }

@@ -60,6 +60,10 @@ class StagedModel : public Module {
   // router load-balancing loss), undefined when none; it counts in the loss
   // times aux_loss_coef().
   virtual Tensor block_aux_loss(size_t /*i*/) const { return Tensor(); }
+  // block_aux_loss(i) as the loss adds it: an error when block i ran under
+  // activation recomputation in grad mode, where its auxiliary loss was
+  // recorded nowhere and would train without its gradient (nn/recompute.h).
+  Tensor recorded_block_aux_loss(size_t i) const;
   virtual double aux_loss_coef() const { return 0.0; }
   // A Meta tensor shaped like a batch of ONE sample (a language model: int64
   // [1, 1]). A pipeline runs embed() on it and head() on embed's output, on

@@ -19,6 +19,7 @@
 #include "nn/parallel/parallelize.h"
 #include "nn/parallel/plan.h"
 #include "nn/parallel/pipeline/pipeline.h"
+#include "nn/recompute.h"
 #include "nn/staged.h"
 #include "run/run_state.h"
 #include "runtime/comm/comm.h"
@@ -242,6 +243,16 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   s->loss = std::move(loss);
   nn::Module& m = *s->model;
   const RunOptions& opts = s->options;
+
+  if (opts.recompute != nn::Recompute::None) {
+    TESSEL_CHECK(opts.zero < 3, kOp,
+                 "RunOptions::recompute = {} with zero = 3: FSDP gathers parameters in module hooks that a replay "
+                 "would run out of order; use zero <= 2 with recomputation",
+                 nn::recompute_name(opts.recompute));
+  }
+  // Before the layout: pipeline stages and plans keep the same block objects.
+  // (None leaves alone what the model marked itself.)
+  if (opts.recompute != nn::Recompute::None) nn::apply_recompute(m, opts.recompute);
 
   std::vector<Tensor> before = m.parameters();
   if (s->mesh && parallel::pipeline::has_pipeline_dim(*s->mesh)) {

@@ -57,6 +57,7 @@
 #include "nn/optim.h"
 #include "nn/parallel/data_parallel.h"
 #include "nn/parallel/plan.h"
+#include "nn/recompute.h"
 #include "nn/schedule.h"
 
 namespace tessel {
@@ -120,6 +121,10 @@ struct RunOptions {
   // inf or NaN (a loss-scaled step that skips is not an error): parameters
   // and optimizer state stay those of the previous step. false: train on.
   bool stop_on_nonfinite = true;
+  // Activation recomputation (nn/recompute.h): none, selective (every
+  // nn::Attention's core) or full (every block of an nn::StagedModel keeps
+  // only its input). Same bits as none; not with zero = 3.
+  nn::Recompute recompute = nn::Recompute::None;
 };
 
 // What step_optimizer did.

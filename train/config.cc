@@ -86,6 +86,9 @@ const std::vector<Field>& fields() {
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
       {"zero", &C::zero, "data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP"},
+      {"recompute", &C::recompute,
+       "activation recomputation: none | selective (attention cores) | full (each block keeps only its input); same "
+       "bits"},
       {"ddp_bucket_mb", &C::ddp_bucket_mb, "gradient bucket size in MiB (DDP, ZeRO-1/2); 0: one per parameter"},
       {"ckpt_every", &C::ckpt_every, "steps between checkpoints (0: none); the last step saves too"},
       {"final_ckpt", &C::final_ckpt,
@@ -255,6 +258,11 @@ void TrainConfig::validate() const {
   non_empty("data", data);
   TESSEL_CHECK(heldout_percent >= 0 && heldout_percent < 100, kOp, "heldout_percent must be in [0, 100), got {}",
                heldout_percent);
+  one_of("recompute", recompute, {"none", "selective", "full"});
+  TESSEL_CHECK(recompute == "none" || zero < 3, kOp,
+               "recompute = {} with zero = 3: FSDP's parameter gathering does not combine with recomputation yet; "
+               "use zero <= 2",
+               recompute);
   one_of("tokenizer", tokenizer, {"byte", "gpt2", "hf"});
   if (tokenizer == "gpt2") {
     TESSEL_CHECK(!vocab.empty(), kOp, "vocab must name a vocab.json file when tokenizer = gpt2");

@@ -196,6 +196,7 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.virtual_stages = int(cfg.virtual_stages);
   o.pipeline_split = cfg.pipeline_split;
   o.detect_anomaly = cfg.detect_anomaly;
+  o.recompute = nn::parse_recompute(cfg.recompute);
   return o;
 }
 
@@ -231,6 +232,9 @@ void print_header(const TrainConfig& cfg, const Setup& s, const Run<models::Lang
   std::printf("  %lld steps x %lld sequences x %lld tokens (%lld micro-batches), lr %g, seed %llu\n",
               (long long)cfg.steps, (long long)cfg.batch_size, (long long)cfg.seq_len, (long long)cfg.micro_batches,
               cfg.lr, (unsigned long long)cfg.seed);
+  if (cfg.recompute != "none")
+    std::printf("  activation recomputation: %s (%s)\n", cfg.recompute.c_str(),
+                cfg.recompute == "full" ? "each block keeps only its input" : "attention cores");
   if (run.mesh()) {
     const parallel::DataParallelMemory mem = run.memory();
     std::printf("  %s\n", run.describe().c_str());

@@ -83,7 +83,7 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
         st.has_moe = true;
       }
     }
-    Tensor a = model.block_aux_loss(size_t(i));
+    Tensor a = model.recorded_block_aux_loss(size_t(i));
     if (a.defined()) aux = aux.defined() ? aux + a : a;
     if (a.defined() && training) {
       const size_t k = size_t(mb) * blocks.size() + size_t(i);
