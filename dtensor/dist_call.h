@@ -33,6 +33,7 @@
 #include "autograd/anomaly.h"
 #include "autograd/trace.h"
 #include "dtensor/sharding.h"
+#include "runtime/cost.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -264,6 +265,7 @@ ForwardResult<Op, Args...> call_distributed(const char* name, Op op, const Args&
   DistCall c(name, std::move(inputs));
   {
     NoGradGuard ng;
+    cost::Pause not_the_step;  // global shapes: not this rank's work or memory (runtime/cost.h)
     Op meta_op = op;
     c.set_outputs(run_forward(meta_op, c.meta_in, args...));
   }

@@ -1,9 +1,11 @@
 #include "dtensor/redistribute.h"
 
+
 #include <fmt/format.h>
 
 #include "kernels/elementwise.h"
 #include "runtime/comm/comm.h"
+#include "runtime/cost.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
 
@@ -287,12 +289,37 @@ struct Exec {
 
 }  // namespace
 
+namespace {
+
+// The bytes of this rank's piece entering each step's collective, for the
+// planner's counts (runtime/cost.h): all_gather the gathered piece; the
+// others their input piece. The same on Meta as for real data.
+void count_steps(const Tensor& local, const Dims& global_shape, const Mesh& mesh, const Placements& from,
+                 const std::vector<RedistStep>& steps) {
+  const int64_t item = int64_t(itemsize(local.dtype()));
+  Placements cur = from;
+  for (const RedistStep& s : steps) {
+    Placements next = cur;
+    next[s.mesh_dim] = s.to;
+    const std::string kind = s.collective;
+    if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_reduce" || kind == "all_to_all") {
+      const Placements& side = kind == "all_gather" ? next : cur;
+      cost::add_comm(s.collective,
+                     numel_of(local_geometry(global_shape, mesh.shape(), side, mesh.coords()).shape) * item);
+    }
+    cur = next;
+  }
+}
+
+}  // namespace
+
 Tensor redistribute_local(const Tensor& local, const Dims& global_shape, const Mesh& mesh, const Placements& from,
                           const Placements& to) {
   check_placements("redistribute", mesh, from, global_shape.size());
   check_placements("redistribute", mesh, to, global_shape.size());
   if (from == to) return local;
   profile::Timer timer("redistribute");  // actual layout changes only
+  if (cost::active()) count_steps(local, global_shape, mesh, from, plan_redistribute(mesh, from, to));
   if (local.device().is_meta()) {
     return raw::empty(local_geometry(global_shape, mesh.shape(), to, mesh.coords()).shape, local.dtype(),
                       local.device());

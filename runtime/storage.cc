@@ -1,10 +1,16 @@
 #include "runtime/storage.h"
 
+#include "runtime/cost.h"
 #include "runtime/error.h"
 
 namespace tessel {
 
 StorageImpl::StorageImpl(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  if (device.is_meta() && nbytes > 0 && cost::active_meta_memory()) {  // a step simulated on Meta (runtime/cost.h)
+    meta_memory_ = cost::active_meta_memory();
+    meta_bytes_ = int64_t(cpu_size_class(nbytes));
+    meta_memory_->add(meta_bytes_);
+  }
   if (device.is_meta() || nbytes == 0) return;
   allocator_ = allocator_for(device);
   data_ = allocator_->allocate(nbytes, Stream{device, nullptr});  // the device's current stream
@@ -14,6 +20,7 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function
     : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
 
 StorageImpl::~StorageImpl() {
+  if (meta_memory_ && !released_) meta_memory_->sub(meta_bytes_);
   if (allocator_) {
     allocator_->deallocate(data_, nbytes_, Stream{device_, nullptr});
   } else if (deleter_) {
@@ -27,6 +34,7 @@ void StorageImpl::release() {
                "storage of {} bytes on {} wraps external memory; only allocator-owned storage can be released",
                nbytes_, device_.str());
   if (allocator_) allocator_->deallocate(data_, nbytes_, Stream{device_, nullptr});
+  if (meta_memory_) meta_memory_->sub(meta_bytes_);
   data_ = nullptr;
   released_ = true;
 }
@@ -34,6 +42,7 @@ void StorageImpl::release() {
 void StorageImpl::reallocate() {
   if (!released_) return;
   if (allocator_) data_ = allocator_->allocate(nbytes_, Stream{device_, nullptr});  // the device's current stream
+  if (meta_memory_) meta_memory_->add(meta_bytes_);
   released_ = false;
 }
 

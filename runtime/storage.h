@@ -12,6 +12,10 @@
 
 namespace tessel {
 
+namespace cost {
+struct MetaMemory;
+}
+
 class StorageImpl {
  public:
   // Owns nbytes from the device's allocator (Meta: no memory).
@@ -48,6 +52,10 @@ class StorageImpl {
   std::function<void(void*)> deleter_;
   std::atomic<uint32_t> version_{0};
   bool released_ = false;
+  // Meta storage created under a cost::CountScope: its share of the scope's
+  // simulated memory (runtime/cost.h).
+  std::shared_ptr<cost::MetaMemory> meta_memory_;
+  int64_t meta_bytes_ = 0;
 };
 
 }  // namespace tessel

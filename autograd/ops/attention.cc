@@ -22,6 +22,7 @@
 #include "dtensor/sharding.h"
 #include "kernels/attention.h"
 #include "kernels/random.h"
+#include "runtime/cost.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -113,6 +114,17 @@ int query_time_cut_dim(const ShardingContext& ctx, const Placements& p, int chun
   return dtensor::local_chunks(Dims{ctx.in[0].shape[2]}, time, *ctx.mesh, {0}, chunks) > 0 ? found : -1;
 }
 
+// FLOPs of the fused causal kernels for the planner's counts (runtime/cost.h):
+// 4 D per (query, visible key) pair forward (q k^T, p v), 8 D backward.
+// Query row q_begin + i sees keys 0 .. min(Tk, q_begin + i + 1) - 1.
+void count_attention(const Tensor& q, const Tensor& k, int64_t q_begin, int64_t per_pair_per_dim) {
+  if (!cost::active()) return;
+  const int64_t Tq = q.size(2), Tk = k.size(2);
+  const int64_t n1 = std::clamp<int64_t>(Tk - q_begin, 0, Tq);  // rows that see fewer than Tk keys
+  const int64_t pairs = n1 * q_begin + n1 * (n1 + 1) / 2 + (Tq - n1) * Tk;
+  cost::add_attention(per_pair_per_dim * q.size(0) * q.size(1) * q.size(3) * pairs);
+}
+
 // The fused causal attention (kernels/attention.h has the order of operations).
 struct FusedAttentionOp {
   static constexpr const char* kName = "scaled_dot_product_attention";
@@ -122,6 +134,7 @@ struct FusedAttentionOp {
   Tensor forward(const Tensor& q_, const Tensor& k_, const Tensor& v_) {
     Tensor out = empty_like_layout(q_);
     Tensor st = raw::empty({q_.size(0), q_.size(1), q_.size(2), 2}, accumulate_dtype(q_.dtype()), q_.device());
+    count_attention(q_, k_, params.q_begin, 4);
     kernels::attention_forward(q_.device(), q_, k_, v_, params, out, st);
     q = q_, k = k_, v = v_, stats = st;
     return out;
@@ -131,6 +144,7 @@ struct FusedAttentionOp {
     const Tensor &q_ = q.get(), &k_ = k.get(), &v_ = v.get();
     Tensor g = detail::cast_raw(grads[0], q_.dtype());
     Tensor dq = empty_like_layout(q_), dk = empty_like_layout(k_), dv = empty_like_layout(v_);
+    count_attention(q_, k_, params.q_begin, 8);
     kernels::attention_backward(q_.device(), q_, k_, v_, g, stats.get(), params, dq, dk, dv);
     return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
   }
@@ -183,6 +197,7 @@ struct FastAttentionOp {
     const Tensor qd = dense_rows(q_), kd = dense_rows(k_), vd = dense_rows(v_);
     Tensor o = empty_like_layout(qd);
     Tensor l = raw::empty({q_.size(0), q_.size(1), q_.size(2), 1}, DType::Float32, q_.device());
+    count_attention(qd, kd, 0, 4);
     kernels::attention_fast_forward(q_.device(), qd, kd, vd, scale, o, l);
     q = qd, k = kd, v = vd, out = o, lse = l;
     return o;
@@ -192,6 +207,7 @@ struct FastAttentionOp {
     const Tensor &q_ = q.get(), &k_ = k.get(), &v_ = v.get();
     Tensor g = dense_rows(detail::cast_raw(grads[0], q_.dtype()));
     Tensor dq = empty_like_layout(q_), dk = empty_like_layout(k_), dv = empty_like_layout(v_);
+    count_attention(q_, k_, 0, 8);
     kernels::attention_fast_backward(q_.device(), q_, k_, v_, out.get(), g, lse.get(), scale, dq, dk, dv);
     return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
   }
@@ -289,6 +305,8 @@ struct BalancedAttentionOp {
     const DType acc = accumulate_dtype(q_.dtype());
     Tensor a = raw::empty({q_.size(0), q_.size(1), S, 2}, acc, q_.device());
     Tensor b = raw::empty({q_.size(0), q_.size(1), S, 2}, acc, q_.device());
+    count_attention(raw::narrow(q_, 2, 0, S), ka_, pa.q_begin, 4);
+    count_attention(raw::narrow(q_, 2, S, S), kb_, pb.q_begin, 4);
     kernels::attention_forward(q_.device(), raw::narrow(q_, 2, 0, S), ka_, va_, pa, raw::narrow(out, 2, 0, S), a);
     kernels::attention_forward(q_.device(), raw::narrow(q_, 2, S, S), kb_, vb_, pb, raw::narrow(out, 2, S, S), b);
     q = q_, ka = ka_, va = va_, kb = kb_, vb = vb_, sta = a, stb = b;
@@ -301,6 +319,8 @@ struct BalancedAttentionOp {
     Tensor dq = empty_like_layout(q_);
     Tensor dka = empty_like_layout(ka.get()), dva = empty_like_layout(va.get());
     Tensor dkb = empty_like_layout(kb.get()), dvb = empty_like_layout(vb.get());
+    count_attention(raw::narrow(q_, 2, 0, S), ka.get(), pa.q_begin, 8);
+    count_attention(raw::narrow(q_, 2, S, S), kb.get(), pb.q_begin, 8);
     kernels::attention_backward(q_.device(), raw::narrow(q_, 2, 0, S), ka.get(), va.get(), raw::narrow(g, 2, 0, S),
                                 sta.get(), pa, raw::narrow(dq, 2, 0, S), dka, dva);
     kernels::attention_backward(q_.device(), raw::narrow(q_, 2, S, S), kb.get(), vb.get(), raw::narrow(g, 2, S, S),

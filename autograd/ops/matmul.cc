@@ -5,6 +5,7 @@
 #include "autograd/ops/elementwise.h"
 #include "dtensor/sharding.h"
 #include "kernels/matmul.h"
+#include "runtime/cost.h"
 #include "runtime/numerics.h"
 
 namespace tessel {
@@ -21,6 +22,7 @@ int64_t leading(const Dims& s, int keep) { return numel_of(Dims(s.data(), size_t
 
 Tensor bmm_raw(const Tensor& x, const Tensor& y, int chunks) {
   Tensor out = raw::empty(Dims{x.shape()[0], x.shape()[1], y.shape()[2]}, x.dtype(), x.device());
+  cost::add_gemm(x.shape()[0], x.shape()[1], y.shape()[2], x.shape()[2]);
   kernels::bmm(x.device(), x, y, out, /*accumulate=*/false, chunks);
   return out;
 }
@@ -112,6 +114,7 @@ struct LinearBiasOp {
     const int64_t M = xm.shape()[0];
     Tensor out = raw::empty(Dims{1, M, N}, x.dtype(), x.device());
     kernels::copy(x.device(), raw::expand(raw::unsqueeze(raw::unsqueeze(bias, 0), 0), {1, M, N}), out);
+    cost::add_gemm(1, M, N, K);
     kernels::bmm(x.device(), raw::unsqueeze(xm, 0), raw::unsqueeze(raw::transpose(weight, 0, 1), 0), out,
                  /*accumulate=*/true, numerics::reduction_chunks());
     x2 = xm;
