@@ -14,6 +14,7 @@
 #include "autograd/ops/factory.h"
 #include "dtensor/ops.h"
 #include "dtensor/sharding.h"
+#include "runtime/cost.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
 
@@ -293,6 +294,11 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
         } catch (const OutOfMemoryError& e) {
           e.rethrow_during(std::string(node->name()) + ".bwd");
         }
+      }
+      if (TESSEL_UNLIKELY(cost::active() != nullptr) && !is_accumulator) {
+        int64_t bytes = 0;
+        for (const Tensor& t : outs) bytes += t.defined() ? int64_t(raw::local_of(t).nbytes()) : 0;
+        cost::add_op(bytes);
       }
       if (TESSEL_UNLIKELY(anomaly::enabled()) && !is_accumulator)
         anomaly::check_backward(node->name(), node->forward_module, grads_in, outs);

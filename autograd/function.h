@@ -32,6 +32,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "dtensor/dist_call.h"
+#include "runtime/cost.h"
 #include "runtime/macros.h"
 #include "runtime/profile.h"
 
@@ -59,6 +60,14 @@ inline uint32_t set_history_all(const Tensor& out, const std::shared_ptr<Node>& 
 inline uint32_t set_history_all(const std::vector<Tensor>& outs, const std::shared_ptr<Node>& node) {
   for (size_t i = 0; i < outs.size(); ++i) set_history(outs[i], node, uint32_t(i));
   return uint32_t(outs.size());
+}
+
+// Bytes of an op's outputs (local pieces of distributed ones), for runtime/cost.h.
+inline int64_t local_bytes(const Tensor& t) { return t.defined() ? int64_t(raw::local_of(t).nbytes()) : 0; }
+inline int64_t local_bytes(const std::vector<Tensor>& v) {
+  int64_t n = 0;
+  for (const auto& t : v) n += local_bytes(t);
+  return n;
 }
 
 template <class Op, class = void>
@@ -101,7 +110,9 @@ template <class Op, class... Args>
 auto call(Op op, const Args&... args) {
   profile::Timer profile_timer(detail::op_name(op));
   if (TESSEL_UNLIKELY((detail::arg_distributed(args) || ...))) {
-    return detail::call_distributed(detail::op_name(op), std::move(op), args...);
+    auto out = detail::call_distributed(detail::op_name(op), std::move(op), args...);
+    if (TESSEL_UNLIKELY(cost::active() != nullptr)) cost::add_op(detail::local_bytes(out));
+    return out;
   }
   bool record = GradMode::is_enabled() && (detail::any_requires_grad(args) || ...);
   using Out = std::decay_t<decltype(op.forward(args...))>;
@@ -124,6 +135,7 @@ auto call(Op op, const Args&... args) {
     node->num_outputs = detail::set_history_all(*out, node);
     if (TESSEL_UNLIKELY(anomaly::enabled())) node->forward_module = anomaly::module_path();
   }
+  if (TESSEL_UNLIKELY(cost::active() != nullptr)) cost::add_op(detail::local_bytes(*out));
   if (TESSEL_UNLIKELY(anomaly::enabled())) detail::check_anomaly(detail::op_name(op), *out, args...);
   if (TESSEL_UNLIKELY(trace::current() != nullptr)) detail::trace_outputs(detail::op_name(op), *out);
   return std::move(*out);

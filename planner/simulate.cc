@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include "autograd/api.h"
 #include "dtensor/mesh.h"
 #include "models/language_model.h"
+#include "nn/autocast.h"
 #include "nn/parallel/parallelize.h"
 #include "nn/parallel/plan.h"
 #include "runtime/comm/comm.h"
@@ -37,18 +39,27 @@ RankCost one_rank(const models::ModelConfig& config, const ShardLayout& l, const
     for (const auto& nt : model->named_parameters()) b += int64_t(nt.tensor.nbytes());
     return b;
   }();
+  // The step's counts only: laying the model out may redistribute (Meta) parameters.
+  const cost::Counts before = counting.counts();
   Tensor ids = raw::empty({l.batch, l.seq_len}, DType::Int64, kMeta);
   Tensor targets = raw::empty({l.batch, l.seq_len}, DType::Int64, kMeta);
   if (mesh) {
     ids = parallel::distribute_batch(ids, mesh, plan);
     targets = parallel::distribute_batch(targets, mesh, plan);
   }
-  Tensor loss = model->loss(model->forward(ids), targets);
+  Tensor loss;
+  {
+    std::optional<nn::AutocastScope> autocast;  // as RunOptions::compute runs the forward
+    if (l.compute != DType::Float32) autocast.emplace(l.compute);
+    loss = model->loss(model->forward(ids), targets);
+  }
   loss.backward();
-  const cost::Counts& c = counting.counts();
+  const cost::Counts c = cost::difference(counting.counts(), before);
   r.gemm_flops = c.gemm_flops;
   r.attention_flops = c.attention_flops;
   r.flops = c.flops();
+  r.ops = c.ops;
+  r.op_bytes = c.op_bytes;
   r.comm_bytes = c.comm_bytes;
   r.comm_calls = c.comm_calls;
   r.peak_bytes = counting.meta_peak_bytes();
@@ -60,6 +71,8 @@ RankCost combine(const RankCost& a, const RankCost& b, int64_t wa, int64_t wb) {
   r.flops = wa * a.flops + wb * b.flops;
   r.gemm_flops = wa * a.gemm_flops + wb * b.gemm_flops;
   r.attention_flops = wa * a.attention_flops + wb * b.attention_flops;
+  r.ops = wa * a.ops + wb * b.ops;
+  r.op_bytes = wa * a.op_bytes + wb * b.op_bytes;
   r.param_bytes = wa * a.param_bytes + wb * b.param_bytes;
   r.peak_bytes = wa * a.peak_bytes + wb * b.peak_bytes;
   for (const auto* src : {&a, &b}) {
@@ -83,6 +96,7 @@ std::string ShardLayout::str() const {
   std::string s = fmt::format(FMT_STRING("tp={} cp={} ep={}"), tp, cp, ep);
   if (sequence_parallel) s += " sp";
   if (recompute != nn::Recompute::None) s += std::string(" recompute=") + nn::recompute_name(recompute);
+  if (compute != DType::Float32) s += std::string(" ") + dtype_name(compute);
   return s + fmt::format(FMT_STRING(" micro-batch {}x{}"), batch, seq_len);
 }
 

@@ -31,12 +31,14 @@ struct ShardLayout {
   bool bitwise = false;
   int64_t batch = 1;    // sequences in this rank's micro-batch
   int64_t seq_len = 0;  // tokens per sequence (cut over cp)
+  DType compute = DType::Float32;  // the forward's autocast dtype (parameters stay float32)
   std::string str() const;
 };
 
 struct RankCost {
   int64_t flops = 0;          // GEMM + attention, forward and backward (and the replays of recomputation)
   int64_t gemm_flops = 0, attention_flops = 0;
+  int64_t ops = 0, op_bytes = 0;  // op calls and backward nodes, and their outputs' bytes
   int64_t param_bytes = 0;    // this rank's pieces of the parameters
   int64_t peak_bytes = 0;     // the most alive at once: parameters, gradients, activations, transients
   std::map<std::string, int64_t> comm_bytes;  // per collective kind

@@ -14,6 +14,19 @@ int64_t Counts::total_comm_bytes() const {
   return s;
 }
 
+Counts difference(const Counts& a, const Counts& b) {
+  Counts d = a;
+  d.gemm_flops -= b.gemm_flops;
+  d.attention_flops -= b.attention_flops;
+  d.ops -= b.ops;
+  d.op_bytes -= b.op_bytes;
+  for (const auto& [k, v] : b.comm_bytes) d.comm_bytes[k] -= v;
+  for (const auto& [k, v] : b.comm_calls) d.comm_calls[k] -= v;
+  for (auto it = d.comm_bytes.begin(); it != d.comm_bytes.end();) it = it->second == 0 ? d.comm_bytes.erase(it) : ++it;
+  for (auto it = d.comm_calls.begin(); it != d.comm_calls.end();) it = it->second == 0 ? d.comm_calls.erase(it) : ++it;
+  return d;
+}
+
 void MetaMemory::add(int64_t bytes) {
   const int64_t now = live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   int64_t p = peak.load(std::memory_order_relaxed);
@@ -51,6 +64,13 @@ void add_gemm(int64_t batch, int64_t m, int64_t n, int64_t k) {
 
 void add_attention(int64_t flops) {
   if (Counts* c = active()) c->attention_flops += flops;
+}
+
+void add_op(int64_t output_bytes) {
+  if (Counts* c = active()) {
+    c->ops += 1;
+    c->op_bytes += output_bytes;
+  }
 }
 
 void add_comm(const char* collective, int64_t bytes) {

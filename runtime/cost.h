@@ -18,6 +18,9 @@
 //   * redistributions (dtensor::redistribute_local): per step, the bytes of
 //     this rank's piece entering the collective (all_gather: the gathered
 //     piece; reduce_scatter, all_reduce, all_to_all: the input piece);
+//   * ops: every op call (autograd's call()) and every backward node the
+//     engine runs, with the bytes of their outputs (local pieces): what the
+//     planner charges for dispatch and for memory-bound passes;
 //   * Meta memory: every Meta storage created under the scope, rounded to
 //     the CPU allocator's size classes, from creation to destruction (even
 //     when another thread frees it): a Meta step's peak is the real step's
@@ -34,11 +37,16 @@ namespace tessel::cost {
 struct Counts {
   int64_t gemm_flops = 0;
   int64_t attention_flops = 0;
+  int64_t ops = 0;       // op calls (forward) and backward nodes that ran (gradient accumulation excluded)
+  int64_t op_bytes = 0;  // bytes of their outputs (this rank's pieces): memory traffic besides the GEMMs
   std::map<std::string, int64_t> comm_bytes;  // by collective: all_gather, reduce_scatter, all_reduce, all_to_all
   std::map<std::string, int64_t> comm_calls;
   int64_t flops() const { return gemm_flops + attention_flops; }
   int64_t total_comm_bytes() const;
 };
+
+// a - b, field by field (the counts of a span inside a scope).
+Counts difference(const Counts& a, const Counts& b);
 
 // Live and peak bytes of the Meta storages created under one scope.
 struct MetaMemory {
@@ -90,5 +98,6 @@ const std::shared_ptr<MetaMemory>& active_meta_memory();
 void add_gemm(int64_t batch, int64_t m, int64_t n, int64_t k);
 void add_attention(int64_t flops);
 void add_comm(const char* collective, int64_t bytes);
+void add_op(int64_t output_bytes);
 
 }  // namespace tessel::cost

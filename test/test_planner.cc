@@ -12,12 +12,15 @@
 #include "models/language_model.h"
 #include "nn/parallel/parallelize.h"
 #include "nn/parallel/plan.h"
+#include "planner/planner.h"
 #include "planner/simulate.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/comm.h"
 #include "runtime/cost.h"
 #include "runtime/numerics.h"
+#include "test/util/runfiles.h"
 #include "test/util/util.h"
+#include "train/trainer/trainer.h"
 
 using namespace tessel;
 using namespace tessel::planner;
@@ -38,7 +41,6 @@ std::vector<RankCost> real_step(const models::ModelConfig& config, const ShardLa
     Allocator* a = cpu_allocator();
     const int64_t before = a->stats().current_bytes;
     if (n == 1) a->reset_peak();
-    cost::CountScope counting;
     auto model = models::build_model(config);
     model->reset_parameters(1);
     const auto plan = parallel::load_plan(models::arch_name(config.arch), l.sequence_parallel);
@@ -47,6 +49,7 @@ std::vector<RankCost> real_step(const models::ModelConfig& config, const ShardLa
     model->train();
     Tensor ids = testing::randint({l.batch, l.seq_len}, 7, 0, config.vocab_size);
     Tensor targets = testing::randint({l.batch, l.seq_len}, 8, 0, config.vocab_size);
+    cost::CountScope counting;  // the step (the Meta run counts from its forward on too)
     if (mesh) {
       ids = parallel::distribute_batch(ids, mesh, plan);
       targets = parallel::distribute_batch(targets, mesh, plan);
@@ -56,6 +59,8 @@ std::vector<RankCost> real_step(const models::ModelConfig& config, const ShardLa
     r.flops = counting.counts().flops();
     r.gemm_flops = counting.counts().gemm_flops;
     r.attention_flops = counting.counts().attention_flops;
+    r.ops = counting.counts().ops;
+    r.op_bytes = counting.counts().op_bytes;
     r.comm_bytes = counting.counts().comm_bytes;
     r.comm_calls = counting.counts().comm_calls;
     r.peak_bytes = n == 1 ? a->stats().peak_bytes - before : 0;
@@ -102,6 +107,8 @@ TEST_CASE("planner: a step on Meta counts a real step's FLOPs and redistribution
       CHECK(meta[r].flops > 0);
       CHECK(meta[r].gemm_flops == real[r].gemm_flops);
       CHECK(meta[r].attention_flops == real[r].attention_flops);
+      CHECK(meta[r].ops == real[r].ops);
+      CHECK(meta[r].op_bytes == real[r].op_bytes);
       CHECK(meta[r].comm_bytes == real[r].comm_bytes);
       CHECK(meta[r].comm_calls == real[r].comm_calls);
     }
@@ -124,8 +131,84 @@ TEST_CASE("planner: per-block costs from 1- and 2-block runs give any depth's co
   const auto whole = simulate(c, l);
   const RankCost scaled = per_block.at(5);
   CHECK(scaled.flops == whole[0].flops);
+  CHECK(scaled.ops == whole[0].ops);
+  CHECK(scaled.op_bytes == whole[0].op_bytes);
   CHECK(scaled.param_bytes == whole[0].param_bytes);
   CHECK(scaled.comm_bytes == whole[0].comm_bytes);
   // The peak grows by one block's parameters, gradients and saved activations per block.
   CHECK(std::abs(double(scaled.peak_bytes) / double(whole[0].peak_bytes) - 1.0) < 0.05);
+}
+
+TEST_CASE("planner: the predicted per-rank memory is the allocator's peak of a real run", "[planner]") {
+  // One device: the simulated micro-batch plus AdamW's state; the trainer's
+  // own step (tessel train, allocator peak over the steps) within 2%.
+  PlanRequest r;
+  r.model = models::model_config("llama", "tiny");
+  r.cluster = cluster_preset("h100", 1);  // speeds do not matter here
+  r.cluster.devices_per_node = 1;
+  r.global_batch = 8;
+  r.seq_len = 64;
+  r.fixed = {{"micro_batches", 1}};
+  for (auto policy : {nn::Recompute::None, nn::Recompute::Full}) {
+    r.recompute = policy;
+    const PlanResult p = plan(r);
+    train::TrainConfig c;
+    c.model = "llama";
+    c.model_config = "tiny";
+    c.steps = 2;
+    c.batch_size = 8;
+    c.seq_len = 64;
+    c.eval_every = 0;
+    c.sample_length = 0;
+    c.recompute = nn::recompute_name(policy);
+    c.out_dir = testing::scratch_dir(std::string("planner_mem_") + nn::recompute_name(policy));
+    const train::TrainResult t = train::run_training(c, {nullptr, /*quiet=*/true});
+    INFO(nn::recompute_name(policy) << ": predicted " << p.best.total << ", measured " << t.allocator_peak_bytes);
+    CHECK(std::abs(double(p.best.total) / double(t.allocator_peak_bytes) - 1.0) < 0.02);
+  }
+}
+
+TEST_CASE("planner: the search fits memory, keeps constraints, explains the runners-up and refuses bad requests",
+          "[planner]") {
+  PlanRequest r;
+  r.model = models::model_config("llama", "small");
+  r.cluster = cluster_preset("h100", 1);
+  r.global_batch = 16;
+  r.seq_len = 256;
+  const PlanResult p = plan(r);
+  CHECK(p.best.fits);
+  CHECK(p.best.dp * p.best.tp * p.best.pp * p.best.cp * p.best.ep == 8);
+  CHECK(p.candidates > 20);
+  REQUIRE(p.runners_up.size() == 5);
+  for (const Candidate& c : p.runners_up) {
+    CHECK(!c.why_not.empty());
+    CHECK((!c.fits || c.step_s >= p.best.step_s));
+  }
+  const nlohmann::json j = plan_json(r, p);
+  CHECK(j["best"]["memory_bytes"]["total"].get<int64_t>() == p.best.total);
+  CHECK(j["runners_up"].size() == 5);
+  CHECK(format_plan(r, p).find("run it: tessel train --model llama --config small") != std::string::npos);
+  // Constraints hold.
+  PlanRequest fixed = r;
+  fixed.fixed = {{"tp", 2}, {"pp", 2}};
+  const PlanResult f = plan(fixed);
+  CHECK(f.best.tp == 2);
+  CHECK(f.best.pp == 2);
+  // Nothing fits: the error names the memory that would.
+  PlanRequest tiny_memory = r;
+  tiny_memory.cluster.memory_bytes = 1 << 20;
+  CHECK_THROWS_WITH(plan(tiny_memory), Catch::Contains("nothing fits in 1.0 MiB per device") &&
+                                           Catch::Contains("would fit it"));
+  // Bad requests.
+  PlanRequest bad = r;
+  bad.fixed = {{"tensor", 2}};
+  CHECK_THROWS_WITH(plan(bad), Catch::Contains("unknown constraint 'tensor'"));
+  bad.fixed = {{"tp", 3}};
+  CHECK_THROWS_WITH(plan(bad), Catch::Contains("do not divide the cluster's 8 devices"));
+  bad.fixed = {{"ep", 2}};
+  CHECK_THROWS_WITH(plan(bad), Catch::Contains("has no experts"));
+  CHECK_THROWS_WITH(cluster_preset("a100"), Catch::Contains("unknown cluster preset 'a100' (cpu, h100, h200)"));
+  bad = r;
+  bad.seq_len = 100000;
+  CHECK_THROWS_WITH(plan(bad), Catch::Contains("exceeds the context"));
 }

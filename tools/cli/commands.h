@@ -28,5 +28,6 @@ void register_launch(CLI::App& app);
 void register_ckpt(CLI::App& app);  // inspect, verify, convert
 void register_verify(CLI::App& app);  // compare two runs
 void register_generate(CLI::App& app);  // text from a model
+void register_plan(CLI::App& app);  // the auto-planner
 
 }  // namespace tessel::cli

@@ -1,0 +1,426 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "nn/parallel/pipeline/partition.h"
+#include "planner/simulate.h"
+#include "runtime/error.h"
+
+namespace tessel::planner {
+namespace {
+
+constexpr const char* kOp = "plan";
+// Share of the backward that data-parallel gradient traffic can hide under
+// (DDP buckets and ZeRO reduce while later layers still compute).
+constexpr double kDpOverlap = 0.5;
+// AdamW per parameter element: reads p, g, m, v and writes p, m, v (float32).
+constexpr double kAdamBytesPerElement = 28.0;
+constexpr int64_t kBucketBytes = int64_t(25) << 20;  // RunOptions::bucket_mb
+// Two layouts within this share of each other's step time tie; the one with
+// less memory wins.
+constexpr double kTie = 0.005;
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+double gib(int64_t b) { return double(b) / double(int64_t(1) << 30); }
+
+std::string human_bytes(int64_t b) {
+  if (b >= (int64_t(1) << 30)) return fmt::format(FMT_STRING("{:.2f} GiB"), gib(b));
+  return fmt::format(FMT_STRING("{:.1f} MiB"), double(b) / (1 << 20));
+}
+
+// Seconds a collective moving `bytes` per rank over `calls` calls takes.
+double comm_seconds(int64_t bytes, int64_t calls, bool inter, const Cluster& c) {
+  return double(bytes) / (inter ? c.inter_bw : c.intra_bw) + double(calls) * (inter ? c.inter_latency_s : c.intra_latency_s);
+}
+
+int64_t sum_calls(const RankCost& r) {
+  int64_t n = 0;
+  for (const auto& [k, v] : r.comm_calls) n += v;
+  return n;
+}
+
+struct Search {
+  const PlanRequest& req;
+  PlanResult result;
+  std::map<std::string, std::pair<std::pair<ModelCost, ModelCost>, std::string>> sims;  // b = 1 and 2, or an error
+
+  // A micro-batch of b sequences costs a fixed part (parameters, their
+  // gradients) plus b times a per-sequence part, in every field: measured at
+  // b = 1 and 2 and scaled, so each (tp, cp, ep, sp, recompute) is simulated
+  // once whatever the batch.
+  std::pair<ModelCost, std::string> cost_of(const ShardLayout& l) {
+    ShardLayout one = l;
+    one.batch = 1;
+    const std::string key = one.str();
+    auto it = sims.find(key);
+    if (it == sims.end()) {
+      std::pair<std::pair<ModelCost, ModelCost>, std::string> v;
+      try {
+        ShardLayout two = one;
+        two.batch = 2;
+        v.first = {simulate_per_block(req.model, one), simulate_per_block(req.model, two)};
+        result.simulations += 4;
+      } catch (const Error& e) {
+        v.second = e.what();
+      }
+      it = sims.emplace(key, std::move(v)).first;
+    }
+    const auto& [pair, error] = it->second;
+    if (!error.empty()) return {ModelCost{}, error};
+    const ModelCost& c1 = pair.first;
+    const ModelCost& c2 = pair.second;
+    // cost(b) = c1 + (b - 1) (c2 - c1), for the base and the block.
+    auto scale = [&](const RankCost& a, const RankCost& b2) {
+      const RankCost per_sequence = ModelCost{b2, a}.at(-1);  // b2 - a (ModelCost::at(k) = base + k block)
+      return ModelCost{a, per_sequence}.at(l.batch - 1);
+    };
+    ModelCost out;
+    out.base = scale(c1.base, c2.base);
+    out.block = scale(c1.block, c2.block);
+    return {out, ""};
+  }
+
+  bool allowed(const char* key, int64_t value) const {
+    auto it = req.fixed.find(key);
+    return it == req.fixed.end() || it->second == value;
+  }
+
+  void evaluate(Candidate c, std::vector<Candidate>* out) {
+    const Cluster& cl = req.cluster;
+    const models::ModelConfig& m = req.model;
+    ++result.candidates;
+    const int64_t replicas = c.dp * c.ep;  // the batch is cut over dp and ep
+    const int64_t per_replica = req.global_batch / replicas;
+    const int64_t b = per_replica / c.micro_batches;
+    ShardLayout sl;
+    sl.tp = c.tp, sl.cp = c.cp, sl.ep = c.ep, sl.sequence_parallel = c.sp, sl.recompute = c.recompute;
+    sl.bitwise = req.bitwise, sl.batch = b, sl.seq_len = req.seq_len, sl.compute = req.compute;
+    const auto [mc, error] = cost_of(sl);
+    if (!error.empty()) {
+      c.infeasible = error;
+      ++result.infeasible;
+      out->push_back(c);
+      return;
+    }
+    // Stages: the pipeline's cut by layers; the last stage also runs the
+    // embedding and the head (their costs are not separated: an upper bound
+    // for it, docs/plan.md).
+    const auto part = parallel::pipeline::partition_by_layers(m.n_layer, int(c.pp));
+    const bool inner_inter = c.tp * c.cp * c.ep > cl.devices_per_node;
+    const bool dp_inter = c.tp * c.cp * c.ep * c.dp > cl.devices_per_node;
+    const bool pp_inter = cl.nodes > 1;
+    double t_mb = 0, t_flops = 0, t_comm = 0, t_backward = 0;
+    int64_t worst_total = -1;
+    double dp_s = 0, opt_s = 0;
+    const int64_t in_flight_max = c.pp == 1 ? 1 : c.schedule == "gpipe" ? c.micro_batches : std::min(c.pp, c.micro_batches);
+    for (int s = 0; s < int(c.pp); ++s) {
+      const int64_t blocks = part.end(s) - part.begin(s);
+      const bool last = s == int(c.pp) - 1;
+      const RankCost rc = last ? mc.at(blocks) : ModelCost{RankCost{}, mc.block}.at(blocks);
+      // GEMMs and attention at the device's GEMM rate; every op's dispatch;
+      // its output written once and read about twice at memory speed.
+      const double f = cl.compute_scale * (double(rc.flops) / cl.flops(req.compute) +
+                                           double(rc.ops) * cl.op_overhead_s + 3.0 * double(rc.op_bytes) / cl.memory_bw);
+      const double cm = comm_seconds(rc.total_comm_bytes(), sum_calls(rc), inner_inter, cl);
+      if (f + cm > t_mb) t_mb = f + cm, t_flops = f, t_comm = cm;
+      t_backward = std::max(t_backward, 2.0 / 3.0 * f * double(c.micro_batches));
+      // Memory of this stage's rank.
+      const int64_t pbytes = rc.param_bytes;
+      const int64_t in_flight = c.pp == 1 ? 1 : c.schedule == "gpipe" ? c.micro_batches
+                                                                     : std::min(c.pp - s, c.micro_batches);
+      const int64_t saved_per_mb = std::max<int64_t>(0, blocks * (mc.block.peak_bytes - 2 * mc.block.param_bytes));
+      const int64_t params = c.zero == 3 ? pbytes / c.dp : pbytes;
+      const int64_t opt = 2 * pbytes / (c.zero >= 1 ? c.dp : 1);
+      // The simulated peak holds the parameters, the gradients made so far and
+      // the micro-batch's activations and transients.
+      int64_t act = std::max<int64_t>(0, rc.peak_bytes - pbytes) + (in_flight - 1) * saved_per_mb;
+      int64_t grads_saved = 0;  // gradient memory ZeRO-2/3 gives back
+      if (c.zero >= 2) grads_saved = pbytes - pbytes / c.dp;
+      act = std::max<int64_t>(0, act - grads_saved);
+      const int64_t comm = c.dp > 1 ? (c.zero == 3 ? 2 * mc.block.param_bytes : std::min(pbytes, kBucketBytes)) : 0;
+      const int64_t total = params + opt + act + comm;
+      if (total > worst_total) {
+        worst_total = total;
+        c.params = params, c.grads = pbytes / (c.zero >= 2 ? c.dp : 1), c.optimizer = opt;
+        c.activations = act, c.comm_buffers = comm, c.total = total;
+      }
+      // Data-parallel gradients of this stage, and the optimizer over its share.
+      if (c.dp > 1) {
+        const double factor = double(c.dp - 1) / double(c.dp) * (c.zero == 3 ? 3.0 : 2.0);
+        const int64_t buckets = std::max<int64_t>(1, pbytes / kBucketBytes);
+        dp_s = std::max(dp_s, comm_seconds(int64_t(factor * double(pbytes)), buckets, dp_inter, cl));
+      }
+      opt_s = std::max(opt_s, double(pbytes) / 4.0 / double(c.zero >= 1 ? c.dp : 1) * kAdamBytesPerElement / cl.memory_bw);
+    }
+    const double slots = double(c.micro_batches + c.pp - 1);
+    c.compute_s = slots * t_flops;
+    c.model_comm_s = slots * t_comm;
+    if (c.pp > 1) {
+      const int64_t act_bytes = b * (req.seq_len / c.cp) * m.dim * int64_t(itemsize(req.compute)) / (c.sp ? c.tp : 1);
+      c.pipeline_s = slots * comm_seconds(2 * act_bytes, 2, pp_inter, cl);
+    }
+    c.bubble = double(c.pp - 1) / slots;
+    c.dp_comm_s = cl.comm_overlaps ? std::max(0.0, dp_s - kDpOverlap * t_backward) : dp_s;
+    c.optimizer_s = opt_s;
+    c.step_s = slots * t_mb + c.pipeline_s + c.dp_comm_s + c.optimizer_s;
+    // Every rank of a tp x cp x ep group runs mc.at(n_layer) per micro-batch
+    // (its pieces of the whole model): over the step and the cluster that is
+    // the rank's work times m over the pp stages sharing it.
+    c.mfu = double(mc.at(m.n_layer).flops) * double(c.micro_batches) /
+            (c.step_s * double(c.pp) * cl.flops(req.compute));
+    c.fits = double(c.total) <= double(cl.memory_bytes) * (1.0 - req.headroom);
+    if (!c.fits) ++result.too_big;
+    out->push_back(c);
+  }
+};
+
+// Why `c` lost to `best`.
+std::string why_not(const Candidate& c, const Candidate& best, const PlanRequest& req) {
+  if (!c.infeasible.empty()) return "cannot run: " + c.infeasible;
+  if (!c.fits)
+    return fmt::format(FMT_STRING("does not fit: {} per rank, {} available ({:.0f}% headroom kept)"),
+                       human_bytes(c.total), human_bytes(int64_t(double(req.cluster.memory_bytes) * (1 - req.headroom))),
+                       req.headroom * 100);
+  const std::pair<const char*, double> parts[] = {
+      {"compute per rank", c.compute_s - best.compute_s},
+      {"tensor/context/expert-parallel communication", c.model_comm_s - best.model_comm_s},
+      {"pipeline transfers", c.pipeline_s - best.pipeline_s},
+      {"data-parallel gradient sync", c.dp_comm_s - best.dp_comm_s},
+      {"optimizer", c.optimizer_s - best.optimizer_s},
+  };
+  if (c.step_s <= best.step_s * (1 + kTie))
+    return fmt::format(FMT_STRING("ties on time ({:+.1f}%), needs {} more per rank"), (c.step_s / best.step_s - 1) * 100,
+                       human_bytes(c.total - best.total));
+  const auto* worst = std::max_element(std::begin(parts), std::end(parts),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::string s = fmt::format(FMT_STRING("{:+.1f}% step time; most from {} ({:+.3g} ms)"),
+                              (c.step_s / best.step_s - 1) * 100, worst->first, worst->second * 1e3);
+  if (c.pp > 1) s += fmt::format(FMT_STRING(", bubble {:.0f}%"), c.bubble * 100);
+  return s;
+}
+
+}  // namespace
+
+std::string Candidate::mesh() const {
+  std::string s;
+  auto add = [&](const char* n, int64_t v) {
+    if (v > 1) s += (s.empty() ? "" : ",") + fmt::format(FMT_STRING("{}={}"), n, v);
+  };
+  add("pp", pp);
+  add("dp", dp);
+  add("cp", cp);
+  add("ep", ep);
+  add("tp", tp);
+  return s;
+}
+
+std::string Candidate::str() const {
+  std::string s = mesh().empty() ? "one device" : mesh();
+  if (zero > 0) s += fmt::format(FMT_STRING(" zero={}"), zero);
+  if (micro_batches > 1) s += fmt::format(FMT_STRING(" micro-batches={}"), micro_batches);
+  if (pp > 1) s += " " + schedule;
+  if (sp) s += " sp";
+  if (recompute != nn::Recompute::None) s += std::string(" recompute=") + nn::recompute_name(recompute);
+  return s;
+}
+
+nlohmann::json Candidate::to_json() const {
+  nlohmann::json j = {{"mesh", mesh()},
+                      {"dp", dp},
+                      {"tp", tp},
+                      {"pp", pp},
+                      {"cp", cp},
+                      {"ep", ep},
+                      {"zero", zero},
+                      {"micro_batches", micro_batches},
+                      {"schedule", pp > 1 ? schedule : ""},
+                      {"sequence_parallel", sp},
+                      {"recompute", nn::recompute_name(recompute)},
+                      {"step_s", step_s},
+                      {"time_s",
+                       {{"compute", compute_s},
+                        {"model_comm", model_comm_s},
+                        {"pipeline", pipeline_s},
+                        {"dp_comm", dp_comm_s},
+                        {"optimizer", optimizer_s}}},
+                      {"bubble", bubble},
+                      {"hfu", mfu},
+                      {"memory_bytes",
+                       {{"parameters", params},
+                        {"gradients", grads},
+                        {"optimizer", optimizer},
+                        {"activations", activations},
+                        {"comm_buffers", comm_buffers},
+                        {"total", total}}},
+                      {"fits", fits}};
+  if (!infeasible.empty()) j["infeasible"] = infeasible;
+  if (!why_not.empty()) j["why_not"] = why_not;
+  return j;
+}
+
+PlanResult plan(const PlanRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const models::ModelConfig& m = req.model;
+  const Cluster& cl = req.cluster;
+  const int64_t N = cl.devices();
+  TESSEL_CHECK(req.global_batch >= 1 && req.seq_len >= 1, kOp, "global batch {} and seq_len {} must be positive",
+               req.global_batch, req.seq_len);
+  TESSEL_CHECK(req.seq_len <= m.max_seq_len, kOp, "seq_len {} exceeds the context {} of {}", req.seq_len,
+               m.max_seq_len, m.describe());
+  TESSEL_CHECK(req.headroom >= 0 && req.headroom < 1, kOp, "headroom must be in [0, 1), got {}", req.headroom);
+  static const std::set<std::string> keys = {"dp", "tp", "pp", "cp", "ep", "zero", "micro_batches", "sp"};
+  int64_t fixed_product = 1;
+  for (const auto& [k, v] : req.fixed) {
+    TESSEL_CHECK(keys.count(k), kOp, "unknown constraint '{}' (dp, tp, pp, cp, ep, zero, micro_batches, sp)", k);
+    TESSEL_CHECK(v >= (k == "zero" || k == "sp" ? 0 : 1), kOp, "constraint {}={} is out of range", k, v);
+    if (k == "dp" || k == "tp" || k == "pp" || k == "cp" || k == "ep") fixed_product *= v;
+  }
+  TESSEL_CHECK(N % fixed_product == 0, kOp, "the fixed dims ({}) do not divide the cluster's {} devices",
+               fixed_product, N);
+  const bool moe = m.arch == models::Arch::Mixtral;
+  TESSEL_CHECK(moe || !req.fixed.count("ep") || req.fixed.at("ep") == 1, kOp,
+               "ep = {} for {}, which has no experts", req.fixed.count("ep") ? req.fixed.at("ep") : 1, m.describe());
+
+  Search search{req, {}, {}};
+  std::vector<Candidate> all;
+  // Selective recomputation saves little with tessel's fused attention
+  // (docs/parallel.md): searched only when asked for.
+  std::vector<nn::Recompute> policies = {nn::Recompute::None, nn::Recompute::Full};
+  if (req.recompute) policies = {*req.recompute};
+  for (int64_t tp : divisors(N)) {
+    if (!search.allowed("tp", tp) || tp > cl.devices_per_node) continue;
+    for (int64_t cp : divisors(N / tp)) {
+      // cp up to 16 unless fixed: longer rings than that are not worth their
+      // simulation time at the sequence lengths planned here.
+      if (!search.allowed("cp", cp) || (cp > 1 && req.seq_len % (2 * cp) != 0)) continue;
+      if (cp > 16 && !req.fixed.count("cp")) continue;
+      for (int64_t ep : moe ? divisors(N / (tp * cp)) : std::vector<int64_t>{1}) {
+        if (!search.allowed("ep", ep) || (moe && m.num_experts % ep != 0)) continue;
+        for (int64_t pp : divisors(N / (tp * cp * ep))) {
+          const int64_t dp = N / (tp * cp * ep * pp);
+          if (!search.allowed("pp", pp) || !search.allowed("dp", dp) || pp > m.n_layer) continue;
+          if (req.global_batch % (dp * ep) != 0) continue;
+          const int64_t per_replica = req.global_batch / (dp * ep);
+          for (int64_t mb : divisors(per_replica)) {
+            if (!search.allowed("micro_batches", mb) || mb > 64) continue;
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (!search.allowed("zero", zero) || (zero > 0 && (dp == 1 || pp > 1))) continue;
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                if (!search.allowed("sp", sp)) continue;
+                for (nn::Recompute rc : policies) {
+                  if (zero == 3 && rc != nn::Recompute::None) continue;
+                  Candidate c;
+                  c.dp = dp, c.tp = tp, c.pp = pp, c.cp = cp, c.ep = ep, c.zero = zero, c.micro_batches = mb;
+                  c.sp = sp == 1, c.recompute = rc;
+                  c.schedule = pp > 1 && mb < pp ? "gpipe" : "1f1b";
+                  search.evaluate(c, &all);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  PlanResult& r = search.result;
+  TESSEL_CHECK(!all.empty(), kOp,
+               "no layout of {} devices matches the constraints for {} (global batch {} must divide over dp x ep)",
+               N, m.describe(), req.global_batch);
+  std::vector<Candidate> runnable;
+  for (const Candidate& c : all)
+    if (c.infeasible.empty()) runnable.push_back(c);
+  if (runnable.empty()) {
+    TESSEL_FAIL(kOp, "no layout of {} can run on {} devices; e.g. {}: {}", m.describe(), N, all.front().str(),
+                all.front().infeasible);
+  }
+  std::sort(runnable.begin(), runnable.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.step_s, a.total) < std::tie(b.step_s, b.total);
+  });
+  auto best = std::find_if(runnable.begin(), runnable.end(), [](const Candidate& c) { return c.fits; });
+  if (best == runnable.end()) {
+    const Candidate& smallest = *std::min_element(runnable.begin(), runnable.end(),
+                                                  [](const Candidate& a, const Candidate& b) { return a.total < b.total; });
+    TESSEL_FAIL(kOp,
+                "nothing fits in {} per device ({:.0f}% kept free): the smallest layout, {}, needs {} per rank "
+                "(parameters {}, gradients {}, optimizer {}, activations {}, buffers {}); a device with {} would fit it",
+                human_bytes(cl.memory_bytes), req.headroom * 100, smallest.str(), human_bytes(smallest.total),
+                human_bytes(smallest.params), human_bytes(smallest.grads), human_bytes(smallest.optimizer),
+                human_bytes(smallest.activations), human_bytes(smallest.comm_buffers),
+                human_bytes(int64_t(std::ceil(double(smallest.total) / (1.0 - req.headroom)))));
+  }
+  r.best = *best;
+  for (const Candidate& c : runnable) {
+    if (int(r.runners_up.size()) >= req.runners_up) break;
+    if (&c == &*best) continue;
+    Candidate x = c;
+    x.why_not = why_not(x, r.best, req);
+    r.runners_up.push_back(x);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string format_plan(const PlanRequest& req, const PlanResult& r) {
+  const Candidate& b = r.best;
+  std::string s;
+  s += fmt::format(FMT_STRING("tessel plan: {}\n  cluster {}\n  global batch {} x {} tokens, {} compute{}\n"),
+                   req.model.describe(), req.cluster.str(), req.global_batch, req.seq_len, dtype_name(req.compute),
+                   req.bitwise ? ", bitwise" : "");
+  s += fmt::format(FMT_STRING("  {} layouts considered ({} cannot run, {} do not fit), {} Meta steps, {:.2f} s\n\n"),
+                   r.candidates, r.infeasible, r.too_big, r.simulations, r.seconds);
+  s += fmt::format(FMT_STRING("best: {}\n"), b.str());
+  s += fmt::format(FMT_STRING("  step {:.4g} s ({:.0f} tokens/s): compute {:.4g}, model-parallel comm {:.4g}, pipeline "
+                              "transfers {:.4g}, exposed dp sync {:.4g}, optimizer {:.4g}; bubble {:.0f}%, {:.0f}% of "
+                              "the cluster's FLOP/s\n"),
+                   b.step_s, double(req.global_batch * req.seq_len) / b.step_s, b.compute_s, b.model_comm_s,
+                   b.pipeline_s, b.dp_comm_s, b.optimizer_s, b.bubble * 100, b.mfu * 100);
+  s += fmt::format(FMT_STRING("  per rank: parameters {}, gradients {}, optimizer {}, activations {}, buffers {}; "
+                              "total {} of {}\n"),
+                   human_bytes(b.params), human_bytes(b.grads), human_bytes(b.optimizer), human_bytes(b.activations),
+                   human_bytes(b.comm_buffers), human_bytes(b.total), human_bytes(req.cluster.memory_bytes));
+  s += fmt::format(FMT_STRING("  run it: tessel train --model {} --config {}{}{}{}{}{}{} --batch-size {} --seq-len {}\n"),
+                   models::arch_name(req.model.arch), req.model.name, b.mesh().empty() ? "" : " --mesh " + b.mesh(),
+                   b.zero ? fmt::format(FMT_STRING(" --zero {}"), b.zero) : "",
+                   b.micro_batches > 1 ? fmt::format(FMT_STRING(" --micro-batches {}"), b.micro_batches) : "",
+                   b.pp > 1 ? " --pipeline-schedule " + b.schedule : "", b.sp ? " --sequence-parallel" : "",
+                   b.recompute != nn::Recompute::None ? std::string(" --recompute ") + nn::recompute_name(b.recompute)
+                                                      : "",
+                   req.global_batch, req.seq_len);
+  s += "\nrunners-up:\n";
+  for (const Candidate& c : r.runners_up)
+    s += fmt::format(FMT_STRING("  {:<48} {:>9.4g} s  {:>10}  {}\n"), c.str(), c.step_s, human_bytes(c.total), c.why_not);
+  return s;
+}
+
+nlohmann::json plan_json(const PlanRequest& req, const PlanResult& r) {
+  nlohmann::json ru = nlohmann::json::array();
+  for (const Candidate& c : r.runners_up) ru.push_back(c.to_json());
+  return {{"model", req.model.describe()},
+          {"cluster", req.cluster.to_json()},
+          {"global_batch", req.global_batch},
+          {"seq_len", req.seq_len},
+          {"compute", dtype_name(req.compute)},
+          {"bitwise", req.bitwise},
+          {"best", r.best.to_json()},
+          {"runners_up", ru},
+          {"candidates", r.candidates},
+          {"infeasible", r.infeasible},
+          {"do_not_fit", r.too_big},
+          {"simulations", r.simulations},
+          {"seconds", r.seconds}};
+}
+
+}  // namespace tessel::planner
