@@ -281,7 +281,7 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
       "tokenizer", "vocab", "merges", "tokenizer_json", "out_dir", "metrics", "sample_length", "temperature", "top_k",
       "mesh", "backend", "plan", "sequence_parallel", "bitwise", "profile", "detect_anomaly", "dump", "pipeline_schedule",
       "virtual_stages", "pipeline_split",
-      "zero", "ddp_bucket_mb", "capacity_factor",
+      "zero", "recompute", "ddp_bucket_mb", "capacity_factor",
       "ckpt_every", "final_ckpt", "keep_last", "resume", "ckpt_dir", "ckpt_sync"};
   std::vector<std::string> got;
   for (auto it = j.begin(); it != j.end(); ++it) got.push_back(it.key());
