@@ -212,3 +212,29 @@ TEST_CASE("planner: the search fits memory, keeps constraints, explains the runn
   bad.seq_len = 100000;
   CHECK_THROWS_WITH(plan(bad), Catch::Contains("exceeds the context"));
 }
+
+TEST_CASE("planner: tessel train --mesh auto runs the planner's layout; in bitwise mode the one-device bits",
+          "[planner]") {
+  auto config = [](const std::string& mesh, int64_t devices) {
+    train::TrainConfig c;
+    c.model = "llama";
+    c.model_config = "tiny";
+    c.steps = 3;
+    c.batch_size = 8;
+    c.seq_len = 32;
+    c.eval_every = 0;
+    c.sample_length = 0;
+    c.bitwise = true;
+    c.mesh = mesh;
+    c.devices = devices;
+    c.out_dir = testing::scratch_dir("planner_auto_" + std::to_string(devices));
+    return c;
+  };
+  const train::TrainResult one = train::run_training(config("", 0), {nullptr, true});
+  const train::TrainResult autoplanned = train::run_training(config("auto", 2), {nullptr, true});
+  CHECK(autoplanned.param_hash == one.param_hash);
+  CHECK(autoplanned.final_loss == one.final_loss);
+  // --devices without --mesh auto is an error.
+  CHECK_THROWS_WITH(train::run_training(config("dp=2", 2), {nullptr, true}),
+                    Catch::Contains("devices = 2 applies to mesh = auto only"));
+}

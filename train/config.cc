@@ -73,7 +73,10 @@ const std::vector<Field>& fields() {
       {"sample_length", &C::sample_length, "tokens to sample after training (0: none)"},
       {"temperature", &C::temperature, "sampling temperature (0: greedy)"},
       {"top_k", &C::top_k, "sample among the k most likely tokens (0: all)"},
-      {"mesh", &C::mesh, "device mesh as named dims, e.g. dp=2,tp=2 (empty: one device)"},
+      {"mesh", &C::mesh,
+       "device mesh as named dims, e.g. dp=2,tp=2 (empty: one device); auto: the planner picks the mesh, ZeRO, "
+       "micro-batches, sp and recomputation (docs/plan.md)"},
+      {"devices", &C::devices, "with --mesh auto: the devices to lay the run out on (0: one per core)"},
       {"backend", &C::backend, "collectives: auto | local (ranks as threads) | mpi (under mpirun)"},
       {"plan", &C::plan, "parallel plan: auto | nanogpt | llama | mixtral | none | FILE.json"},
       {"sequence_parallel", &C::sequence_parallel, "shard the residual stream along the sequence over tp"},
@@ -284,10 +287,14 @@ void TrainConfig::validate() const {
   one_of("pipeline_schedule", pipeline_schedule, {"gpipe", "1f1b", "interleaved"});
   TESSEL_CHECK(virtual_stages >= 0, kOp, "virtual_stages must be >= 0 (0: automatic), got {}", virtual_stages);
   one_of("pipeline_split", pipeline_split, {"layers", "params"});
-  const auto dims = parse_mesh(mesh);  // throws naming the malformed part
+  TESSEL_CHECK(devices >= 0, kOp, "devices must be >= 0, got {}", devices);
+  TESSEL_CHECK(devices == 0 || mesh == "auto", kOp, "devices = {} applies to mesh = auto only, got mesh '{}'", devices,
+               mesh);
+  // "auto" is replaced by the planner's mesh (and ZeRO) before anything runs.
+  const auto dims = mesh == "auto" ? std::vector<std::pair<std::string, int64_t>>{} : parse_mesh(mesh);
   TESSEL_CHECK(zero >= 0 && zero <= 3, kOp, "zero must be 0 (DDP), 1, 2 or 3 (FSDP), got {}", zero);
   non_negative("ddp_bucket_mb", ddp_bucket_mb);
-  if (zero > 0) {
+  if (zero > 0 && mesh != "auto") {
     bool dp = false;
     for (const auto& d : dims) dp = dp || (d.first == "dp" && d.second > 1);
     TESSEL_CHECK(dp, kOp, "zero = {} needs a mesh with a dp dim of size > 1 (e.g. --mesh dp=2), got mesh '{}'", zero,

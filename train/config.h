@@ -72,7 +72,8 @@ struct TrainConfig {
   double temperature = 0.8;     // 0 = greedy
   int64_t top_k = 40;           // 0 = no top-k filter
   // parallelism (docs/parallel.md)
-  std::string mesh;               // "dp=2,tp=2": named mesh dims, in order; empty: one device
+  std::string mesh;               // "dp=2,tp=2": named mesh dims, in order; empty: one device; "auto": planned (docs/plan.md)
+  int64_t devices = 0;            // --mesh auto: the devices to lay the run out on (0: one per core)
   std::string backend = "auto";   // auto (mpi when launched by mpirun, else local threads) | local | mpi
   std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
   bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp

@@ -13,6 +13,7 @@
 #include "nn/context.h"
 #include "nn/moe.h"
 #include "nn/parallel/pipeline/pipeline.h"
+#include "planner/planner.h"
 #include "run/checkpoint.h"
 #include "run/run.h"
 #include "runtime/allocator.h"
@@ -105,10 +106,9 @@ void check_context_parallel(const TrainConfig& cfg, int64_t cp) {
                (n + v - 1) / v * v);
 }
 
-Setup prepare(const TrainConfig& cfg) {
-  cfg.validate();
-  Setup s;
-  s.tokenizer = make_tokenizer(cfg.tokenizer, cfg.tokenizer == "hf" ? cfg.tokenizer_json : cfg.vocab, cfg.merges);
+// The model the run trains: the folder's (--init-from) or the named
+// config, with the shape flags; `pretrained` gets what --init-from found.
+models::ModelConfig training_model(const TrainConfig& cfg, std::optional<Pretrained>* pretrained) {
   models::ModelConfig mc;
   if (!cfg.init_from.empty()) {
     // The folder says what the model is; shape flags would describe another one.
@@ -117,8 +117,8 @@ Setup prepare(const TrainConfig& cfg) {
                  "--init-from {}: the model's shape comes from the folder; drop --n-layer, --dim, --n-head, "
                  "--n-kv-head and --hidden",
                  cfg.init_from);
-    s.pretrained = find_pretrained(cfg.init_from);
-    mc = s.pretrained->model;
+    *pretrained = find_pretrained(cfg.init_from);
+    mc = (*pretrained)->model;
   } else {
     mc = models::model_config(cfg.model, cfg.model_config);
   }
@@ -135,7 +135,14 @@ Setup prepare(const TrainConfig& cfg) {
   if (cfg.n_kv_head > 0) mc.n_kv_head = cfg.n_kv_head;
   if (cfg.hidden > 0) mc.hidden = cfg.hidden;
   if (cfg.dropout >= 0) mc.dropout = cfg.dropout;
-  s.model = mc.resolved();  // re-validated with the overrides (heads dividing the width, ...)
+  return mc.resolved();  // re-validated with the overrides (heads dividing the width, ...)
+}
+
+Setup prepare(const TrainConfig& cfg) {
+  cfg.validate();
+  Setup s;
+  s.tokenizer = make_tokenizer(cfg.tokenizer, cfg.tokenizer == "hf" ? cfg.tokenizer_json : cfg.vocab, cfg.merges);
+  s.model = training_model(cfg, &s.pretrained);
   TESSEL_CHECK(s.tokenizer->vocab_size() <= s.model.vocab_size, "train",
                "the {} tokenizer has {} tokens but {} config '{}' has vocab_size {}; pick a config with a larger "
                "vocabulary",
@@ -344,10 +351,50 @@ void print_footer(const TrainConfig& cfg, const TrainResult& result, double trai
 
 TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in);
 
+// --mesh auto: the planner's layout for this model, batch and machine
+// (docs/plan.md), written into the config before any rank starts.
+TrainConfig planned(const TrainConfig& in, bool quiet) {
+  TESSEL_CHECK(!comm::has_world() && !comm::is_mpi_launch(), "train",
+               "--mesh auto plans before the ranks start, so it runs ranks as threads; under tessel launch or "
+               "mpirun, run `tessel plan --devices N` first and pass the --mesh (and --zero) it prints");
+  std::optional<Pretrained> pretrained;
+  planner::PlanRequest r;
+  r.model = training_model(in, &pretrained);
+  r.cluster = planner::cluster_preset("cpu");
+  if (in.devices > 0) r.cluster.devices_per_node = in.devices;
+  r.global_batch = in.batch_size;
+  r.seq_len = in.seq_len;
+  r.compute = in.param_dtype();
+  r.bitwise = in.bitwise;
+  // What the trainer would refuse: several micro-batches of prompt/completion
+  // data (uneven target counts), and bitwise cp cuts that do not line up with
+  // the canonical chunks; and --recompute when the user fixed it.
+  if (in.data.size() >= 6 && in.data.compare(in.data.size() - 6, 6, ".jsonl") == 0) r.fixed["micro_batches"] = 1;
+  if (in.bitwise) r.fixed["cp"] = 1;
+  if (in.recompute != "none") r.recompute = nn::parse_recompute(in.recompute);
+  const planner::PlanResult p = planner::plan(r);
+  const planner::Candidate& b = p.best;
+  TrainConfig out = in;
+  out.mesh = b.mesh();
+  out.devices = 0;
+  out.zero = b.zero;
+  out.micro_batches = b.micro_batches;
+  out.sequence_parallel = b.sp;
+  out.recompute = nn::recompute_name(b.recompute);
+  if (b.pp > 1) out.pipeline_schedule = b.schedule;
+  if (!quiet)
+    std::printf("--mesh auto: %s on %lld device(s) (predicted %.3g s per step, %s per rank; `tessel plan` explains)\n",
+                b.str().c_str(), (long long)r.cluster.devices(), b.step_s,
+                fmt::format(FMT_STRING("{:.1f} MiB"), double(b.total) / (1 << 20)).c_str());
+  out.validate();
+  return out;
+}
+
 }  // namespace
 
-TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
-  cfg.validate();
+TrainResult run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
+  cfg_in.validate();
+  const TrainConfig cfg = cfg_in.mesh == "auto" ? planned(cfg_in, hooks.quiet) : cfg_in;
   numerics::BitwiseGuard bitwise(cfg.bitwise);  // run_local gives every rank thread the caller's mode
   int64_t devices = 1;
   for (const auto& [name, size] : parse_mesh(cfg.mesh)) devices *= size;
