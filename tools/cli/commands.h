@@ -29,5 +29,6 @@ void register_ckpt(CLI::App& app);  // inspect, verify, convert
 void register_verify(CLI::App& app);  // compare two runs
 void register_generate(CLI::App& app);  // text from a model
 void register_plan(CLI::App& app);  // the auto-planner
+void register_bench_plan(CLI::App& app);  // its predictions against real runs
 
 }  // namespace tessel::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   tessel::cli::register_verify(app);
   tessel::cli::register_generate(app);
   tessel::cli::register_plan(app);
+  tessel::cli::register_bench_plan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
