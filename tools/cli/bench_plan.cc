@@ -32,6 +32,7 @@ struct BenchPlanArgs {
   std::vector<std::string> models = {"nanogpt:small", "llama:small"};
   int64_t batch = 8, seq_len = 256, steps = 5;
   int per_model = 7;  // layouts run per model (the pick included)
+  int rounds = 2;     // runs of each layout, interleaved (medians reported)
 };
 
 std::string self_exe() {
@@ -114,12 +115,19 @@ int run_bench_plan(const BenchPlanArgs& a) {
       const size_t i = head + (fitting.size() - head - 1) * k / rest;
       if (chosen.back().str() != fitting[i].str()) chosen.push_back(fitting[i]);
     }
-    std::cout << fmt::format(FMT_STRING("bench plan: {} {} on 2 ranks (one core each), {} x {} tokens, {} steps\n"),
-                             model, config, a.batch, a.seq_len, a.steps);
+    std::cout << fmt::format(FMT_STRING("bench plan: {} {} on 2 ranks (one core each), {} x {} tokens, {} steps, "
+                                        "medians of {} interleaved rounds\n"),
+                             model, config, a.batch, a.seq_len, a.steps, a.rounds);
+    // Rounds interleaved: a layout's runs are spread over the bench, so a
+    // slow spell of the machine does not land on one layout only.
+    std::vector<std::vector<double>> times(chosen.size());
+    for (int round = 0; round < a.rounds; ++round)
+      for (size_t i = 0; i < chosen.size(); ++i) times[i].push_back(run_layout(model, config, chosen[i], a));
     std::vector<double> pred, meas;
     nlohmann::json rows = nlohmann::json::array();
-    for (const auto& c : chosen) {
-      const double t = run_layout(model, config, c, a);
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const planner::Candidate& c = chosen[i];
+      const double t = tools::median(times[i]);
       pred.push_back(c.step_s);
       meas.push_back(t);
       std::cout << fmt::format(FMT_STRING("  {:<44} predicted {:7.3f} s  measured {:7.3f} s\n"), c.str(), c.step_s, t);
@@ -165,6 +173,7 @@ void register_bench_plan(CLI::App& app) {
   cmd->add_option("--seq-len", a.seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--steps", a.steps, "training steps per layout")->capture_default_str();
   cmd->add_option("--per-model", a.per_model, "layouts run per model")->capture_default_str();
+  cmd->add_option("--rounds", a.rounds, "runs of each layout, interleaved (medians)")->capture_default_str();
 }
 
 }  // namespace tessel::cli
