@@ -100,6 +100,14 @@ std::string ShardLayout::str() const {
   return s + fmt::format(FMT_STRING(" micro-batch {}x{}"), batch, seq_len);
 }
 
+std::vector<Mesh::DimSpec> mesh_dims(const ShardLayout& l) {
+  std::vector<Mesh::DimSpec> dims;
+  if (l.cp > 1) dims.push_back({"cp", l.cp});
+  if (l.ep > 1) dims.push_back({"ep", l.ep});
+  if (l.tp > 1) dims.push_back({"tp", l.tp});
+  return dims;
+}
+
 int64_t RankCost::total_comm_bytes() const {
   int64_t s = 0;
   for (const auto& [k, v] : comm_bytes) s += v;
@@ -109,10 +117,7 @@ int64_t RankCost::total_comm_bytes() const {
 std::vector<RankCost> simulate(const models::ModelConfig& config, const ShardLayout& l) {
   TESSEL_CHECK(l.tp >= 1 && l.cp >= 1 && l.ep >= 1 && l.batch >= 1 && l.seq_len >= 1, "plan",
                "simulate: bad layout {}", l.str());
-  std::vector<Mesh::DimSpec> dims;
-  if (l.cp > 1) dims.push_back({"cp", l.cp});
-  if (l.ep > 1) dims.push_back({"ep", l.ep});
-  if (l.tp > 1) dims.push_back({"tp", l.tp});
+  const std::vector<Mesh::DimSpec> dims = mesh_dims(l);
   const int n = int(l.tp * l.cp * l.ep);
   numerics::BitwiseGuard bitwise(l.bitwise);
   std::vector<RankCost> out(static_cast<size_t>(n));

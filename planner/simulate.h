@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/mesh.h"
 #include "models/config.h"
 #include "nn/recompute.h"
 #include "runtime/cost.h"
@@ -34,6 +35,10 @@ struct ShardLayout {
   DType compute = DType::Float32;  // the forward's autocast dtype (parameters stay float32)
   std::string str() const;
 };
+
+// The mesh a shard layout's ranks form: {cp, ep, tp}, size-1 dims left out
+// (empty: one rank).
+std::vector<Mesh::DimSpec> mesh_dims(const ShardLayout& l);
 
 struct RankCost {
   int64_t flops = 0;          // GEMM + attention, forward and backward (and the replays of recomputation)

@@ -29,10 +29,7 @@ namespace {
 
 // The same micro-batch for real (values, kernels, collectives) on every rank of l.
 std::vector<RankCost> real_step(const models::ModelConfig& config, const ShardLayout& l) {
-  std::vector<Mesh::DimSpec> dims;
-  if (l.cp > 1) dims.push_back({"cp", l.cp});
-  if (l.ep > 1) dims.push_back({"ep", l.ep});
-  if (l.tp > 1) dims.push_back({"tp", l.tp});
+  const std::vector<Mesh::DimSpec> dims = mesh_dims(l);
   const int n = int(l.tp * l.cp * l.ep);
   numerics::BitwiseGuard bitwise(l.bitwise);
   std::vector<RankCost> out(static_cast<size_t>(n));
