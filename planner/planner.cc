@@ -125,7 +125,6 @@ struct Search {
     double t_mb = 0, t_flops = 0, t_comm = 0, t_backward = 0;
     int64_t worst_total = -1;
     double dp_s = 0, opt_s = 0;
-    const int64_t in_flight_max = c.pp == 1 ? 1 : c.schedule == "gpipe" ? c.micro_batches : std::min(c.pp, c.micro_batches);
     for (int s = 0; s < int(c.pp); ++s) {
       const int64_t blocks = part.end(s) - part.begin(s);
       const bool last = s == int(c.pp) - 1;
