@@ -10,9 +10,8 @@
 
 #include "autograd/api.h"
 #include "checkpoint/hf.h"
+#include "checkpoint/load.h"
 #include "checkpoint/metadata.h"
-#include "dtensor/mesh.h"
-#include "dtensor/placement.h"
 #include "runtime/error.h"
 
 namespace tessel::checkpoint {
@@ -226,15 +225,7 @@ HfLoadResult load_hf(HfFolderReader& reader, const models::ModelConfig& config, 
     const HfView& v = views.at(name);
     const TensorSpec& spec = *specs.at(v.hf_name);
     const Tensor& local = raw::local_of(t);
-    Box piece{Dims::filled(t.dim(), 0), t.shape()};
-    bool zero = false;
-    if (t.is_distributed()) {
-      const Mesh& mesh = *t.mesh();
-      const LocalGeometry g = local_geometry(t.shape(), mesh.shape(), t.placements(), mesh.coords());
-      piece.offset = g.offset;
-      piece.size = g.shape;
-      for (int d = 0; d < mesh.ndim(); ++d) zero = zero || (t.placements()[d].is_partial() && mesh.coordinate(d) != 0);
-    }
+    const auto [piece, zero] = local_piece(t);
     ++result.tensors;
     if (piece.numel() == 0) continue;
     if (zero) {

@@ -244,18 +244,7 @@ LoadResult load(CheckpointReader& reader, const NamedTensors& targets, const Loa
     if (!found[i]) continue;
     const Tensor& t = targets[i].second;
     const Tensor& local = raw::local_of(t);
-    Box box;
-    bool zero = false;
-    if (t.is_distributed()) {
-      const Mesh& mesh = *t.mesh();
-      const LocalGeometry g = local_geometry(t.shape(), mesh.shape(), t.placements(), mesh.coords());
-      box.offset = g.offset;
-      box.size = g.shape;
-      for (int d = 0; d < mesh.ndim(); ++d) zero = zero || (t.placements()[d].is_partial() && mesh.coordinate(d) != 0);
-    } else {
-      box.offset = Dims::filled(t.dim(), 0);
-      box.size = t.shape();
-    }
+    const auto [box, zero] = local_piece(t);
     if (local.numel() == 0) continue;
     if (zero) {
       Tensor(local).zero_();
@@ -271,6 +260,19 @@ LoadResult load(CheckpointReader& reader, const NamedTensors& targets, const Loa
   result.state = meta.state;
   result.bytes_read = reader.bytes_read() - before;
   return result;
+}
+
+LocalPiece local_piece(const Tensor& t) {
+  LocalPiece p;
+  if (!t.is_distributed()) {
+    p.box = Box{Dims::filled(t.dim(), 0), t.shape()};
+    return p;
+  }
+  const Mesh& mesh = *t.mesh();
+  const LocalGeometry g = local_geometry(t.shape(), mesh.shape(), t.placements(), mesh.coords());
+  p.box = Box{g.offset, g.shape};
+  for (int d = 0; d < mesh.ndim(); ++d) p.zero = p.zero || (t.placements()[d].is_partial() && mesh.coordinate(d) != 0);
+  return p;
 }
 
 Tensor read_tensor(CheckpointReader& reader, const std::string& name) {

@@ -84,6 +84,16 @@ struct LoadResult {
   uint64_t bytes_read = 0;            // by this rank
 };
 
+// Where a load target's local piece sits in the global tensor: its box, and
+// whether this rank holds a Partial coordinate other than 0 (it gets zeros,
+// not the value). A plain tensor is its whole box. Shared by every loader
+// that fills targets in place (this one, checkpoint/hf_reader.h).
+struct LocalPiece {
+  Box box;
+  bool zero = false;
+};
+LocalPiece local_piece(const Tensor& target);
+
 LoadResult load(const std::string& dir, const NamedTensors& targets, const LoadOptions& options = {});
 // The same with an open reader (several loads from one checkpoint).
 LoadResult load(CheckpointReader& reader, const NamedTensors& targets, const LoadOptions& options = {});

@@ -28,7 +28,6 @@ struct RecomputeNode final : Node {
   std::string who;
   std::function<Tensor(const std::vector<Tensor>&)> fn;
   std::vector<SavedTensor> inputs;  // values and versions at the forward
-  std::vector<Tensor> input_handles;  // placements and requires_grad of the originals (aliases, no history)
   std::vector<bool> input_requires_grad;
   std::vector<Tensor> params;
   std::vector<uint32_t> param_versions;
@@ -38,7 +37,6 @@ struct RecomputeNode final : Node {
   const char* name() const override { return "recompute"; }
   void release_saved() override {
     inputs.clear();
-    input_handles.clear();
     params.clear();
     fn = nullptr;
   }

@@ -1,7 +1,6 @@
 #include "train/trainer/pretrained.h"
 
 #include <filesystem>
-#include <map>
 #include <set>
 
 #include "autograd/api.h"
@@ -11,7 +10,6 @@
 #include "checkpoint/load.h"
 #include "checkpoint/manager.h"
 #include "checkpoint/model_config.h"
-#include "dtensor/ops.h"
 #include "run/checkpoint.h"
 #include "runtime/error.h"
 

@@ -384,8 +384,7 @@ TrainConfig planned(const TrainConfig& in, bool quiet) {
   if (b.pp > 1) out.pipeline_schedule = b.schedule;
   if (!quiet)
     std::printf("--mesh auto: %s on %lld device(s) (predicted %.3g s per step, %s per rank; `tessel plan` explains)\n",
-                b.str().c_str(), (long long)r.cluster.devices(), b.step_s,
-                fmt::format(FMT_STRING("{:.1f} MiB"), double(b.total) / (1 << 20)).c_str());
+                b.str().c_str(), (long long)r.cluster.devices(), b.step_s, mib(b.total).c_str());
   out.validate();
   return out;
 }
