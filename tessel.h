@@ -16,6 +16,8 @@
 // tessel::train would clash with a function of yours named train):
 //   text generation                        #include "train/sample.h" (tessel::train::generate_batch;
 //                                          nn::KVCache serves any model built from nn::Attention)
+//   the auto-planner                       #include "planner/planner.h" (tessel::planner::plan for the
+//                                          shipped model families; docs/plan.md)
 // docs/your_model.md walks through a model of one's own on every layout.
 #include "autograd/api.h"
 #include "dtensor/mesh.h"
