@@ -23,6 +23,7 @@
 #include "dtensor/mesh.h"
 #include "dtensor/ops.h"
 #include "nn/nn.h"
+#include "nn/parallel/derive.h"
 #include "nn/parallel/plan.h"
 #include "run/checkpoint.h"
 #include "run/launch.h"

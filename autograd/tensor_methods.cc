@@ -4,6 +4,7 @@
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
 #include "autograd/function.h"
+#include "autograd/graph_info.h"
 #include "autograd/ops/common.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/factory.h"
@@ -278,6 +279,20 @@ struct ViewOp {
 
 Tensor view_op(const Tensor& x, ViewOp op) { return call(std::move(op), x); }
 
+ViewInfo::Kind info_kind(ViewKind k) {
+  switch (k) {
+    case ViewKind::Reshape: return ViewInfo::Kind::Reshape;
+    case ViewKind::Transpose: return ViewInfo::Kind::Transpose;
+    case ViewKind::Permute: return ViewInfo::Kind::Permute;
+    case ViewKind::Slice: return ViewInfo::Kind::Slice;
+    case ViewKind::Select: return ViewInfo::Kind::Select;
+    case ViewKind::Expand: return ViewInfo::Kind::Expand;
+    case ViewKind::Unsqueeze: return ViewInfo::Kind::Unsqueeze;
+    case ViewKind::Squeeze: return ViewInfo::Kind::Squeeze;
+  }
+  return ViewInfo::Kind::Reshape;
+}
+
 struct CloneOp {
   static constexpr const char* kName = "clone";
   Tensor forward(const Tensor& x) {
@@ -320,6 +335,19 @@ void check_inplace(const Tensor& t, const char* op) {
 }
 
 }  // namespace
+
+std::optional<ViewInfo> view_info(const Node& node) {
+  const auto* n = dynamic_cast<const detail::OpNode<ViewOp>*>(&node);
+  if (n == nullptr || !n->op) return std::nullopt;
+  const ViewOp& op = *n->op;
+  ViewInfo v;
+  v.kind = info_kind(op.kind);
+  v.in_shape = op.in_shape;
+  v.shape = op.arg;
+  v.dim = op.a;
+  v.dim2 = op.b;
+  return v;
+}
 
 Tensor Tensor::view(const Dims& shape) const {
   ViewOp op{ViewKind::Reshape};

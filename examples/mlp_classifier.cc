@@ -42,16 +42,31 @@ std::pair<Tensor, Tensor> batch(int64_t step) {
   return {x, argmax(matmul(x, randn({12, 5}, PhiloxKey{1, stream_for("W")})), 1)};
 }
 
+// Megatron tensor parallelism for the blocks, written by hand.
+parallel::ParallelPlan hand_plan() {
+  parallel::ParallelPlan plan;
+  plan.column_parallel("blocks\\.\\d+\\.fc1").row_parallel("blocks\\.\\d+\\.fc2");
+  return plan;
+}
+
+// The same, derived from one traced forward on Meta (no plan written): fc1 ->
+// fc2 in each block, and the head column parallel (class-sharded logits).
+parallel::ParallelPlan derived_plan(Classifier& model) {
+  const Tensor x = empty({32, 12}, TensorOptions().with_device(kMeta));
+  const Tensor y = empty({32}, TensorOptions(DType::Int64).with_device(kMeta));
+  return parallel::derive_plan(model, [&] { return model.loss(x, y); });
+}
+
 // 30 steps on `mesh` (empty: one device); saves at step 15 or starts from `resume`.
-std::string train(std::vector<Mesh::DimSpec> mesh, int zero, const std::string& save_to, const std::string& resume) {
+std::string train(std::vector<Mesh::DimSpec> mesh, int zero, const std::string& save_to, const std::string& resume,
+                  bool derive = false) {
   int ranks = 1;
   for (const auto& d : mesh) ranks *= int(d.size);
   std::string hash;
   launch(ranks, [&](int rank) {
     auto model = nn::make_model<Classifier>(12, 32, 5);
     model->reset_parameters(/*seed=*/1);
-    parallel::ParallelPlan plan;  // Megatron tensor parallelism for the blocks
-    plan.column_parallel("blocks\\.\\d+\\.fc1").row_parallel("blocks\\.\\d+\\.fc2");
+    const parallel::ParallelPlan plan = derive ? derived_plan(*model) : hand_plan();
     RunOptions options{zero, /*clip=*/1.0};
     options.fsdp_units = "blocks\\.\\d+";
     auto run = parallelize(model, mesh.empty() ? nullptr : Mesh::world(mesh), plan, adamw({1e-2}), options);
@@ -82,6 +97,7 @@ int main(int argc, char** argv) {
   check("one device", one, one);
   check("dp=2 x tp=2, ZeRO-2", train({{"dp", 2}, {"tp", 2}}, 2, "", ""), one);
   check("dp=2 x tp=2, FSDP", train({{"dp", 2}, {"tp", 2}}, 3, "", ""), one);
+  check("dp=2 x tp=2, derived plan", train({{"dp", 2}, {"tp", 2}}, 2, "", "", /*derive=*/true), one);
   check("resumed at step 15 on tp=2", train({{"tp", 2}}, 0, "", ckpt), one);
   check("resumed at step 15 on one device", train({}, 0, "", ckpt), one);
   return failures == 0 ? 0 : 1;

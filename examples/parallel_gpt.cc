@@ -54,9 +54,11 @@ struct ParallelGPT : nn::StagedModel {
 };
 
 // Megatron tensor + sequence parallelism over "tp"; dp and pp need no rules.
+// (parallel::derive_plan finds the same from the model: see derived_plan.)
 parallel::ParallelPlan plan() {
   parallel::ParallelPlan p;
   p.name = "parallel-gpt";
+  p.vocabulary_parallel("tokens");
   p.column_parallel("blocks\\.\\d+\\.attn\\.w[qkv]", /*bias=*/false).row_parallel("blocks\\.\\d+\\.attn\\.wo");
   p.column_parallel("blocks\\.\\d+\\.mlp\\.fc").row_parallel("blocks\\.\\d+\\.mlp\\.proj");
   p.column_parallel("lm_head", /*bias=*/false);  // vocabulary-sharded logits
@@ -71,7 +73,14 @@ std::pair<Tensor, Tensor> batch(int64_t step) {
   return {ids.narrow(1, 0, kSeq), ids.narrow(1, 1, kSeq)};
 }
 
-std::string train(std::vector<Mesh::DimSpec> mesh, int64_t steps) {
+// The same plan, derived from one traced forward on Meta instead of written.
+parallel::ParallelPlan derived_plan(ParallelGPT& model) {
+  parallel::DeriveOptions options;
+  options.sequence_parallel = true;
+  return parallel::derive_plan(model, options);
+}
+
+std::string train(std::vector<Mesh::DimSpec> mesh, int64_t steps, bool derive = false) {
   int ranks = 1;
   for (const auto& d : mesh) ranks *= int(d.size);
   std::string hash;
@@ -85,7 +94,8 @@ std::string train(std::vector<Mesh::DimSpec> mesh, int64_t steps) {
     options.seed = 3;
     options.micro_batches = 2;
     options.clip = 1.0;
-    auto run = parallelize(model, mesh.empty() ? nullptr : Mesh::world(mesh), plan(), adamw({1e-2}), options);
+    auto run = parallelize(model, mesh.empty() ? nullptr : Mesh::world(mesh), derive ? derived_plan(*model) : plan(),
+                           adamw({1e-2}), options);
     for (int64_t step = run.step(); step < steps; ++step) {
       auto [x, y] = batch(step);
       const double loss = run.forward_backward(x, y).loss;
@@ -110,5 +120,15 @@ int main() {
   check("dp=2 x tp=2, sequence parallel", train({{"dp", 2}, {"tp", 2}}, 40), one);
   check("pipeline of 2 stages (1F1B)", train({{"pp", 2}}, 40), one);
   check("dp=2 x pp=2", train({{"dp", 2}, {"pp", 2}}, 40), one);
+  check("dp=2 x tp=2, derived plan", train({{"dp", 2}, {"tp", 2}}, 40, /*derive=*/true), one);
+  // The derived plan lays the model out exactly as the hand-written one.
+  std::shared_ptr<ParallelGPT> model;
+  {
+    nn::ConstructionScope meta(kMeta);
+    model = nn::make_model<ParallelGPT>();
+  }
+  const bool same = parallel::plan_layout(derived_plan(*model), *model) == parallel::plan_layout(plan(), *model);
+  std::printf("derived plan %s the hand-written one\n", same ? "lays the model out as" : "DIFFERS from");
+  failures += !same;
   return failures == 0 ? 0 : 1;
 }

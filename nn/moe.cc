@@ -58,8 +58,6 @@ Tensor MoE::forward(const Tensor& x) {
   const int64_t C = config.dim, E = config.num_experts, K = config.top_k;
   TESSEL_CHECK(x.dim() >= 1 && x.size(-1) == C, "MoE", "'{}' expects input [..., {}] (dim), got {}", path(), C,
                x.desc());
-  TESSEL_CHECK(!x.device().is_meta(), "MoE", "'{}': routing needs concrete values; got a meta tensor {}", path(),
-               x.desc());
   Tensor xf = x.reshape({-1, C});
   const int64_t N = xf.size(0);
   TESSEL_CHECK(N > 0, "MoE", "'{}': no tokens in input {}", path(), x.desc());
@@ -95,7 +93,7 @@ Tensor MoE::dispatch_here(const Tensor& xf, const Tensor& top_i, const Tensor& w
   Tensor weights = weights_nk.reshape({N * K});
 
   // Token-slots per expert, in token order; the first `cap` of each are kept.
-  const std::vector<int64_t> choice = top_i.contiguous().to_vector<int64_t>();
+  const std::vector<int64_t> choice = routing_choice(top_i, E);
   std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(E)), slots(static_cast<size_t>(E));
   for (int64_t s = 0; s < N * K; ++s) {
     tokens[size_t(choice[size_t(s)])].push_back(s / K);
@@ -130,6 +128,20 @@ Tensor MoE::dispatch_here(const Tensor& xf, const Tensor& top_i, const Tensor& w
   Tensor contrib = cat(parts, 0);
   return index_add(zeros({N, C}, TensorOptions(contrib.dtype()).with_device(xf.device())), 0,
                    index_tensor(dest, xf.device()), contrib);
+}
+
+std::vector<int64_t> routing_choice(const Tensor& top_i, int64_t num_experts) {
+  if (!top_i.device().is_meta()) return top_i.contiguous().to_vector<int64_t>();
+  // Planning (no values): every expert gets its share, and a token's k slots
+  // go to k different experts while k <= E.
+  std::vector<int64_t> choice(static_cast<size_t>(top_i.numel()));
+  for (size_t s = 0; s < choice.size(); ++s) choice[s] = int64_t(s) % num_experts;
+  return choice;
+}
+
+void MoE::forget_last_forward() {
+  aux_loss_ = Tensor();
+  stats_ = MoEStats{};
 }
 
 int64_t MoE::last_dropped_tokens() const {

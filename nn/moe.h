@@ -102,6 +102,9 @@ class MoE : public UnaryModule {
   // The last forward's slots dropped by the capacity, per expert and in all.
   const std::vector<int64_t>& last_dropped() const { return stats_.dropped; }
   int64_t last_dropped_tokens() const;
+  // Forgets the last forward (aux loss, counts), as before the first one: a
+  // forward that was not the model's (parallel::derive_plan's Meta trace).
+  void forget_last_forward();
 
   // The capacity factor (starts as config.capacity_factor; see expert_capacity).
   double capacity_factor() const { return capacity_factor_; }
@@ -130,6 +133,12 @@ class MoE : public UnaryModule {
 // casts of SwiGLU::forward (same bits), for dispatches that hold the weights
 // as local pieces. Forward hooks of the expert modules do not run.
 Tensor expert_swiglu(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& w3);
+
+// The expert of each token-slot of top_i [N, k], in token order. On the Meta
+// device (planning a layout: no values) a balanced routing stands in for the
+// router's choice: slot s goes to expert s mod E, so every expert gets N k / E
+// slots, as a well-balanced router would give it.
+std::vector<int64_t> routing_choice(const Tensor& top_i, int64_t num_experts);
 
 // Every MoE layer under `root` (in module order).
 std::vector<MoE*> moe_layers(const Module& root);

@@ -196,6 +196,24 @@ TEST_CASE("MoE: constructor and forward errors") {
   auto m = make_model<MoE>(config(4, 6, 2));
   m->reset_parameters(1);
   CHECK_THROWS_WITH(m->forward(uniform({3, 5}, 1)), Catch::Contains("MoE") && Catch::Contains("[..., 4]"));
-  CHECK_THROWS_WITH(m->forward(empty({3, 4}, kMeta)), Catch::Contains("MoE") && Catch::Contains("meta"));
+  CHECK_THROWS_WITH(m->forward(empty({3, 4}, kMeta)), Catch::Contains("different devices"));
   CHECK_THROWS_WITH(m->forward(empty({0, 4})), Catch::Contains("no tokens"));
+}
+
+TEST_CASE("MoE on Meta (planning): a balanced routing stands in for the router; forget_last_forward clears it") {
+  std::shared_ptr<MoE> m;
+  {
+    ConstructionScope meta(kMeta);
+    m = make_model<MoE>(config(4, 6, 4));  // top-2 of 4 experts
+  }
+  Tensor y = m->forward(empty({6, 4}, kMeta));
+  CHECK(y.device().is_meta());
+  CHECK(y.shape() == Dims{6, 4});
+  CHECK(m->last_expert_counts() == std::vector<int64_t>{3, 3, 3, 3});  // 12 slots, s mod 4
+  CHECK(m->last_aux_loss().defined());
+  CHECK(routing_choice(empty({3, 2}, TensorOptions(DType::Int64).with_device(kMeta)), 4) ==
+        std::vector<int64_t>{0, 1, 2, 3, 0, 1});
+  m->forget_last_forward();
+  CHECK(!m->last_aux_loss().defined());
+  CHECK(m->last_expert_counts().empty());
 }

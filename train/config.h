@@ -75,7 +75,7 @@ struct TrainConfig {
   std::string mesh;               // "dp=2,tp=2": named mesh dims, in order; empty: one device; "auto": planned (docs/plan.md)
   int64_t devices = 0;            // --mesh auto: the devices to lay the run out on (0: one per core)
   std::string backend = "auto";   // auto (mpi when launched by mpirun, else local threads) | local | mpi
-  std::string plan = "auto";      // parallel plan: auto (the model family's), nanogpt | llama | mixtral | none, or a .json file
+  std::string plan = "auto";      // parallel plan: auto (derived from the model: parallel::derive_plan), nanogpt | llama | mixtral | none, or a .json file
   bool sequence_parallel = false; // the built-in plans shard the residual stream along the sequence over tp
   bool bitwise = false;           // every layout gives the one-device run's bits (docs/numerics.md)
   bool profile = false;           // per-op self times of rank 0's steps, printed at the end (runtime/profile.h)

@@ -180,7 +180,7 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   Tensor wl = to_local(redistribute(weights, xp), out_p);     // [n, K]
   const int64_t n = xl.size(0);
   wl = wl.reshape({n * K});
-  const std::vector<int64_t> choice = to_local(redistribute(top_i, xp)).contiguous().to_vector<int64_t>();
+  const std::vector<int64_t> choice = nn::routing_choice(to_local(redistribute(top_i, xp)), E);
 
   // ---- 1. counts: global, in token order; the capacity rule on them -----------------------
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // my slots per expert, token order
@@ -189,7 +189,13 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
     slots[size_t(choice[size_t(s)])].push_back(s);
     ++mine[size_t(choice[size_t(s)])];
   }
-  const std::vector<int64_t> all = gather_counts(mesh, order, mine);  // [ranks][E]
+  // [ranks][E]. On Meta (planning) every token rank routes as this one does.
+  std::vector<int64_t> all;
+  if (xl.device().is_meta()) {
+    for (int64_t r = 0; r < order.ranks; ++r) all.insert(all.end(), mine.begin(), mine.end());
+  } else {
+    all = gather_counts(mesh, order, mine);
+  }
   const int64_t cap = nn::expert_capacity(moe.capacity_factor(), N, K, E);
   // kept[r][e]: rank r's kept slots of expert e (its first ones, after those of ranks before it).
   std::vector<int64_t> kept(all.size(), 0);

@@ -176,6 +176,11 @@ ParallelPlan& ParallelPlan::row_parallel(const std::string& linear, const std::s
   return *this;
 }
 
+ParallelPlan& ParallelPlan::vocabulary_parallel(const std::string& embedding, const std::string& dim) {
+  params.push_back({embedding + "\\.weight", DimLayout{{{dim, Shard(0)}}}});
+  return *this;
+}
+
 ParallelPlan& ParallelPlan::sequence_parallel(const std::string& sublayers, const std::string& embedding,
                                               const std::string& final_norm, const std::string& dim) {
   const DimLayout seq{{{dim, Shard(1)}}}, whole{{{dim, Replicate()}}};
@@ -209,7 +214,7 @@ ParallelPlan builtin_plan(const std::string& name, bool sp) {
   }
   const std::string L = "layers\\.\\d+\\.";
   if (name == "nanogpt") {
-    p.params.push_back({"wte\\.weight", tp(Shard(0))});  // vocabulary parallel; the tied LM head too
+    p.vocabulary_parallel("wte");  // the tied LM head too
     column(p, L + "attn\\.w[qkv]", true);
     row(p, L + "attn\\.wo");
     column(p, L + "mlp\\.fc", true);
@@ -218,7 +223,7 @@ ParallelPlan builtin_plan(const std::string& name, bool sp) {
     return p;
   }
   if (name == "llama" || name == "mixtral") {
-    p.params.push_back({"tok_embeddings\\.weight", tp(Shard(0))});
+    p.vocabulary_parallel("tok_embeddings");
     p.params.push_back({"output\\.weight", tp(Shard(0))});  // column-parallel LM head: vocabulary-sharded logits
     column(p, L + "attn\\.w[qkv]", false);
     row(p, L + "attn\\.wo");

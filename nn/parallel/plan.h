@@ -82,6 +82,11 @@ struct ParallelPlan {
   //   plan.column_parallel("blocks\\.\\d+\\.fc1").row_parallel("blocks\\.\\d+\\.fc2");
   ParallelPlan& column_parallel(const std::string& linear, bool bias = true, const std::string& dim = "tp");
   ParallelPlan& row_parallel(const std::string& linear, const std::string& dim = "tp");
+  // A vocabulary-parallel nn::Embedding (its weight [V, C] sharded by rows):
+  // each rank looks up the ids of its vocabulary slice, the outputs are
+  // summed over `dim`. With a column-parallel LM head of the same vocabulary
+  // the loss never gathers the logits.
+  ParallelPlan& vocabulary_parallel(const std::string& embedding, const std::string& dim = "tp");
   // Megatron's sequence parallelism over `dim`: the residual stream between
   // the sublayers is sharded along the sequence (dim 1 of [B, T, C]), so
   // norms, dropout and residual adds run on 1/tp of the tokens. The modules

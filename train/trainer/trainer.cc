@@ -12,6 +12,7 @@
 #include "models/config.h"
 #include "nn/context.h"
 #include "nn/moe.h"
+#include "nn/parallel/derive.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "planner/planner.h"
 #include "run/checkpoint.h"
@@ -228,6 +229,15 @@ std::shared_ptr<models::LanguageModel> build_on_meta(const TrainConfig& cfg, con
   return model;
 }
 
+// --plan auto: the plan derived from the model's traced forward
+// (parallel::derive_plan; for the shipped models it is the built-in plan).
+parallel::ParallelPlan derived_plan(models::LanguageModel& model, bool sequence_parallel) {
+  parallel::DeriveOptions options;
+  options.sequence_parallel = sequence_parallel;
+  options.name = sequence_parallel ? "derived-tp-sp" : "derived-tp";
+  return parallel::derive_plan(model, options);
+}
+
 void print_header(const TrainConfig& cfg, const Setup& s, const Run<models::LanguageModel>& run,
                   const Tokenizer& tok) {
   std::printf("tessel train: %s\n", s.model.describe().c_str());
@@ -418,10 +428,10 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   const DataLoader loader(s.corpus.split.train, cfg.seq_len, cfg.batch_size, cfg.seed, "data");
   const DataLoader heldout(s.corpus.split.heldout, cfg.seq_len, cfg.batch_size, cfg.seed, "eval");
   const MeshPtr mesh = s.mesh.empty() ? nullptr : Mesh::world(s.mesh);
-  const parallel::ParallelPlan plan = parallel::load_plan(cfg.plan == "auto" ? models::arch_name(s.model.arch) : cfg.plan,
-                                                          cfg.sequence_parallel);
-  Run<models::LanguageModel> run =
-      parallelize(build_on_meta(cfg, s.model), mesh, plan, optimizer(cfg), run_options(cfg));
+  std::shared_ptr<models::LanguageModel> model = build_on_meta(cfg, s.model);
+  const parallel::ParallelPlan plan = cfg.plan == "auto" ? derived_plan(*model, cfg.sequence_parallel)
+                                                         : parallel::load_plan(cfg.plan, cfg.sequence_parallel);
+  Run<models::LanguageModel> run = parallelize(std::move(model), mesh, plan, optimizer(cfg), run_options(cfg));
   const models::ModelConfig& mc = run.model().config;
   std::optional<Checkpoints> ckpt;
   const bool save_final = cfg.saves_final_checkpoint();
