@@ -2,10 +2,12 @@
 // *parallel* blocks (x + attn(ln(x)) + mlp(ln(x)), one norm, attention and
 // MLP side by side), rotary positions, dropout, an untied LM head. Written as
 // an nn::StagedModel, so the same model and loop run on dp=2 x tp=2 with
-// sequence parallelism and on a pipeline of 2 stages (docs/your_model.md).
-// In bitwise mode every layout ends with the one-device run's bits.
+// sequence parallelism and on a pipeline of 2 stages (docs/your_model.md),
+// on a plan derived from the model, and on the layout the planner picks for
+// it. In bitwise mode every layout ends with the one-device run's bits.
 #include <cstdio>
 
+#include "planner/planner.h"
 #include "tessel.h"
 using namespace tessel;
 
@@ -37,10 +39,10 @@ struct ParallelGPT : nn::StagedModel {
   std::shared_ptr<nn::LayerNorm> norm;
   std::shared_ptr<nn::Linear> lm_head;
   std::vector<std::shared_ptr<nn::UnaryModule>> stack;
-  ParallelGPT() : nn::StagedModel("ParallelGPT") {
+  explicit ParallelGPT(int64_t layers = kLayers) : nn::StagedModel("ParallelGPT") {
     tokens = child("tokens", std::make_shared<nn::Embedding>(kVocab, kDim));
     auto list = child("blocks", std::make_shared<nn::ModuleList>());
-    for (int i = 0; i < kLayers; ++i) list->push_back(stack.emplace_back(std::make_shared<ParallelBlock>()));
+    for (int64_t i = 0; i < layers; ++i) list->push_back(stack.emplace_back(std::make_shared<ParallelBlock>()));
     norm = child("norm", std::make_shared<nn::LayerNorm>(kDim));
     lm_head = child("lm_head", std::make_shared<nn::Linear>(kDim, kVocab, /*bias=*/false));
   }
@@ -74,15 +76,25 @@ std::pair<Tensor, Tensor> batch(int64_t step) {
 }
 
 // The same plan, derived from one traced forward on Meta instead of written.
-parallel::ParallelPlan derived_plan(ParallelGPT& model) {
+parallel::ParallelPlan derived_plan(nn::StagedModel& model, bool sequence_parallel = true) {
   parallel::DeriveOptions options;
-  options.sequence_parallel = true;
+  options.sequence_parallel = sequence_parallel;
   return parallel::derive_plan(model, options);
 }
 
-std::string train(std::vector<Mesh::DimSpec> mesh, int64_t steps, bool derive = false) {
+// How a run is laid out: the mesh and what parallelize's options say about it.
+struct Layout {
+  std::vector<Mesh::DimSpec> mesh;  // empty: one device
+  bool derive = false;              // the plan derived from the model instead of plan()
+  bool sequence_parallel = true;    // (a derived plan)
+  int zero = 0;
+  nn::Recompute recompute = nn::Recompute::None;
+  std::string schedule = "1f1b";
+};
+
+std::string train(const Layout& layout, int64_t steps) {
   int ranks = 1;
-  for (const auto& d : mesh) ranks *= int(d.size);
+  for (const auto& d : layout.mesh) ranks *= int(d.size);
   std::string hash;
   launch(ranks, [&](int rank) {
     std::shared_ptr<ParallelGPT> model;
@@ -94,7 +106,11 @@ std::string train(std::vector<Mesh::DimSpec> mesh, int64_t steps, bool derive = 
     options.seed = 3;
     options.micro_batches = 2;
     options.clip = 1.0;
-    auto run = parallelize(model, mesh.empty() ? nullptr : Mesh::world(mesh), derive ? derived_plan(*model) : plan(),
+    options.zero = layout.zero;
+    options.recompute = layout.recompute;
+    options.pipeline_schedule = layout.schedule;
+    const MeshPtr mesh = layout.mesh.empty() ? nullptr : Mesh::world(layout.mesh);
+    auto run = parallelize(model, mesh, layout.derive ? derived_plan(*model, layout.sequence_parallel) : plan(),
                            adamw({1e-2}), options);
     for (int64_t step = run.step(); step < steps; ++step) {
       auto [x, y] = batch(step);
@@ -108,6 +124,23 @@ std::string train(std::vector<Mesh::DimSpec> mesh, int64_t steps, bool derive = 
   return hash;
 }
 
+// The planner's pick for this model on 4 H100s (planner/planner.h): every
+// layout is simulated on the Meta device with the derived plan.
+planner::Candidate planned_layout() {
+  planner::PlanRequest request;
+  request.model = planner::PlanModel::custom("ParallelGPT", kLayers,
+                                             [](int64_t layers) { return nn::make_model<ParallelGPT>(layers); });
+  request.cluster = planner::cluster_preset("h100");
+  request.cluster.devices_per_node = 4;
+  request.global_batch = 8;
+  request.seq_len = kSeq;
+  request.bitwise = true;
+  request.fixed = {{"micro_batches", 2}};  // as train() runs
+  const planner::PlanResult result = planner::plan(request);
+  std::printf("%s", planner::format_plan(request, result).c_str());
+  return result.best;
+}
+
 int main() {
   numerics::BitwiseGuard bitwise(true);
   int failures = 0;
@@ -117,10 +150,13 @@ int main() {
   };
   const std::string one = train({}, 40);
   check("one device", one, one);
-  check("dp=2 x tp=2, sequence parallel", train({{"dp", 2}, {"tp", 2}}, 40), one);
-  check("pipeline of 2 stages (1F1B)", train({{"pp", 2}}, 40), one);
-  check("dp=2 x pp=2", train({{"dp", 2}, {"pp", 2}}, 40), one);
-  check("dp=2 x tp=2, derived plan", train({{"dp", 2}, {"tp", 2}}, 40, /*derive=*/true), one);
+  check("dp=2 x tp=2, sequence parallel", train({{{"dp", 2}, {"tp", 2}}}, 40), one);
+  check("pipeline of 2 stages (1F1B)", train({{{"pp", 2}}}, 40), one);
+  check("dp=2 x pp=2", train({{{"dp", 2}, {"pp", 2}}}, 40), one);
+  check("dp=2 x tp=2, derived plan", train({{{"dp", 2}, {"tp", 2}}, /*derive=*/true}, 40), one);
+  const planner::Candidate best = planned_layout();
+  check(("planned: " + best.str()).c_str(),
+        train({best.mesh_dims(), /*derive=*/true, best.sp, best.zero, best.recompute, best.schedule}, 40), one);
   // The derived plan lays the model out exactly as the hand-written one.
   std::shared_ptr<ParallelGPT> model;
   {

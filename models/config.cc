@@ -86,6 +86,8 @@ std::vector<ModelConfig> all_configs() {
   v.push_back(llama("llama-7b", 32, 4096, 32, 32, 11008, 4096, 32000, 10000.0));
   v.push_back(llama("llama-13b", 40, 5120, 40, 40, 13824, 4096, 32000, 10000.0));
   v.push_back(llama("llama3-8b", 32, 4096, 32, 8, 14336, 8192, 128256, 500000.0));
+  v.push_back(llama("llama3-70b", 80, 8192, 64, 8, 28672, 8192, 128256, 500000.0));
+  v.push_back(llama("llama3-405b", 126, 16384, 128, 8, 53248, 8192, 128256, 500000.0));
   // Mixtral: LLaMA blocks with sparse MoE feed-forwards.
   auto mix = [&](ModelConfig c) {
     c.arch = Arch::Mixtral;

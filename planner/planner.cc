@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "nn/module.h"
 #include "nn/parallel/pipeline/partition.h"
 #include "planner/simulate.h"
 #include "runtime/error.h"
@@ -55,41 +56,50 @@ int64_t sum_calls(const RankCost& r) {
 struct Search {
   const PlanRequest& req;
   PlanResult result;
-  std::map<std::string, std::pair<std::pair<ModelCost, ModelCost>, std::string>> sims;  // b = 1 and 2, or an error
+  // Per (tp, cp, ep, sp, recompute) and micro-batch size b in {1, 2, 3}:
+  // the cost, or why it cannot run.
+  std::map<std::string, std::map<int64_t, std::pair<ModelCost, std::string>>> sims;
 
-  // A micro-batch of b sequences costs a fixed part (parameters, their
-  // gradients) plus b times a per-sequence part, in every field: measured at
-  // b = 1 and 2 and scaled, so each (tp, cp, ep, sp, recompute) is simulated
-  // once whatever the batch.
-  std::pair<ModelCost, std::string> cost_of(const ShardLayout& l) {
-    ShardLayout one = l;
-    one.batch = 1;
-    const std::string key = one.str();
-    auto it = sims.find(key);
-    if (it == sims.end()) {
-      std::pair<std::pair<ModelCost, ModelCost>, std::string> v;
+  const std::pair<ModelCost, std::string>& point(const ShardLayout& l, int64_t b) {
+    ShardLayout at = l;
+    at.batch = 1;
+    auto& by_batch = sims[at.str()];
+    auto it = by_batch.find(b);
+    if (it == by_batch.end()) {
+      at.batch = b;
+      std::pair<ModelCost, std::string> v;
       try {
-        ShardLayout two = one;
-        two.batch = 2;
-        v.first = {simulate_per_block(req.model, one), simulate_per_block(req.model, two)};
-        result.simulations += 4;
+        v.first = simulate_per_block(req.model, at);
+        result.simulations += 2;
       } catch (const Error& e) {
         v.second = e.what();
       }
-      it = sims.emplace(key, std::move(v)).first;
+      it = by_batch.emplace(b, std::move(v)).first;
     }
-    const auto& [pair, error] = it->second;
-    if (!error.empty()) return {ModelCost{}, error};
-    const ModelCost& c1 = pair.first;
-    const ModelCost& c2 = pair.second;
-    // cost(b) = c1 + (b - 1) (c2 - c1), for the base and the block.
-    auto scale = [&](const RankCost& a, const RankCost& b2) {
-      const RankCost per_sequence = ModelCost{b2, a}.at(-1);  // b2 - a (ModelCost::at(k) = base + k block)
-      return ModelCost{a, per_sequence}.at(l.batch - 1);
+    return it->second;
+  }
+
+  // A micro-batch of b >= 2 sequences costs a fixed part (parameters, their
+  // gradients, what is gathered whole) plus b times a per-sequence part, in
+  // every field: measured at b = 2 and 3 and extended, so each (tp, cp, ep,
+  // sp, recompute) is simulated at most three times whatever the batch. One
+  // sequence is simulated on its own: some layouts move data in kind
+  // differently then (a cp-sharded [1, T, C] flattens to tokens without a
+  // gather; [b, T, C] does not).
+  std::pair<ModelCost, std::string> cost_of(const ShardLayout& l) {
+    if (l.batch <= 3) return point(l, l.batch);
+    const auto& [c2, e2] = point(l, 2);
+    if (!e2.empty()) return {ModelCost{}, e2};
+    const auto& [c3, e3] = point(l, 3);
+    if (!e3.empty()) return {ModelCost{}, e3};
+    // cost(b) = c3 + (b - 3) (c3 - c2), for the base and the block.
+    auto scale = [&](const RankCost& a2, const RankCost& a3) {
+      const RankCost per_sequence = ModelCost{a3, a2}.at(-1);  // a3 - a2 (ModelCost::at(k) = base + k block)
+      return ModelCost{a3, per_sequence}.at(l.batch - 3);
     };
     ModelCost out;
-    out.base = scale(c1.base, c2.base);
-    out.block = scale(c1.block, c2.block);
+    out.base = scale(c2.base, c3.base);
+    out.block = scale(c2.block, c3.block);
     return {out, ""};
   }
 
@@ -100,7 +110,7 @@ struct Search {
 
   void evaluate(Candidate c, std::vector<Candidate>* out) {
     const Cluster& cl = req.cluster;
-    const models::ModelConfig& m = req.model;
+    const PlanModel& m = req.model;
     ++result.candidates;
     const int64_t replicas = c.dp * c.ep;  // the batch is cut over dp and ep
     const int64_t per_replica = req.global_batch / replicas;
@@ -140,12 +150,15 @@ struct Search {
       const int64_t pbytes = rc.param_bytes;
       const int64_t in_flight = c.pp == 1 ? 1 : c.schedule == "gpipe" ? c.micro_batches
                                                                      : std::min(c.pp - s, c.micro_batches);
-      const int64_t saved_per_mb = std::max<int64_t>(0, blocks * (mc.block.peak_bytes - 2 * mc.block.param_bytes));
+      // A micro-batch in flight keeps its blocks' saved activations: what a
+      // block leaves alive after the forward, less its parameters.
+      const int64_t saved_per_mb =
+          std::max<int64_t>(0, blocks * (mc.block.live_after_forward - mc.block.param_bytes));
       const int64_t params = c.zero == 3 ? pbytes / c.dp : pbytes;
       const int64_t opt = 2 * pbytes / (c.zero >= 1 ? c.dp : 1);
       // The simulated peak holds the parameters, the gradients made so far and
       // the micro-batch's activations and transients.
-      int64_t act = std::max<int64_t>(0, rc.peak_bytes - pbytes) + (in_flight - 1) * saved_per_mb;
+      int64_t act = std::max<int64_t>(0, rc.step_peak() - pbytes) + (in_flight - 1) * saved_per_mb;
       // ZeRO-2/3 reduce-scatter each unit's full gradients during the
       // backward, so at the peak they may still be there (the simulated peak
       // keeps them); the gradient shards accumulate beside them (measured on
@@ -228,6 +241,19 @@ std::string Candidate::mesh() const {
   return s;
 }
 
+std::vector<Mesh::DimSpec> Candidate::mesh_dims() const {
+  std::vector<Mesh::DimSpec> dims;
+  for (const auto& [n, v] : std::vector<std::pair<const char*, int64_t>>{{"pp", pp}, {"dp", dp}, {"cp", cp}, {"ep", ep}, {"tp", tp}})
+    if (v > 1) dims.push_back({n, v});
+  return dims;
+}
+
+std::string Candidate::mesh_dims_cpp() const {
+  std::string s;
+  for (const Mesh::DimSpec& d : mesh_dims()) s += (s.empty() ? "" : ", ") + fmt::format(FMT_STRING("{{\"{}\", {}}}"), d.name, d.size);
+  return s;
+}
+
 std::string Candidate::str() const {
   std::string s = mesh().empty() ? "one device" : mesh();
   if (zero > 0) s += fmt::format(FMT_STRING(" zero={}"), zero);
@@ -274,12 +300,13 @@ nlohmann::json Candidate::to_json() const {
 
 PlanResult plan(const PlanRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
-  const models::ModelConfig& m = req.model;
+  const PlanModel& m = req.model;
+  TESSEL_CHECK(m.build != nullptr && m.n_layer >= 1, kOp, "the request names no model to plan");
   const Cluster& cl = req.cluster;
   const int64_t N = cl.devices();
   TESSEL_CHECK(req.global_batch >= 1 && req.seq_len >= 1, kOp, "global batch {} and seq_len {} must be positive",
                req.global_batch, req.seq_len);
-  TESSEL_CHECK(req.seq_len <= m.max_seq_len, kOp, "seq_len {} exceeds the context {} of {}", req.seq_len,
+  TESSEL_CHECK(m.max_seq_len == 0 || req.seq_len <= m.max_seq_len, kOp, "seq_len {} exceeds the context {} of {}", req.seq_len,
                m.max_seq_len, m.describe());
   TESSEL_CHECK(req.headroom >= 0 && req.headroom < 1, kOp, "headroom must be in [0, 1), got {}", req.headroom);
   static const std::set<std::string> keys = {"dp", "tp", "pp", "cp", "ep", "zero", "micro_batches", "sp"};
@@ -291,7 +318,7 @@ PlanResult plan(const PlanRequest& req) {
   }
   TESSEL_CHECK(N % fixed_product == 0, kOp, "the fixed dims ({}) do not divide the cluster's {} devices",
                fixed_product, N);
-  const bool moe = m.arch == models::Arch::Mixtral;
+  const bool moe = m.num_experts > 0;
   TESSEL_CHECK(moe || !req.fixed.count("ep") || req.fixed.at("ep") == 1, kOp,
                "ep = {} for {}, which has no experts", req.fixed.count("ep") ? req.fixed.at("ep") : 1, m.describe());
 
@@ -304,10 +331,11 @@ PlanResult plan(const PlanRequest& req) {
   for (int64_t tp : divisors(N)) {
     if (!search.allowed("tp", tp) || tp > cl.devices_per_node) continue;
     for (int64_t cp : divisors(N / tp)) {
-      // cp up to 16 unless fixed: longer rings than that are not worth their
-      // simulation time at the sequence lengths planned here.
+      // Unless fixed, cp up to 16 and keeping at least 1024 tokens per rank:
+      // shorter pieces exchange more than they compute, and the largest
+      // rings cost the most simulation time.
       if (!search.allowed("cp", cp) || (cp > 1 && req.seq_len % (2 * cp) != 0)) continue;
-      if (cp > 16 && !req.fixed.count("cp")) continue;
+      if (cp > 1 && (cp > 16 || req.seq_len / cp < 1024) && !req.fixed.count("cp")) continue;
       for (int64_t ep : moe ? divisors(N / (tp * cp)) : std::vector<int64_t>{1}) {
         if (!search.allowed("ep", ep) || (moe && m.num_experts % ep != 0)) continue;
         for (int64_t pp : divisors(N / (tp * cp * ep))) {
@@ -316,7 +344,10 @@ PlanResult plan(const PlanRequest& req) {
           if (req.global_batch % (dp * ep) != 0) continue;
           const int64_t per_replica = req.global_batch / (dp * ep);
           for (int64_t mb : divisors(per_replica)) {
-            if (!search.allowed("micro_batches", mb) || mb > 64) continue;
+            // Every micro-batch count the replica's batch divides into: a
+            // deep pipeline needs many (less in flight, a smaller bubble),
+            // and sizes beyond 3 sequences cost no simulation.
+            if (!search.allowed("micro_batches", mb)) continue;
             for (int zero = 0; zero <= 3; ++zero) {
               if (!search.allowed("zero", zero) || (zero > 0 && (dp == 1 || pp > 1))) continue;
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
@@ -374,6 +405,15 @@ PlanResult plan(const PlanRequest& req) {
   return r;
 }
 
+parallel::ParallelPlan best_parallel_plan(const PlanRequest& req, const Candidate& b) {
+  std::shared_ptr<nn::StagedModel> model;
+  {
+    nn::ConstructionScope meta(kMeta);
+    model = req.model.build(std::min<int64_t>(2, req.model.n_layer));
+  }
+  return req.model.plan_for(*model, b.sp);
+}
+
 std::string format_plan(const PlanRequest& req, const PlanResult& r) {
   const Candidate& b = r.best;
   std::string s;
@@ -392,14 +432,32 @@ std::string format_plan(const PlanRequest& req, const PlanResult& r) {
                               "total {} of {}\n"),
                    human_bytes(b.params), human_bytes(b.grads), human_bytes(b.optimizer), human_bytes(b.activations),
                    human_bytes(b.comm_buffers), human_bytes(b.total), human_bytes(req.cluster.memory_bytes));
-  s += fmt::format(FMT_STRING("  run it: tessel train --model {} --config {}{}{}{}{}{}{} --batch-size {} --seq-len {}\n"),
-                   models::arch_name(req.model.arch), req.model.name, b.mesh().empty() ? "" : " --mesh " + b.mesh(),
-                   b.zero ? fmt::format(FMT_STRING(" --zero {}"), b.zero) : "",
-                   b.micro_batches > 1 ? fmt::format(FMT_STRING(" --micro-batches {}"), b.micro_batches) : "",
-                   b.pp > 1 ? " --pipeline-schedule " + b.schedule : "", b.sp ? " --sequence-parallel" : "",
-                   b.recompute != nn::Recompute::None ? std::string(" --recompute ") + nn::recompute_name(b.recompute)
-                                                      : "",
-                   req.global_batch, req.seq_len);
+  const std::string options =
+      fmt::format(FMT_STRING("{}{}{}{}{}{}"), b.mesh().empty() ? "" : " --mesh " + b.mesh(),
+                  b.zero ? fmt::format(FMT_STRING(" --zero {}"), b.zero) : "",
+                  b.micro_batches > 1 ? fmt::format(FMT_STRING(" --micro-batches {}"), b.micro_batches) : "",
+                  b.pp > 1 ? " --pipeline-schedule " + b.schedule : "", b.sp ? " --sequence-parallel" : "",
+                  b.recompute != nn::Recompute::None ? std::string(" --recompute ") + nn::recompute_name(b.recompute)
+                                                     : "");
+  if (!req.model.train_args.empty()) {
+    s += fmt::format(FMT_STRING("  run it: tessel train {}{} --batch-size {} --seq-len {}\n"), req.model.train_args,
+                     options, req.global_batch, req.seq_len);
+  } else {  // a model of one's own: tessel::parallelize's mesh and RunOptions
+    s += fmt::format(FMT_STRING("  run it: Mesh::world({{{}}}), RunOptions zero={} micro_batches={} "
+                                "pipeline_schedule={} recompute={}, plan derive_plan(model{})\n"),
+                     b.mesh_dims_cpp(), b.zero, b.micro_batches, b.schedule, nn::recompute_name(b.recompute),
+                     b.sp ? ", {/*sequence_parallel=*/true}" : "");
+  }
+  if (b.tp > 1 || b.ep > 1) {  // what tp, sp and ep do to the parameters and modules
+    const parallel::ParallelPlan p = best_parallel_plan(req, b);
+    s += "  parallel plan:\n";
+    for (const auto& rule : p.params)
+      if (b.tp > 1) s += fmt::format(FMT_STRING("    {:<56} {}\n"), rule.match, rule.layout.str());
+    for (const auto& rule : p.modules)
+      s += fmt::format(FMT_STRING("    {:<56} input {} output {}\n"), rule.match, rule.input.str(), rule.output.str());
+    for (const auto& rule : p.experts)
+      if (b.ep > 1) s += fmt::format(FMT_STRING("    {:<56} experts over {}\n"), rule.match, rule.dim);
+  }
   s += "\nrunners-up:\n";
   for (const Candidate& c : r.runners_up)
     s += fmt::format(FMT_STRING("  {:<48} {:>9.4g} s  {:>10}  {}\n"), c.str(), c.step_s, human_bytes(c.total), c.why_not);
@@ -416,6 +474,7 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanResult& r) {
           {"compute", dtype_name(req.compute)},
           {"bitwise", req.bitwise},
           {"best", r.best.to_json()},
+          {"parallel_plan", nlohmann::json::parse(best_parallel_plan(req, r.best).to_json())},
           {"runners_up", ru},
           {"candidates", r.candidates},
           {"infeasible", r.infeasible},

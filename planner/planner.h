@@ -3,6 +3,7 @@
 // (docs/plan.md).
 //
 //   PlanRequest r{models::model_config("llama", "small"), cluster_preset("cpu"), /*global_batch=*/8, /*seq_len=*/256};
+//   (or r.model = PlanModel::custom("MyNet", n_layer, build) for a model of one's own, simulate.h)
 //   PlanResult p = plan(r);      // p.best, p.runners_up (each with why it lost)
 //
 // Every layout of the cluster's devices is a candidate: dp x tp x pp x cp x
@@ -26,11 +27,12 @@
 #include "models/config.h"
 #include "nn/recompute.h"
 #include "planner/cluster.h"
+#include "planner/simulate.h"
 
 namespace tessel::planner {
 
 struct PlanRequest {
-  models::ModelConfig model;
+  PlanModel model;  // a shipped model's config, or PlanModel::custom(...) for one's own
   Cluster cluster;
   int64_t global_batch = 8;  // sequences per optimizer step
   int64_t seq_len = 256;
@@ -62,6 +64,8 @@ struct Candidate {
   std::string why_not;     // for runners-up: why the best beat it
 
   std::string mesh() const;    // "dp=2,tp=2" (size-1 dims left out; "" for one device)
+  std::vector<Mesh::DimSpec> mesh_dims() const;  // the same, for Mesh::world
+  std::string mesh_dims_cpp() const;             // {"dp", 2}, {"tp", 2}: as C++
   std::string str() const;     // mesh, zero, micro-batches, sp, recompute
   nlohmann::json to_json() const;
 };

@@ -26,6 +26,8 @@ TEST_CASE("real configs have the published parameter counts (built on Meta, noth
   CHECK(count_on_meta("nanogpt", "gpt2-124m") == 124439808 + 47 * 768);
   CHECK(count_on_meta("llama", "llama-7b") == 6738415616);
   CHECK(count_on_meta("llama", "llama3-8b") == 8030261248);
+  CHECK(count_on_meta("llama", "llama3-70b") == 70553706496);    // Llama 3.1 70B
+  CHECK(count_on_meta("llama", "llama3-405b") == 405853388800);  // Llama 3.1 405B
   CHECK(count_on_meta("mixtral", "mixtral-8x7b") == 46702792704);
   AllocatorStats after = cpu_allocator()->stats();
   CHECK(after.current_bytes - before.current_bytes < (1 << 20));  // only small buffers, no parameters

@@ -10,6 +10,7 @@
 #include "autograd/api.h"
 #include "dtensor/mesh.h"
 #include "models/language_model.h"
+#include "nn/nn.h"
 #include "nn/parallel/parallelize.h"
 #include "nn/parallel/plan.h"
 #include "planner/planner.h"
@@ -27,8 +28,56 @@ using namespace tessel::planner;
 
 namespace {
 
+// A model of one's own (no plan written): GPT-J-style parallel blocks.
+constexpr int64_t kVocab = 64, kDim = 32;
+
+struct ParallelBlock : nn::UnaryModule {
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Attention> attn;
+  std::shared_ptr<nn::MLP> mlp;
+  ParallelBlock() : nn::UnaryModule("ParallelBlock") {
+    norm = child("norm", std::make_shared<nn::LayerNorm>(kDim));
+    nn::AttentionConfig a;
+    a.dim = kDim;
+    a.n_head = 4;
+    a.rope = true;
+    a.max_seq_len = 64;
+    attn = child("attn", std::make_shared<nn::Attention>(a));
+    mlp = child("mlp", std::make_shared<nn::MLP>(kDim, 4 * kDim, /*bias=*/true, /*dropout=*/0.0));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = (*norm)(x);
+    return x + (*attn)(h) + (*mlp)(h);
+  }
+};
+
+struct ParallelGPT : nn::StagedModel {
+  std::shared_ptr<nn::Embedding> tokens;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Linear> lm_head;
+  std::vector<std::shared_ptr<nn::UnaryModule>> stack;
+  explicit ParallelGPT(int64_t layers) : nn::StagedModel("ParallelGPT") {
+    tokens = child("tokens", std::make_shared<nn::Embedding>(kVocab, kDim));
+    auto list = child("blocks", std::make_shared<nn::ModuleList>());
+    for (int64_t i = 0; i < layers; ++i) list->push_back(stack.emplace_back(std::make_shared<ParallelBlock>()));
+    norm = child("norm", std::make_shared<nn::LayerNorm>(kDim));
+    lm_head = child("lm_head", std::make_shared<nn::Linear>(kDim, kVocab, /*bias=*/false));
+  }
+  Tensor embed(const Tensor& ids) override { return (*tokens)(ids); }
+  const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return stack; }
+  Tensor head(const Tensor& h) override { return (*lm_head)((*norm)(h)); }
+  Tensor stage_loss(const Tensor& logits, const Tensor& y) override {
+    return cross_entropy(logits.reshape({-1, kVocab}), y.reshape({-1}));
+  }
+  Tensor example_input() const override { return empty({1, 1}, TensorOptions(DType::Int64).with_device(kMeta)); }
+};
+
+PlanModel parallel_gpt(int64_t layers) {
+  return PlanModel::custom("ParallelGPT", layers, [](int64_t n) { return nn::make_model<ParallelGPT>(n); });
+}
+
 // The same micro-batch for real (values, kernels, collectives) on every rank of l.
-std::vector<RankCost> real_step(const models::ModelConfig& config, const ShardLayout& l) {
+std::vector<RankCost> real_step(const PlanModel& pm, int64_t vocab, const ShardLayout& l) {
   const std::vector<Mesh::DimSpec> dims = mesh_dims(l);
   const int n = int(l.tp * l.cp * l.ep);
   numerics::BitwiseGuard bitwise(l.bitwise);
@@ -38,14 +87,14 @@ std::vector<RankCost> real_step(const models::ModelConfig& config, const ShardLa
     Allocator* a = cpu_allocator();
     const int64_t before = a->stats().current_bytes;
     if (n == 1) a->reset_peak();
-    auto model = models::build_model(config);
+    auto model = pm.build(pm.n_layer);
     model->reset_parameters(1);
-    const auto plan = parallel::load_plan(models::arch_name(config.arch), l.sequence_parallel);
+    const auto plan = pm.plan_for(*model, l.sequence_parallel);
     if (mesh) parallel::parallelize(*model, mesh, plan);
     if (l.recompute != nn::Recompute::None) nn::apply_recompute(*model, l.recompute);
     model->train();
-    Tensor ids = testing::randint({l.batch, l.seq_len}, 7, 0, config.vocab_size);
-    Tensor targets = testing::randint({l.batch, l.seq_len}, 8, 0, config.vocab_size);
+    Tensor ids = testing::randint({l.batch, l.seq_len}, 7, 0, vocab);
+    Tensor targets = testing::randint({l.batch, l.seq_len}, 8, 0, vocab);
     cost::CountScope counting;  // the step (the Meta run counts from its forward on too)
     if (mesh) {
       ids = parallel::distribute_batch(ids, mesh, plan);
@@ -93,11 +142,17 @@ TEST_CASE("planner: a step on Meta counts a real step's FLOPs and redistribution
       {"llama", layout(2, 1, true, nn::Recompute::Full)},
       {"llama", layout(1, 2, false, nn::Recompute::None, true)},
       {"llama", layout(2, 2, true, nn::Recompute::None)},
+      {"custom", layout(1, 1, false, nn::Recompute::None)},
+      {"custom", layout(2, 1, true, nn::Recompute::None)},
+      {"custom", layout(2, 2, false, nn::Recompute::Full)},
   };
   for (const Case& k : cases) {
     INFO(k.arch << " " << k.l.str() << (k.l.bitwise ? " bitwise" : ""));
-    const models::ModelConfig c = models::model_config(k.arch, "tiny");
-    const auto meta = simulate(c, k.l), real = real_step(c, k.l);
+    // A shipped model (its built-in plan) or one of one's own (a derived plan).
+    const models::ModelConfig config = models::model_config(k.arch == "custom" ? "llama" : k.arch, "tiny");
+    const PlanModel c = k.arch == "custom" ? parallel_gpt(2) : PlanModel(config);
+    const int64_t vocab = k.arch == "custom" ? kVocab : config.vocab_size;
+    const auto meta = simulate(c, k.l), real = real_step(c, vocab, k.l);
     REQUIRE(meta.size() == real.size());
     for (size_t r = 0; r < meta.size(); ++r) {
       INFO("rank " << r);
@@ -117,7 +172,7 @@ TEST_CASE("planner: a step on Meta counts a real step's FLOPs and redistribution
   }
 }
 
-TEST_CASE("planner: per-block costs from 1- and 2-block runs give any depth's costs", "[planner]") {
+TEST_CASE("planner: per-block costs from 2- and 3-block runs give any depth's costs", "[planner]") {
   models::ModelConfig c = models::model_config("llama", "tiny");
   c.n_layer = 5;
   ShardLayout l;
@@ -134,6 +189,53 @@ TEST_CASE("planner: per-block costs from 1- and 2-block runs give any depth's co
   CHECK(scaled.comm_bytes == whole[0].comm_bytes);
   // The peak grows by one block's parameters, gradients and saved activations per block.
   CHECK(std::abs(double(scaled.peak_bytes) / double(whole[0].peak_bytes) - 1.0) < 0.05);
+}
+
+TEST_CASE("planner: the memory peak at depth, where it moves between phases of the step", "[planner]") {
+  // LLaMA-3 8B's shapes (vocabulary 128256), 1 x 1024 tokens, bf16: the peak
+  // is at the end of the backward with full recomputation (the gradients
+  // pile up) and at its start without (every block's saved activations).
+  for (const nn::Recompute policy : {nn::Recompute::None, nn::Recompute::Full}) {
+    CAPTURE(nn::recompute_name(policy));
+    models::ModelConfig c = models::model_config("llama", "llama3-8b");
+    c.n_layer = 6;
+    ShardLayout l;
+    l.batch = 1;
+    l.seq_len = 1024;
+    l.compute = DType::BFloat16;
+    l.recompute = policy;
+    const RankCost scaled = simulate_per_block(c, l).at(6);
+    const RankCost whole = simulate(c, l)[0];
+    CHECK(scaled.step_peak() == whole.peak_bytes);
+    CHECK(scaled.live_after_forward == whole.live_after_forward);
+  }
+}
+
+TEST_CASE("planner: a micro-batch's costs are exact at every size, context parallel included", "[planner]") {
+  // cp cuts [1, T, C] into tokens without a gather and [b, T, C] with one (the
+  // LM head's flatten): costs are linear in b only from b = 2 on, so the
+  // search measures b = 1 on its own and extends b = 2 and 3.
+  Cluster cl = cluster_preset("h100");
+  cl.devices_per_node = 2;
+  cl.intra_latency_s = cl.inter_latency_s = 0;
+  for (int64_t b : {1, 2, 3, 4, 6}) {
+    CAPTURE(b);
+    PlanRequest r;
+    r.model = models::model_config("llama", "tiny");
+    r.cluster = cl;
+    r.global_batch = b;
+    r.seq_len = 64;
+    r.fixed = {{"cp", 2}, {"micro_batches", 1}, {"sp", 0}};
+    r.recompute = nn::Recompute::None;
+    const Candidate best = plan(r).best;
+    REQUIRE(best.cp == 2);
+    ShardLayout l;
+    l.cp = 2;
+    l.batch = b;
+    l.seq_len = 64;
+    const int64_t bytes = simulate(r.model, l)[0].total_comm_bytes();
+    CHECK(best.model_comm_s * cl.intra_bw == Approx(double(bytes)).epsilon(1e-9));
+  }
 }
 
 TEST_CASE("planner: the predicted per-rank memory is the allocator's peak of a real run", "[planner]") {
@@ -208,6 +310,31 @@ TEST_CASE("planner: the search fits memory, keeps constraints, explains the runn
   bad = r;
   bad.seq_len = 100000;
   CHECK_THROWS_WITH(plan(bad), Catch::Contains("exceeds the context"));
+}
+
+TEST_CASE("planner: a model of one's own is planned on its derived plan", "[planner]") {
+  PlanRequest r;
+  r.model = parallel_gpt(4);
+  CHECK(r.model.dim == kDim);
+  CHECK(r.model.num_experts == 0);
+  r.cluster = cluster_preset("h100");
+  r.cluster.devices_per_node = 4;
+  r.global_batch = 8;
+  r.seq_len = 32;
+  r.fixed = {{"tp", 2}, {"sp", 1}};
+  const PlanResult p = plan(r);
+  CHECK(p.best.tp == 2);
+  CHECK(p.best.sp);
+  const std::string report = format_plan(r, p);
+  INFO(report);
+  CHECK_THAT(report, Catch::Contains("blocks\\.\\d+\\.attn\\.(wq|wk|wv)\\.weight"));
+  CHECK_THAT(report, Catch::Contains("blocks\\.\\d+\\.(attn|mlp)") || Catch::Contains("blocks\\.\\d+\\.(mlp|attn)"));
+  CHECK_THAT(report, Catch::Contains("run it: Mesh::world({"));
+  const nlohmann::json j = plan_json(r, p);
+  CHECK(j["parallel_plan"]["params"].size() >= 4);
+  // A model that is not a token model, or a build that ignores the depth, is refused.
+  CHECK_THROWS_WITH(PlanModel::custom("x", 4, [](int64_t) { return nn::make_model<ParallelGPT>(2); }),
+                    Catch::Contains("build(1) must give a model of 1 block, got 2"));
 }
 
 TEST_CASE("planner: tessel train --mesh auto runs the planner's layout; in bitwise mode the one-device bits",

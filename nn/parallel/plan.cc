@@ -1,6 +1,7 @@
 #include "nn/parallel/plan.h"
 
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -12,8 +13,13 @@ namespace tessel::parallel {
 
 std::regex compile_regex(const std::string& pattern) {
   static std::mutex mu;
+  // Compiled once per pattern: every rank of every layout the planner
+  // simulates lays out the same plan (a copy shares the compiled automaton).
+  static std::map<std::string, std::regex> compiled;
   std::lock_guard<std::mutex> lock(mu);
-  return std::regex(pattern);
+  auto it = compiled.find(pattern);
+  if (it == compiled.end()) it = compiled.emplace(pattern, std::regex(pattern)).first;
+  return it->second;
 }
 
 Placements DimLayout::on(const Mesh& mesh, const Placements& base) const {

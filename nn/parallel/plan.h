@@ -117,7 +117,9 @@ ParallelPlan load_plan(const std::string& spec, bool sequence_parallel = false);
 // regex compiler fills the locale's shared ctype<char>::narrow cache without
 // synchronization (a data race ThreadSanitizer reports), and parallelize()
 // and Run build a plan's regexes on every rank thread at once. Matching with
-// the compiled regex needs no lock. Throws std::regex_error.
+// the compiled regex needs no lock. Each pattern is compiled once per process
+// (the planner lays the same plan out on thousands of simulated ranks).
+// Throws std::regex_error.
 std::regex compile_regex(const std::string& pattern);
 
 }  // namespace tessel::parallel

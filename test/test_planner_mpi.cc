@@ -1,0 +1,88 @@
+// The planner's per-rank memory against real runs, one process per rank
+// (under `mpirun -np 2`: each process has its own allocator, so its peak is
+// its rank's). LLaMA small, 8 x 256, two steps through tessel train on each
+// layout of 2 ranks the planner considers: its predicted total (parameters,
+// gradients, AdamW state, activations, buffers) is within 10% of the largest
+// rank's allocator peak (issue 14, item 4).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+
+#include "planner/planner.h"
+#include "runtime/comm/comm.h"
+#include "test/util/runfiles.h"
+#include "test/util/util.h"
+#include "train/trainer/trainer.h"
+
+using namespace tessel;
+using namespace tessel::train;
+
+namespace {
+
+struct Layout {
+  const char* name;
+  std::map<std::string, int64_t> fixed;  // the planner's constraints
+  nn::Recompute recompute = nn::Recompute::None;
+};
+
+// The largest rank's allocator peak over two training steps.
+int64_t measured(const Layout& l) {
+  TrainConfig c;
+  c.model = "llama";
+  c.model_config = "small";
+  c.steps = 2;
+  c.batch_size = 8;
+  c.seq_len = 256;
+  c.eval_every = 0;
+  c.sample_length = 0;
+  std::string mesh;
+  for (const char* dim : {"pp", "dp", "tp"})
+    if (l.fixed.count(dim) && l.fixed.at(dim) > 1)
+      mesh += (mesh.empty() ? "" : ",") + std::string(dim) + "=" + std::to_string(l.fixed.at(dim));
+  c.mesh = mesh;
+  c.zero = int(l.fixed.count("zero") ? l.fixed.at("zero") : 0);
+  c.micro_batches = l.fixed.count("micro_batches") ? l.fixed.at("micro_batches") : 1;
+  c.sequence_parallel = l.fixed.count("sp") && l.fixed.at("sp") == 1;
+  c.recompute = nn::recompute_name(l.recompute);
+  const std::string dir = testing::scratch_dir("planner_mpi_" + std::to_string(comm::world()->rank()));
+  c.out_dir = (std::filesystem::path(dir) / l.name).string();
+  TrainHooks h;
+  h.quiet = true;
+  return run_training(c, h).allocator_peak_bytes_max;
+}
+
+int64_t predicted(const Layout& l) {
+  planner::PlanRequest r;
+  r.model = models::model_config("llama", "small");
+  r.cluster = planner::cluster_preset("h100");  // memory does not depend on the speeds
+  r.cluster.devices_per_node = 2;
+  r.global_batch = 8;
+  r.seq_len = 256;
+  r.fixed = l.fixed;
+  r.fixed.emplace("cp", 1);
+  r.recompute = l.recompute;
+  return planner::plan(r).best.total;
+}
+
+}  // namespace
+
+TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's peak on every 2-rank layout",
+          "[planner][mpi]") {
+  comm::init_mpi();
+  REQUIRE(comm::world()->size() == 2);
+  const std::vector<Layout> layouts = {
+      {"dp2", {{"dp", 2}, {"tp", 1}, {"pp", 1}, {"zero", 0}, {"micro_batches", 1}, {"sp", 0}}},
+      {"dp2_recompute", {{"dp", 2}, {"tp", 1}, {"pp", 1}, {"zero", 0}, {"micro_batches", 1}, {"sp", 0}},
+       nn::Recompute::Full},
+      {"dp2_zero2", {{"dp", 2}, {"tp", 1}, {"pp", 1}, {"zero", 2}, {"micro_batches", 1}, {"sp", 0}}},
+      {"dp2_zero3", {{"dp", 2}, {"tp", 1}, {"pp", 1}, {"zero", 3}, {"micro_batches", 1}, {"sp", 0}}},
+      {"tp2", {{"dp", 1}, {"tp", 2}, {"pp", 1}, {"micro_batches", 1}, {"sp", 0}}},
+      {"tp2_sp", {{"dp", 1}, {"tp", 2}, {"pp", 1}, {"micro_batches", 1}, {"sp", 1}}},
+      {"pp2", {{"dp", 1}, {"tp", 1}, {"pp", 2}, {"micro_batches", 2}, {"sp", 0}}},
+  };
+  for (const Layout& l : layouts) {
+    const int64_t got = measured(l), want = predicted(l);
+    INFO(l.name << ": predicted " << want / 1048576.0 << " MiB, measured " << got / 1048576.0 << " MiB");
+    CHECK(std::abs(double(want) / double(got) - 1.0) < 0.10);
+  }
+}
