@@ -83,6 +83,25 @@ TEST_CASE("derive_plan: the shipped plans come out of the trace unchanged") {
   }
 }
 
+TEST_CASE("derive_plan: every shipped config gives its family's plan") {
+  // Real sizes too (on Meta: nothing allocated). NanoGPT small has as many
+  // positions as tokens (256): its position table must stay replicated.
+  for (const std::string arch : {"nanogpt", "llama", "mixtral"}) {
+    for (const std::string& name : models::config_names(models::arch_from_name(arch))) {
+      CAPTURE(arch, name);
+      std::shared_ptr<models::LanguageModel> model;
+      {
+        nn::ConstructionScope meta(kMeta);
+        model = models::build_model(models::model_config(arch, name));
+      }
+      DeriveOptions sp;
+      sp.sequence_parallel = true;
+      CHECK(parallel::plan_layout(parallel::derive_plan(*model, sp), *model) ==
+            parallel::plan_layout(parallel::builtin_plan(arch, true), *model));
+    }
+  }
+}
+
 TEST_CASE("derive_plan: the rules read like hand-written ones") {
   auto model = on_meta("llama");
   const parallel::ParallelPlan p = parallel::derive_plan(*model);

@@ -588,6 +588,7 @@ ParallelPlan derive_plan(nn::Module& model, const std::function<Tensor()>& forwa
 
   // ---- placements per parameter ------------------------------------------------------------------------
   std::map<int, std::set<int>> votes;  // param -> dims asked for
+  std::map<std::string, int> replicated_lines;  // parameters left replicated, with why (report lines)
   std::map<int, std::vector<std::string>> voters;
   auto vote = [&](int param, int dim, const std::string& why) {
     votes[param].insert(dim);
@@ -623,21 +624,39 @@ ParallelPlan derive_plan(nn::Module& model, const std::function<Tensor()>& forwa
     if (comp.vocab >= 0) line += fmt::format(FMT_STRING(" -> cross_entropy (vocabulary {} sharded)"), comp.vocab);
     ++found_lines[line];
   }
-  // Embeddings of a vocabulary the loss shards.
-  std::vector<std::string> token_embeddings;
+  // Embeddings of a vocabulary the loss shards. A table with as many rows
+  // as the vocabulary can also be a position embedding (NanoGPT small: 256
+  // tokens of context, 256 of vocabulary); its lookups are shared by the
+  // batch ([T] or [1, T] positions), so its output is smaller than the token
+  // embedding's [B, T, C]: per vocabulary, only the largest outputs count.
+  std::map<int64_t, int64_t> largest;  // vocabulary -> the largest lookup output (elements)
+  std::vector<std::pair<int, int64_t>> lookups;  // (param, output elements)
   for (const GNode& n : g.nodes) {
     if (n.name != "embedding" || n.in.empty() || n.in[0].kind != InKind::Param) continue;
     const int p = n.in[0].param;
-    if (shapes[size_t(p)].size() == 2 && vocabs.count(shapes[size_t(p)][0])) {
-      vote(p, 0, "vocabulary parallel");
-      token_embeddings.push_back(module_of(names[size_t(p)]));
-      ++found_lines[fmt::format(FMT_STRING("vocabulary-parallel embedding {}"), generic(module_of(names[size_t(p)])))];
+    if (shapes[size_t(p)].size() != 2 || !vocabs.count(shapes[size_t(p)][0]) || n.out_shape.empty()) continue;
+    const int64_t elements = numel_of(n.out_shape[0]);
+    lookups.emplace_back(p, elements);
+    int64_t& l = largest[shapes[size_t(p)][0]];
+    l = std::max(l, elements);
+  }
+  std::vector<std::string> token_embeddings;
+  for (auto& [p, elements] : lookups) {
+    const std::string module = module_of(names[size_t(p)]);
+    if (elements < largest[shapes[size_t(p)][0]]) {
+      ++replicated_lines[fmt::format(FMT_STRING("{}: a table of the vocabulary's size whose lookups the batch shares "
+                                                "(positions, not tokens)"),
+                                     generic(module))];
+      continue;
     }
+    if (std::find(token_embeddings.begin(), token_embeddings.end(), module) != token_embeddings.end()) continue;
+    vote(p, 0, "vocabulary parallel");
+    token_embeddings.push_back(module);
+    ++found_lines[fmt::format(FMT_STRING("vocabulary-parallel embedding {}"), generic(module))];
   }
   for (auto& [line, count] : found_lines) rep.found.push_back(count > 1 ? fmt::format(FMT_STRING("{} (x{})"), line, count) : line);
 
   std::vector<std::pair<std::string, DimLayout>> chosen;
-  std::map<std::string, int> replicated_lines;
   for (auto& [p, dims] : votes) {
     if (dims.size() == 1) {
       chosen.emplace_back(names[size_t(p)], DimLayout{{{options.tp, Shard(*dims.begin())}}});
@@ -654,6 +673,16 @@ ParallelPlan derive_plan(nn::Module& model, const std::function<Tensor()>& forwa
       why = "its output " + d.comp(it->second).why;
     ++replicated_lines[fmt::format(FMT_STRING("{}: {}"), generic(module_of(names[size_t(u.param)])), why)];
   }
+  // Parameters the trace never reached get no rule of their own (a rule for
+  // their siblings may still match them): say so.
+  std::vector<bool> reached(names.size(), false);
+  for (const GNode& n : g.nodes)
+    for (const In& in : n.in)
+      if (in.kind == InKind::Param) reached[size_t(in.param)] = true;
+  for (size_t p = 0; p < names.size(); ++p)
+    if (!reached[p])
+      ++replicated_lines[fmt::format(FMT_STRING("{}: not reached by the traced forward (give it more tokens?)"),
+                                     generic(names[p]))];
   for (auto& [line, count] : replicated_lines)
     rep.replicated.push_back(count > 1 ? fmt::format(FMT_STRING("{} (x{})"), line, count) : line);
   // Original parameter order (the rules read top to bottom as the model does).
@@ -762,7 +791,14 @@ ParallelPlan derive_plan(nn::StagedModel& model, const DeriveOptions& options, D
   TESSEL_CHECK(example.defined() && example.dim() >= 1, kOp, "'{}': example_input() gives no tensor to trace with",
                model.type_name());
   Dims shape = example.shape();
-  shape[0] = 2;
+  // Two sequences, and enough tokens that every expert of an MoE layer gets
+  // one under the balanced routing of a Meta trace (nn::routing_choice).
+  int64_t batch = 2;
+  const int64_t tokens_per_sequence = std::max<int64_t>(1, numel_of(shape) / std::max<int64_t>(1, shape[0]));
+  for (nn::MoE* m : nn::moe_layers(model))
+    batch = std::max(batch, (m->config.num_experts + m->config.top_k * tokens_per_sequence - 1) /
+                                (m->config.top_k * tokens_per_sequence));
+  shape[0] = batch;
   const Tensor ids = empty(shape, TensorOptions(example.dtype()).with_device(kMeta));
   return derive_plan(
       model, [&] { return model.loss(model.forward(ids), ids); }, options, report);
