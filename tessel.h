@@ -19,6 +19,12 @@
 //   the auto-planner                       #include "planner/planner.h" (tessel::planner::plan for the
 //                                          shipped model families; docs/plan.md)
 // docs/your_model.md walks through a model of one's own on every layout.
+// tessel's headers are C++17, and its numerics contract needs its compile
+// flags: a workspace of one's own copies the `build` lines of tessel's
+// .bazelrc (docs/build.md, "Using tessel from your own program").
+#if __cplusplus < 201703L
+#error "tessel needs C++17 and its numerics flags: copy the build lines of tessel's .bazelrc into your workspace's .bazelrc (docs/build.md)"
+#endif
 #include "autograd/api.h"
 #include "dtensor/mesh.h"
 #include "dtensor/ops.h"

@@ -1,4 +1,9 @@
 #pragma once
+// tessel's headers are C++17 (see runtime/tmath.h: copy the build lines of
+// tessel's .bazelrc into a workspace of one's own).
+#if __cplusplus < 201703L
+#error "tessel needs C++17 and its numerics flags: copy the build lines of tessel's .bazelrc into your workspace's .bazelrc (docs/build.md)"
+#endif
 // Dims: a small inline vector for shapes and strides (no heap allocation).
 #include <cstdint>
 #include <initializer_list>

@@ -1,4 +1,10 @@
 #pragma once
+// tessel's headers are C++17, and its numerics contract needs its compile
+// flags: a workspace of one's own copies the `build` lines of tessel's
+// .bazelrc (docs/build.md, "Using tessel from your own program").
+#if __cplusplus < 201703L
+#error "tessel needs C++17 and its numerics flags: copy the build lines of tessel's .bazelrc into your workspace's .bazelrc (docs/build.md)"
+#endif
 // tessel::tmath — the project's own float math functions.
 //
 // Why: the fp32 bitwise contract (docs/design.md §4, level 4) needs CPU and CUDA to

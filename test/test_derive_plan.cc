@@ -58,6 +58,53 @@ struct Classifier : nn::Module {
   }
 };
 
+// A LLaMA-like LM whose feed-forward Linears are the block's own children
+// (no MLP module): sequence parallelism has no sublayer to wrap there.
+struct FlatBlock : nn::UnaryModule {
+  std::shared_ptr<nn::RMSNorm> n1, n2;
+  std::shared_ptr<nn::Attention> attn;
+  std::shared_ptr<nn::Linear> up, gate, down;
+  FlatBlock() : nn::UnaryModule("FlatBlock") {
+    n1 = child("n1", std::make_shared<nn::RMSNorm>(48));
+    n2 = child("n2", std::make_shared<nn::RMSNorm>(48));
+    nn::AttentionConfig a;
+    a.dim = 48;
+    a.n_head = 4;
+    a.rope = true;
+    a.max_seq_len = 32;
+    attn = child("attn", std::make_shared<nn::Attention>(a));
+    up = child("up", std::make_shared<nn::Linear>(48, 128, false));
+    gate = child("gate", std::make_shared<nn::Linear>(48, 128, false));
+    down = child("down", std::make_shared<nn::Linear>(128, 48, false));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x + (*attn)((*n1)(x));
+    Tensor z = (*n2)(h);
+    return h + (*down)(silu((*gate)(z)) * (*up)(z));
+  }
+};
+
+struct FlatLM : nn::StagedModel {
+  std::shared_ptr<nn::Embedding> emb;
+  std::shared_ptr<nn::RMSNorm> norm;
+  std::shared_ptr<nn::Linear> out;
+  std::vector<std::shared_ptr<nn::UnaryModule>> bs;
+  FlatLM() : nn::StagedModel("FlatLM") {
+    emb = child("emb", std::make_shared<nn::Embedding>(100, 48));
+    auto list = child("blocks", std::make_shared<nn::ModuleList>());
+    for (int i = 0; i < 2; ++i) list->push_back(bs.emplace_back(std::make_shared<FlatBlock>()));
+    norm = child("norm", std::make_shared<nn::RMSNorm>(48));
+    out = child("out", std::make_shared<nn::Linear>(48, 100, false));
+  }
+  Tensor embed(const Tensor& ids) override { return (*emb)(ids); }
+  const std::vector<std::shared_ptr<nn::UnaryModule>>& blocks() const override { return bs; }
+  Tensor head(const Tensor& h) override { return (*out)((*norm)(h)); }
+  Tensor stage_loss(const Tensor& logits, const Tensor& y) override {
+    return cross_entropy(logits.reshape({-1, 100}), y.reshape({-1}));
+  }
+  Tensor example_input() const override { return empty({1, 1}, TensorOptions(DType::Int64).with_device(kMeta)); }
+};
+
 }  // namespace
 
 TEST_CASE("derive_plan: the shipped plans come out of the trace unchanged") {
@@ -144,6 +191,28 @@ TEST_CASE("derive_plan: a model of one's own gets Megatron's pairs; the rest sta
   CHECK(!model->blocks[0]->fc1->weight.device().is_meta());
   CHECK(model->blocks[0]->fc1->weight.to_vector<float>() == before);
   CHECK(model->blocks[0]->fc1->weight.requires_grad());
+}
+
+TEST_CASE("derive_plan: sequence parallelism without a sublayer: the Linears gather and scatter themselves") {
+  std::shared_ptr<FlatLM> model;
+  {
+    nn::ConstructionScope meta(kMeta);
+    model = nn::make_model<FlatLM>();
+  }
+  DeriveOptions sp;
+  sp.sequence_parallel = true;
+  DeriveReport report;
+  const std::string layout = parallel::plan_layout(parallel::derive_plan(*model, sp, &report), *model);
+  INFO(layout << report.str());
+  // Attention has its module; the feed-forward pair is the block's own.
+  CHECK_THAT(layout, Catch::Contains("module blocks.0.attn input {tp: R} output {tp: S(1)}"));
+  CHECK_THAT(layout, Catch::Contains("module blocks.1.up input {tp: R} output {}"));
+  CHECK_THAT(layout, Catch::Contains("module blocks.1.gate input {tp: R} output {}"));
+  CHECK_THAT(layout, Catch::Contains("module blocks.1.down input {} output {tp: S(1)}"));
+  CHECK_THAT(layout, Catch::Contains("module emb input {} output {tp: S(1)}"));
+  CHECK_THAT(layout, Catch::Contains("module norm input {} output {tp: R}"));
+  CHECK_THAT(layout, Catch::Contains("param blocks.0.down.weight {tp: S(1)}"));
+  CHECK(contains(report.found, "gathering"));
 }
 
 TEST_CASE("derive_plan: errors") {

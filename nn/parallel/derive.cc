@@ -738,7 +738,7 @@ ParallelPlan derive_plan(nn::Module& model, const std::function<Tensor()>& forwa
     TESSEL_CHECK(!final_norm.empty(), kOp, "sequence parallelism: found no norm with a weight before the LM head");
     // Sublayers: the child of a block holding each column/row pair.
     const std::set<std::string> blocks = block_paths(model);
-    std::vector<std::pair<std::string, int>> sublayers;
+    std::vector<std::pair<std::string, int>> sublayers, gathers, scatters;
     std::set<std::string> seen;
     for (size_t c = 0; c < d.comps().size(); ++c) {
       const Component& comp = d.comp(int(c));
@@ -758,30 +758,44 @@ ParallelPlan derive_plan(nn::Module& model, const std::function<Tensor()>& forwa
         }
       }
       std::string sub;
-      for (size_t k = 0; k < common.size(); ++k) {
+      for (size_t k = 0; k + 1 < common.size(); ++k) {
         std::string prefix;
         for (size_t i = 0; i <= k; ++i) prefix += (i ? "." : "") + common[i];
         if (blocks.count(prefix)) {
-          TESSEL_CHECK(k + 1 < common.size(), kOp,
-                       "sequence parallelism wraps the sublayer holding each column/row pair; the pair in '{}' is "
-                       "the block's own layers, not a sublayer of it",
-                       prefix);
           sub = prefix + "." + common[k + 1];
           break;
         }
       }
-      TESSEL_CHECK(!sub.empty(), kOp,
-                   "sequence parallelism: the column/row pair under '{}' is in no block (an item of a ModuleList)",
-                   fmt::join(common, "."));
-      if (seen.insert(sub).second) sublayers.emplace_back(sub, 0);
+      if (!sub.empty()) {
+        if (seen.insert(sub).second) sublayers.emplace_back(sub, 0);
+        continue;
+      }
+      // No sublayer holds the pair alone (its Linears are the block's own
+      // children, or it is in no block): the column layers gather their
+      // input and the row layers scatter their output themselves. Same
+      // values; two column layers sharing an input gather it twice.
+      for (int src : comp.sources) {
+        const std::string m = module_of(names[size_t(d.uses().at(src).param)]);
+        if (seen.insert(m).second) gathers.emplace_back(m, 0);
+      }
+      for (int snk : comp.sinks) {
+        const std::string m = module_of(names[size_t(d.uses().at(snk).param)]);
+        if (seen.insert(m).second) scatters.emplace_back(m, 0);
+      }
     }
     const std::function<std::string(const int&)> nokey = [](const int&) { return std::string(); };
     const DimLayout seq{{{options.tp, Shard(1)}}}, whole{{{options.tp, Replicate()}}};
     plan.modules.push_back({escape(token_embeddings[0]), {}, seq});
     for (auto& [re, unused] : compress<int>(sublayers, module_names, nokey)) plan.modules.push_back({re, whole, seq});
+    for (auto& [re, unused] : compress<int>(gathers, module_names, nokey)) plan.modules.push_back({re, whole, {}});
+    for (auto& [re, unused] : compress<int>(scatters, module_names, nokey)) plan.modules.push_back({re, {}, seq});
     plan.modules.push_back({escape(final_norm), {}, whole});
-    rep.found.push_back(fmt::format(FMT_STRING("sequence parallel: {} -> {} sublayer(s) -> {}"), token_embeddings[0],
-                                    sublayers.size(), final_norm));
+    std::string line = fmt::format(FMT_STRING("sequence parallel: {} -> {} sublayer(s)"), token_embeddings[0],
+                                   sublayers.size());
+    if (!gathers.empty())
+      line += fmt::format(FMT_STRING(", {} column layer(s) gathering and {} row layer(s) scattering themselves"),
+                          gathers.size(), scatters.size());
+    rep.found.push_back(line + " -> " + final_norm);
   }
   return plan;
 }

@@ -19,7 +19,10 @@
 //   * with sequence_parallel: the token embedding's output is sharded along
 //     the sequence (dim 1 of [B, T, C]) over tp, each sublayer that holds a
 //     column/row pair (the block's child containing it) gathers its input and
-//     scatters its output, and the norm before the LM head gathers again.
+//     scatters its output, and the norm before the LM head gathers again. A
+//     pair whose Linears are the block's own children has no sublayer: its
+//     column layers gather their input and its row layers scatter their
+//     output themselves.
 //
 // A Linear that fits no pattern stays replicated, and the report says why
 // (what its output met). Placements never change what a model computes in
