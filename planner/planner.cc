@@ -230,14 +230,7 @@ std::string why_not(const Candidate& c, const Candidate& best, const PlanRequest
 
 std::string Candidate::mesh() const {
   std::string s;
-  auto add = [&](const char* n, int64_t v) {
-    if (v > 1) s += (s.empty() ? "" : ",") + fmt::format(FMT_STRING("{}={}"), n, v);
-  };
-  add("pp", pp);
-  add("dp", dp);
-  add("cp", cp);
-  add("ep", ep);
-  add("tp", tp);
+  for (const Mesh::DimSpec& d : mesh_dims()) s += (s.empty() ? "" : ",") + fmt::format(FMT_STRING("{}={}"), d.name, d.size);
   return s;
 }
 
@@ -296,6 +289,17 @@ nlohmann::json Candidate::to_json() const {
   if (!infeasible.empty()) j["infeasible"] = infeasible;
   if (!why_not.empty()) j["why_not"] = why_not;
   return j;
+}
+
+// The best layout's parallel plan: the model's plan (built at two blocks on
+// Meta; the rules cover every depth) for its sequence parallelism.
+static parallel::ParallelPlan best_parallel_plan(const PlanRequest& req, const Candidate& b) {
+  std::shared_ptr<nn::StagedModel> model;
+  {
+    nn::ConstructionScope meta(kMeta);
+    model = req.model.build(std::min<int64_t>(2, req.model.n_layer));
+  }
+  return req.model.plan_for(*model, b.sp);
 }
 
 PlanResult plan(const PlanRequest& req) {
@@ -394,6 +398,7 @@ PlanResult plan(const PlanRequest& req) {
                 human_bytes(int64_t(std::ceil(double(smallest.total) / (1.0 - req.headroom)))));
   }
   r.best = *best;
+  r.best_plan = best_parallel_plan(req, r.best);
   for (const Candidate& c : runnable) {
     if (int(r.runners_up.size()) >= req.runners_up) break;
     if (&c == &*best) continue;
@@ -403,15 +408,6 @@ PlanResult plan(const PlanRequest& req) {
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
-}
-
-parallel::ParallelPlan best_parallel_plan(const PlanRequest& req, const Candidate& b) {
-  std::shared_ptr<nn::StagedModel> model;
-  {
-    nn::ConstructionScope meta(kMeta);
-    model = req.model.build(std::min<int64_t>(2, req.model.n_layer));
-  }
-  return req.model.plan_for(*model, b.sp);
 }
 
 std::string format_plan(const PlanRequest& req, const PlanResult& r) {
@@ -449,7 +445,7 @@ std::string format_plan(const PlanRequest& req, const PlanResult& r) {
                      b.sp ? ", {/*sequence_parallel=*/true}" : "");
   }
   if (b.tp > 1 || b.ep > 1) {  // what tp, sp and ep do to the parameters and modules
-    const parallel::ParallelPlan p = best_parallel_plan(req, b);
+    const parallel::ParallelPlan& p = r.best_plan;
     s += "  parallel plan:\n";
     for (const auto& rule : p.params)
       if (b.tp > 1) s += fmt::format(FMT_STRING("    {:<56} {}\n"), rule.match, rule.layout.str());
@@ -474,7 +470,7 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanResult& r) {
           {"compute", dtype_name(req.compute)},
           {"bitwise", req.bitwise},
           {"best", r.best.to_json()},
-          {"parallel_plan", nlohmann::json::parse(best_parallel_plan(req, r.best).to_json())},
+          {"parallel_plan", nlohmann::json::parse(r.best_plan.to_json())},
           {"runners_up", ru},
           {"candidates", r.candidates},
           {"infeasible", r.infeasible},

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/config.h"
+#include "nn/parallel/plan.h"
 #include "nn/recompute.h"
 #include "planner/cluster.h"
 #include "planner/simulate.h"
@@ -72,6 +73,7 @@ struct Candidate {
 
 struct PlanResult {
   Candidate best;
+  parallel::ParallelPlan best_plan;  // its parameter and module placements (the model's plan, for best.sp)
   std::vector<Candidate> runners_up;
   int64_t candidates = 0;   // layouts considered
   int64_t infeasible = 0;   // ... that cannot run (shapes that do not divide, ...)

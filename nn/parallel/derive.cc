@@ -598,7 +598,7 @@ ParallelPlan derive_plan(nn::Module& model, const std::function<Tensor()>& forwa
   std::map<std::string, int> found_lines;  // generic line -> count
   std::set<int> done;
   for (size_t c = 0; c < d.comps().size(); ++c) {
-    Component comp = d.comp(int(c));
+    const Component& comp = d.comp(int(c));
     const int root = d.find(int(c));
     if (done.count(root)) continue;
     done.insert(root);
