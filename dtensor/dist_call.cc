@@ -95,8 +95,11 @@ void log_replicated_fallback(const char* op) {
 }
 
 void DistCall::finish_plan(bool has_rule) {
-  if (!has_rule) plan = dtensor::replicate(ctx);
   const char* op = ctx.op;
+  if (!has_rule) {
+    plan = dtensor::replicate(ctx);
+    cost::add_replicated_fallback(op);  // the planner reports these (planner/planner.h)
+  }
   TESSEL_CHECK(plan.in.size() == ctx.in.size() && plan.out.size() == ctx.out.size(), op,
                "internal error: sharding rule returned {} input / {} output placements for {} inputs / {} outputs",
                plan.in.size(), plan.out.size(), ctx.in.size(), ctx.out.size());

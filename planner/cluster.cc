@@ -156,7 +156,7 @@ nlohmann::json Cluster::to_json() const {
           {"memory_bw", memory_bw}, {"intra_bw", intra_bw},
           {"inter_bw", inter_bw},   {"intra_latency_s", intra_latency_s},
           {"inter_latency_s", inter_latency_s}, {"op_overhead_s", op_overhead_s}, {"compute_scale", compute_scale},
-          {"comm_overlaps", comm_overlaps}, {"measured", measured}};
+          {"comm_overlaps", comm_overlaps}, {"measured", measured}, {"core_share", core_share}};
 }
 
 Cluster calibrate_cpu(bool force) {
@@ -199,6 +199,30 @@ Cluster calibrate_cpu(bool force) {
   c.measured = true;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   std::ofstream(path) << c.to_json().dump(2) << "\n";
+  return c;
+}
+
+Cluster with_devices(Cluster c, int64_t devices) {
+  TESSEL_CHECK(devices >= 1, kOp, "devices must be >= 1, got {}", devices);
+  if (c.name == "cpu") {
+    const int64_t cores = c.devices();
+    if (devices > cores) {
+      c.core_share = double(cores) / double(devices);
+      c.memory_bytes = int64_t(double(c.memory_bytes) * c.core_share);
+    }
+    c.nodes = 1;
+    c.devices_per_node = devices;
+    return c;
+  }
+  if (devices <= c.devices_per_node) {
+    c.nodes = 1;
+    c.devices_per_node = devices;
+    return c;
+  }
+  TESSEL_CHECK(devices % c.devices_per_node == 0, kOp,
+               "{} devices on {} with {} devices per node: take at most one node's worth or whole nodes", devices,
+               c.name, c.devices_per_node);
+  c.nodes = devices / c.devices_per_node;
   return c;
 }
 

@@ -40,6 +40,13 @@ struct Cluster {
   // CPU: the cores that compute also copy, so no).
   bool comm_overlaps = true;
   bool measured = false;         // calibrated here, not published numbers
+  // The share of a core each device has when all of them compute: 1, or
+  // cores / devices for cpu ranks that outnumber the cores (with_devices).
+  // The speeds above are a device's alone; the planner bounds a step by its
+  // total work over the cores, so a rank idle in a pipeline bubble gives
+  // its core to the others (measured: 4 ranks on 2 cores, pp=2,dp=2 runs as
+  // fast as dp=4).
+  double core_share = 1.0;
 
   int64_t devices() const { return nodes * devices_per_node; }
   double flops(DType compute) const { return compute == DType::Float32 ? flops_f32 : flops_16; }
@@ -52,5 +59,13 @@ struct Cluster {
 Cluster cluster_preset(const std::string& name, int64_t nodes = 1);
 // This machine, measured (or read back from the cache unless `force`).
 Cluster calibrate_cpu(bool force = false);
+
+// `cluster` cut or grown to `devices` devices. GPU presets: at most one
+// node's worth (one node of `devices`) or whole nodes; anything else is an
+// error naming the node size. cpu: `devices` ranks on this machine's cores;
+// with more ranks than cores (MPI oversubscribed, as `tessel launch -n 4`
+// does on 2 cores) they share the cores (core_share = cores / devices) and
+// each has that share of the memory.
+Cluster with_devices(Cluster cluster, int64_t devices);
 
 }  // namespace tessel::planner

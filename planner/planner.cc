@@ -11,6 +11,7 @@
 
 #include "nn/module.h"
 #include "nn/parallel/pipeline/partition.h"
+#include "nn/parallel/pipeline/schedule.h"
 #include "planner/simulate.h"
 #include "runtime/error.h"
 
@@ -103,6 +104,16 @@ struct Search {
     return {out, ""};
   }
 
+  // Pipeline schedules by (name, pp, micro-batches, virtual stages).
+  std::map<std::tuple<std::string, int, int, int>, parallel::pipeline::Schedule> schedules;
+  const parallel::pipeline::Schedule& schedule(const std::string& name, int pp, int micro_batches, int v) {
+    const auto key = std::make_tuple(name, pp, micro_batches, v);
+    auto it = schedules.find(key);
+    if (it == schedules.end())
+      it = schedules.emplace(key, parallel::pipeline::make_schedule(name, pp, micro_batches, v)).first;
+    return it->second;
+  }
+
   bool allowed(const char* key, int64_t value) const {
     auto it = req.fixed.find(key);
     return it == req.fixed.end() || it->second == value;
@@ -125,40 +136,82 @@ struct Search {
       out->push_back(c);
       return;
     }
-    // Stages: the pipeline's cut by layers; the last stage also runs the
-    // embedding and the head (their costs are not separated: an upper bound
-    // for it, docs/plan.md).
-    const auto part = parallel::pipeline::partition_by_layers(m.n_layer, int(c.pp));
+    // Stages: the pipeline's S = pp x V virtual stages cut by layers (the
+    // trainer's default); rank r holds stages r, r + pp, ... The last stage
+    // also runs the embedding and the head (their costs are not separated:
+    // an upper bound for it, docs/plan.md).
+    const int V = c.pp > 1 ? c.virtual_stages : 1;
+    const int S = int(c.pp) * V;
+    const auto part = parallel::pipeline::partition_by_layers(m.n_layer, S);
     const bool inner_inter = c.tp * c.cp * c.ep > cl.devices_per_node;
     const bool dp_inter = c.tp * c.cp * c.ep * c.dp > cl.devices_per_node;
     const bool pp_inter = cl.nodes > 1;
-    double t_mb = 0, t_flops = 0, t_comm = 0, t_backward = 0;
-    int64_t worst_total = -1;
-    double dp_s = 0, opt_s = 0;
-    for (int s = 0; s < int(c.pp); ++s) {
-      const int64_t blocks = part.end(s) - part.begin(s);
-      const bool last = s == int(c.pp) - 1;
-      const RankCost rc = last ? mc.at(blocks) : ModelCost{RankCost{}, mc.block}.at(blocks);
-      // GEMMs and attention at the device's GEMM rate; every op's dispatch;
-      // its output written once and read about twice at memory speed.
+    // A stage's micro-batch: GEMMs and attention at the device's GEMM rate;
+    // every op's dispatch; its output written once and read about twice at
+    // memory speed; its tp/cp/ep collectives.
+    auto stage_seconds = [&](const RankCost& rc) {
       const double f = cl.compute_scale * (double(rc.flops) / cl.flops(req.compute) +
                                            double(rc.ops) * cl.op_overhead_s + 3.0 * double(rc.op_bytes) / cl.memory_bw);
-      const double cm = comm_seconds(rc.total_comm_bytes(), sum_calls(rc), inner_inter, cl);
-      if (f + cm > t_mb) t_mb = f + cm, t_flops = f, t_comm = cm;
-      t_backward = std::max(t_backward, 2.0 / 3.0 * f * double(c.micro_batches));
-      // Memory of this stage's rank.
+      return std::pair<double, double>{f, comm_seconds(rc.total_comm_bytes(), sum_calls(rc), inner_inter, cl)};
+    };
+    parallel::pipeline::StageCosts costs;
+    double t_flops = 0, t_comm = 0;  // the slowest stage's split, for the report
+    for (int vs = 0; vs < S; ++vs) {
+      const int64_t blocks = part.end(vs) - part.begin(vs);
+      const RankCost rc = vs == S - 1 ? mc.at(blocks) : ModelCost{RankCost{}, mc.block}.at(blocks);
+      const auto [f, cm] = stage_seconds(rc);
+      if (f + cm > t_flops + t_comm) t_flops = f, t_comm = cm;
+      costs.forward_s.push_back((f + cm) / 3.0);  // a backward is about twice its forward
+      costs.backward_s.push_back(2.0 * (f + cm) / 3.0);
+    }
+    int64_t worst_total = -1;
+    double dp_s = 0, opt_s = 0, t_backward = 0;
+    std::vector<int> in_flight(size_t(c.pp), 1);
+    if (c.pp == 1) {
+      c.compute_s = double(c.micro_batches) * t_flops;
+      c.model_comm_s = double(c.micro_batches) * t_comm;
+    } else {
+      // The schedule itself, run with these costs: its makespan, bubble and
+      // the micro-batches each rank holds at once. Activations (and their
+      // gradients) cross each stage boundary; on a cluster whose transfers
+      // do not overlap compute the sender pays them too.
+      const int64_t act_bytes = b * (req.seq_len / c.cp) * m.dim * int64_t(itemsize(req.compute)) / (c.sp ? c.tp : 1);
+      const double transfer = comm_seconds(act_bytes, 1, pp_inter, cl);
+      const parallel::pipeline::Schedule& sched = schedule(c.schedule, int(c.pp), int(c.micro_batches), V);
+      parallel::pipeline::StageCosts no_transfer = costs;
+      costs.transfer_s = transfer;
+      if (!cl.comm_overlaps) {
+        for (int vs = 0; vs < S; ++vs) {
+          if (vs < S - 1) costs.forward_s[size_t(vs)] += transfer;
+          if (vs > 0) costs.backward_s[size_t(vs)] += transfer;
+        }
+      }
+      const auto with = parallel::pipeline::simulate_schedule(sched, costs);
+      const double without = parallel::pipeline::simulate_schedule(sched, no_transfer).makespan;
+      c.compute_s = without * t_flops / std::max(1e-30, t_flops + t_comm);
+      c.model_comm_s = without - c.compute_s;
+      c.pipeline_s = with.makespan - without;
+      c.bubble = with.bubble;
+      in_flight = with.peak_in_flight;
+    }
+    for (int r = 0; r < int(c.pp); ++r) {
+      // Rank r's blocks (its V chunks) and, on the last rank, the embedding and head.
+      int64_t blocks = 0;
+      for (int ch = 0; ch < V; ++ch) blocks += part.end(ch * int(c.pp) + r) - part.begin(ch * int(c.pp) + r);
+      const RankCost rc = r == int(c.pp) - 1 ? mc.at(blocks) : ModelCost{RankCost{}, mc.block}.at(blocks);
+      t_backward = std::max(t_backward, 2.0 / 3.0 * stage_seconds(rc).first * double(c.micro_batches));
       const int64_t pbytes = rc.param_bytes;
-      const int64_t in_flight = c.pp == 1 ? 1 : c.schedule == "gpipe" ? c.micro_batches
-                                                                     : std::min(c.pp - s, c.micro_batches);
-      // A micro-batch in flight keeps its blocks' saved activations: what a
-      // block leaves alive after the forward, less its parameters.
-      const int64_t saved_per_mb =
-          std::max<int64_t>(0, blocks * (mc.block.live_after_forward - mc.block.param_bytes));
+      // Each (chunk, micro-batch) in flight beyond the V of one micro-batch
+      // keeps its chunk's saved activations: what a block leaves alive after
+      // the forward, less its parameters.
+      const int64_t saved_per_chunk =
+          std::max<int64_t>(0, blocks * (mc.block.live_after_forward - mc.block.param_bytes) / V);
       const int64_t params = c.zero == 3 ? pbytes / c.dp : pbytes;
       const int64_t opt = 2 * pbytes / (c.zero >= 1 ? c.dp : 1);
       // The simulated peak holds the parameters, the gradients made so far and
       // the micro-batch's activations and transients.
-      int64_t act = std::max<int64_t>(0, rc.step_peak() - pbytes) + (in_flight - 1) * saved_per_mb;
+      int64_t act = std::max<int64_t>(0, rc.step_peak() - pbytes) +
+                    std::max<int64_t>(0, in_flight[size_t(r)] - V) * saved_per_chunk;
       // ZeRO-2/3 reduce-scatter each unit's full gradients during the
       // backward, so at the peak they may still be there (the simulated peak
       // keeps them); the gradient shards accumulate beside them (measured on
@@ -168,10 +221,12 @@ struct Search {
       const int64_t total = params + opt + act + comm;
       if (total > worst_total) {
         worst_total = total;
-        c.params = params, c.grads = pbytes / (c.zero >= 2 ? c.dp : 1), c.optimizer = opt;
-        c.activations = act, c.comm_buffers = comm, c.total = total;
+        // The simulated peak's gradients are inside `act`: shown apart, so
+        // the parts add up to the total.
+        c.params = params, c.grads = std::min(act, pbytes / (c.zero >= 2 ? c.dp : 1)), c.optimizer = opt;
+        c.activations = act - c.grads, c.comm_buffers = comm, c.total = total;
       }
-      // Data-parallel gradients of this stage, and the optimizer over its share.
+      // Data-parallel gradients of this rank, and the optimizer over its share.
       if (c.dp > 1) {
         const double factor = double(c.dp - 1) / double(c.dp) * (c.zero == 3 ? 3.0 : 2.0);
         const int64_t buckets = std::max<int64_t>(1, pbytes / kBucketBytes);
@@ -179,22 +234,34 @@ struct Search {
       }
       opt_s = std::max(opt_s, double(pbytes) / 4.0 / double(c.zero >= 1 ? c.dp : 1) * kAdamBytesPerElement / cl.memory_bw);
     }
-    const double slots = double(c.micro_batches + c.pp - 1);
-    c.compute_s = slots * t_flops;
-    c.model_comm_s = slots * t_comm;
-    if (c.pp > 1) {
-      const int64_t act_bytes = b * (req.seq_len / c.cp) * m.dim * int64_t(itemsize(req.compute)) / (c.sp ? c.tp : 1);
-      c.pipeline_s = slots * comm_seconds(2 * act_bytes, 2, pp_inter, cl);
-    }
-    c.bubble = double(c.pp - 1) / slots;
     c.dp_comm_s = cl.comm_overlaps ? std::max(0.0, dp_s - kDpOverlap * t_backward) : dp_s;
     c.optimizer_s = opt_s;
-    c.step_s = slots * t_mb + c.pipeline_s + c.dp_comm_s + c.optimizer_s;
+    if (cl.core_share < 1.0) {
+      // Devices sharing cores: the step takes at least the ranks' total work
+      // over the cores -- every rank's busy time over its share -- however
+      // short the schedule's critical path; the data-parallel sync and the
+      // optimizer run on all ranks at once, so at the shared speed.
+      double busy = 0;  // a pipeline rank's compute and collectives, averaged over the ranks
+      for (int vs = 0; vs < S; ++vs) busy += double(c.micro_batches) * (costs.forward_s[size_t(vs)] + costs.backward_s[size_t(vs)]);
+      busy /= double(c.pp);
+      const double critical = c.compute_s + c.model_comm_s + c.pipeline_s;
+      const double bound = busy / cl.core_share;
+      if (bound > critical) {
+        c.compute_s *= bound / critical;
+        c.model_comm_s *= bound / critical;
+        c.pipeline_s *= bound / critical;
+      }
+      c.dp_comm_s /= cl.core_share;
+      c.optimizer_s /= cl.core_share;
+    }
+    c.step_s = c.compute_s + c.model_comm_s + c.pipeline_s + c.dp_comm_s + c.optimizer_s;
     // Every rank of a tp x cp x ep group runs mc.at(n_layer) per micro-batch
     // (its pieces of the whole model): over the step and the cluster that is
     // the rank's work times m over the pp stages sharing it.
     c.mfu = double(mc.at(m.n_layer).flops) * double(c.micro_batches) /
             (c.step_s * double(c.pp) * cl.flops(req.compute));
+    for (const auto& [op, calls] : mc.at(m.n_layer).replicated_fallbacks)
+      if (calls > 0) c.replicated_fallbacks[op] = calls;
     c.fits = double(c.total) <= double(cl.memory_bytes) * (1.0 - req.headroom);
     if (!c.fits) ++result.too_big;
     out->push_back(c);
@@ -252,6 +319,7 @@ std::string Candidate::str() const {
   if (zero > 0) s += fmt::format(FMT_STRING(" zero={}"), zero);
   if (micro_batches > 1) s += fmt::format(FMT_STRING(" micro-batches={}"), micro_batches);
   if (pp > 1) s += " " + schedule;
+  if (pp > 1 && virtual_stages > 1) s += fmt::format(FMT_STRING(" v={}"), virtual_stages);
   if (sp) s += " sp";
   if (recompute != nn::Recompute::None) s += std::string(" recompute=") + nn::recompute_name(recompute);
   return s;
@@ -267,6 +335,7 @@ nlohmann::json Candidate::to_json() const {
                       {"zero", zero},
                       {"micro_batches", micro_batches},
                       {"schedule", pp > 1 ? schedule : ""},
+                      {"virtual_stages", pp > 1 ? virtual_stages : 1},
                       {"sequence_parallel", sp},
                       {"recompute", nn::recompute_name(recompute)},
                       {"step_s", step_s},
@@ -286,6 +355,7 @@ nlohmann::json Candidate::to_json() const {
                         {"comm_buffers", comm_buffers},
                         {"total", total}}},
                       {"fits", fits}};
+  if (!replicated_fallbacks.empty()) j["ops_without_sharding_rule"] = replicated_fallbacks;
   if (!infeasible.empty()) j["infeasible"] = infeasible;
   if (!why_not.empty()) j["why_not"] = why_not;
   return j;
@@ -293,13 +363,14 @@ nlohmann::json Candidate::to_json() const {
 
 // The best layout's parallel plan: the model's plan (built at two blocks on
 // Meta; the rules cover every depth) for its sequence parallelism.
-static parallel::ParallelPlan best_parallel_plan(const PlanRequest& req, const Candidate& b) {
+static parallel::ParallelPlan best_parallel_plan(const PlanRequest& req, const Candidate& b,
+                                                 parallel::DeriveReport* report) {
   std::shared_ptr<nn::StagedModel> model;
   {
     nn::ConstructionScope meta(kMeta);
     model = req.model.build(std::min<int64_t>(2, req.model.n_layer));
   }
-  return req.model.plan_for(*model, b.sp);
+  return req.model.plan_for(*model, b.sp, report);
 }
 
 PlanResult plan(const PlanRequest& req) {
@@ -313,10 +384,12 @@ PlanResult plan(const PlanRequest& req) {
   TESSEL_CHECK(m.max_seq_len == 0 || req.seq_len <= m.max_seq_len, kOp, "seq_len {} exceeds the context {} of {}", req.seq_len,
                m.max_seq_len, m.describe());
   TESSEL_CHECK(req.headroom >= 0 && req.headroom < 1, kOp, "headroom must be in [0, 1), got {}", req.headroom);
-  static const std::set<std::string> keys = {"dp", "tp", "pp", "cp", "ep", "zero", "micro_batches", "sp"};
+  static const std::set<std::string> keys = {"dp", "tp", "pp", "cp", "ep", "zero", "micro_batches", "sp",
+                                             "virtual_stages"};
   int64_t fixed_product = 1;
   for (const auto& [k, v] : req.fixed) {
-    TESSEL_CHECK(keys.count(k), kOp, "unknown constraint '{}' (dp, tp, pp, cp, ep, zero, micro_batches, sp)", k);
+    TESSEL_CHECK(keys.count(k), kOp,
+                 "unknown constraint '{}' (dp, tp, pp, cp, ep, zero, micro_batches, sp, virtual_stages)", k);
     TESSEL_CHECK(v >= (k == "zero" || k == "sp" ? 0 : 1), kOp, "constraint {}={} is out of range", k, v);
     if (k == "dp" || k == "tp" || k == "pp" || k == "cp" || k == "ep") fixed_product *= v;
   }
@@ -358,11 +431,23 @@ PlanResult plan(const PlanRequest& req) {
                 if (!search.allowed("sp", sp)) continue;
                 for (nn::Recompute rc : policies) {
                   if (zero == 3 && rc != nn::Recompute::None) continue;
-                  Candidate c;
-                  c.dp = dp, c.tp = tp, c.pp = pp, c.cp = cp, c.ep = ep, c.zero = zero, c.micro_batches = mb;
-                  c.sp = sp == 1, c.recompute = rc;
-                  c.schedule = pp > 1 && mb < pp ? "gpipe" : "1f1b";
-                  search.evaluate(c, &all);
+                  // Pipelines: GPipe with fewer micro-batches than stages,
+                  // else 1F1B (GPipe's time, less memory), and interleaved
+                  // 1F1B with V = 2, 3, 4 chunks per rank where the
+                  // micro-batches divide over pp and every chunk has a block.
+                  std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+                  if (pp > 1 && mb < pp) schedules = {{"gpipe", 1}};
+                  if (pp > 1 && mb >= pp && mb % pp == 0)
+                    for (int v = 2; v <= 4 && pp * v <= m.n_layer; ++v) schedules.push_back({"interleaved", v});
+                  for (const auto& [schedule, v] : schedules) {
+                    if (!search.allowed("virtual_stages", v)) continue;
+                    Candidate c;
+                    c.dp = dp, c.tp = tp, c.pp = pp, c.cp = cp, c.ep = ep, c.zero = zero, c.micro_batches = mb;
+                    c.sp = sp == 1, c.recompute = rc;
+                    c.schedule = schedule;
+                    c.virtual_stages = v;
+                    search.evaluate(c, &all);
+                  }
                 }
               }
             }
@@ -398,7 +483,8 @@ PlanResult plan(const PlanRequest& req) {
                 human_bytes(int64_t(std::ceil(double(smallest.total) / (1.0 - req.headroom)))));
   }
   r.best = *best;
-  r.best_plan = best_parallel_plan(req, r.best);
+  r.best_plan = best_parallel_plan(req, r.best, &r.derived);
+  r.ops_without_sharding_rule = ops_without_sharding_rule(req.model, req.seq_len);
   for (const Candidate& c : runnable) {
     if (int(r.runners_up.size()) >= req.runners_up) break;
     if (&c == &*best) continue;
@@ -429,10 +515,13 @@ std::string format_plan(const PlanRequest& req, const PlanResult& r) {
                    human_bytes(b.params), human_bytes(b.grads), human_bytes(b.optimizer), human_bytes(b.activations),
                    human_bytes(b.comm_buffers), human_bytes(b.total), human_bytes(req.cluster.memory_bytes));
   const std::string options =
-      fmt::format(FMT_STRING("{}{}{}{}{}{}"), b.mesh().empty() ? "" : " --mesh " + b.mesh(),
+      fmt::format(FMT_STRING("{}{}{}{}{}{}{}"), b.mesh().empty() ? "" : " --mesh " + b.mesh(),
                   b.zero ? fmt::format(FMT_STRING(" --zero {}"), b.zero) : "",
                   b.micro_batches > 1 ? fmt::format(FMT_STRING(" --micro-batches {}"), b.micro_batches) : "",
-                  b.pp > 1 ? " --pipeline-schedule " + b.schedule : "", b.sp ? " --sequence-parallel" : "",
+                  b.pp > 1 ? " --pipeline-schedule " + b.schedule : "",
+                  b.pp > 1 && b.virtual_stages > 1 ? fmt::format(FMT_STRING(" --virtual-stages {}"), b.virtual_stages)
+                                                   : "",
+                  b.sp ? " --sequence-parallel" : "",
                   b.recompute != nn::Recompute::None ? std::string(" --recompute ") + nn::recompute_name(b.recompute)
                                                      : "");
   if (!req.model.train_args.empty()) {
@@ -440,8 +529,9 @@ std::string format_plan(const PlanRequest& req, const PlanResult& r) {
                      options, req.global_batch, req.seq_len);
   } else {  // a model of one's own: tessel::parallelize's mesh and RunOptions
     s += fmt::format(FMT_STRING("  run it: Mesh::world({{{}}}), RunOptions zero={} micro_batches={} "
-                                "pipeline_schedule={} recompute={}, plan derive_plan(model{})\n"),
-                     b.mesh_dims_cpp(), b.zero, b.micro_batches, b.schedule, nn::recompute_name(b.recompute),
+                                "pipeline_schedule={} virtual_stages={} recompute={}, plan derive_plan(model{})\n"),
+                     b.mesh_dims_cpp(), b.zero, b.micro_batches, b.schedule, b.virtual_stages,
+                     nn::recompute_name(b.recompute),
                      b.sp ? ", {/*sequence_parallel=*/true}" : "");
   }
   if (b.tp > 1 || b.ep > 1) {  // what tp, sp and ep do to the parameters and modules
@@ -453,6 +543,21 @@ std::string format_plan(const PlanRequest& req, const PlanResult& r) {
       s += fmt::format(FMT_STRING("    {:<56} input {} output {}\n"), rule.match, rule.input.str(), rule.output.str());
     for (const auto& rule : p.experts)
       if (b.ep > 1) s += fmt::format(FMT_STRING("    {:<56} experts over {}\n"), rule.match, rule.dim);
+  }
+  if (!r.derived.replicated.empty()) {
+    s += "  left replicated (no tensor-parallel pattern):\n";
+    for (const std::string& why : r.derived.replicated) s += "    " + why + "\n";
+  }
+  if (!r.ops_without_sharding_rule.empty()) {
+    std::string ops;
+    for (const auto& [op, calls] : r.ops_without_sharding_rule)
+      ops += fmt::format(FMT_STRING("{}{} ({} per sequence's step)"), ops.empty() ? "" : ", ", op, calls);
+    s += "  ops without a sharding rule: " + ops + "\n";
+    s += "    they run on replicated inputs: distributed ones are gathered first";
+    s += b.replicated_fallbacks.empty() ? "" : " (the prediction counts it over tp/cp/ep)";
+    s += b.dp > 1 ? "; over dp the batch is gathered too and each rank runs the op on the whole batch, which the "
+                    "prediction does not count: give them a sharding rule (docs/adding_an_op.md)\n"
+                  : "\n";
   }
   s += "\nrunners-up:\n";
   for (const Candidate& c : r.runners_up)
@@ -471,6 +576,8 @@ nlohmann::json plan_json(const PlanRequest& req, const PlanResult& r) {
           {"bitwise", req.bitwise},
           {"best", r.best.to_json()},
           {"parallel_plan", nlohmann::json::parse(r.best_plan.to_json())},
+          {"left_replicated", r.derived.replicated},
+          {"ops_without_sharding_rule", r.ops_without_sharding_rule},
           {"runners_up", ru},
           {"candidates", r.candidates},
           {"infeasible", r.infeasible},

@@ -92,6 +92,7 @@ RankCost one_rank(const PlanModel& pm, const ShardLayout& l, const std::vector<M
   r.op_bytes = c.op_bytes;
   r.comm_bytes = c.comm_bytes;
   r.comm_calls = c.comm_calls;
+  r.replicated_fallbacks = c.replicated_fallbacks;
   r.peak_bytes = std::max(forward_peak, counting.meta_peak_bytes());
   r.peak_backward_start = window_peak >= 0 ? window_peak : r.peak_bytes;
   return r;
@@ -112,6 +113,7 @@ RankCost combine(const RankCost& a, const RankCost& b, int64_t wa, int64_t wb) {
     const int64_t w = src == &a ? wa : wb;
     for (const auto& [k, v] : src->comm_bytes) r.comm_bytes[k] += w * v;
     for (const auto& [k, v] : src->comm_calls) r.comm_calls[k] += w * v;
+    for (const auto& [k, v] : src->replicated_fallbacks) r.replicated_fallbacks[k] += w * v;
   }
   return r;
 }
@@ -165,11 +167,12 @@ PlanModel PlanModel::custom(std::string name, int64_t n_layer,
   return m;
 }
 
-parallel::ParallelPlan PlanModel::plan_for(nn::StagedModel& model, bool sequence_parallel) const {
+parallel::ParallelPlan PlanModel::plan_for(nn::StagedModel& model, bool sequence_parallel,
+                                          parallel::DeriveReport* report) const {
   if (plan) return plan(model, sequence_parallel);
   parallel::DeriveOptions options;
   options.sequence_parallel = sequence_parallel;
-  return parallel::derive_plan(model, options);
+  return parallel::derive_plan(model, options, report);
 }
 
 std::string ShardLayout::str() const {
@@ -220,6 +223,45 @@ std::vector<RankCost> simulate(const PlanModel& config, const ShardLayout& l) {
 }
 
 RankCost ModelCost::at(int64_t blocks) const { return combine(base, block, 1, blocks); }
+
+std::map<std::string, int64_t> ops_without_sharding_rule(const PlanModel& pm, int64_t seq_len) {
+  auto step = [&](int64_t n_layer) {
+    cost::CountScope counting;
+    MeshPtr mesh = Mesh::world({{"dp", 1}});
+    std::shared_ptr<nn::StagedModel> model;
+    {
+      nn::ConstructionScope meta(kMeta);
+      model = pm.build(n_layer);
+    }
+    const parallel::ParallelPlan plan = pm.plan_for(*model, /*sequence_parallel=*/false);
+    parallel::parallelize(*model, mesh, plan);
+    model->train();
+    Tensor ids = parallel::distribute_batch(raw::empty({1, seq_len}, DType::Int64, kMeta), mesh, plan);
+    Tensor targets = parallel::distribute_batch(raw::empty({1, seq_len}, DType::Int64, kMeta), mesh, plan);
+    model->loss(model->forward(ids), targets).backward();
+    return counting.counts().replicated_fallbacks;
+  };
+  std::map<std::string, int64_t> one, two;
+  std::string error;
+  comm::run_local(1, [&](int) {  // a world of one rank for the 1-device mesh, whatever the caller's
+    try {
+      one = step(1);
+      two = step(2);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  TESSEL_CHECK(error.empty(), "plan", "{}: {}", pm.describe(), error);
+  std::map<std::string, int64_t> out;
+  for (const auto& [op, calls] : two) {  // base + n blocks = one + (n - 1) (two - one)
+    const int64_t block = calls - (one.count(op) ? one.at(op) : 0);
+    const int64_t total = calls + (pm.n_layer - 2) * block;
+    if (total > 0) out[op] = total;
+  }
+  for (const auto& [op, calls] : one)
+    if (!two.count(op) && calls > 0) out[op] = calls;
+  return out;
+}
 
 ModelCost simulate_per_block(const PlanModel& config, const ShardLayout& l) {
   // Two and three blocks: with one, the memory peak can fall in another

@@ -22,6 +22,7 @@
 
 #include "dtensor/mesh.h"
 #include "models/config.h"
+#include "nn/parallel/derive.h"
 #include "nn/parallel/plan.h"
 #include "nn/recompute.h"
 #include "nn/staged.h"
@@ -55,8 +56,10 @@ struct PlanModel {
   // experts are read from build(1) on Meta.
   static PlanModel custom(std::string name, int64_t n_layer,
                           std::function<std::shared_ptr<nn::StagedModel>(int64_t n_layer)> build);
-  // The plan for a laid-out `model` (plan, or derive_plan).
-  parallel::ParallelPlan plan_for(nn::StagedModel& model, bool sequence_parallel) const;
+  // The plan for a laid-out `model` (plan, or derive_plan, which fills
+  // `report` with what it found and left replicated).
+  parallel::ParallelPlan plan_for(nn::StagedModel& model, bool sequence_parallel,
+                                  parallel::DeriveReport* report = nullptr) const;
   std::string describe() const { return name; }
 };
 
@@ -91,6 +94,7 @@ struct RankCost {
   int64_t step_peak() const { return std::max(peak_bytes, peak_backward_start); }
   std::map<std::string, int64_t> comm_bytes;  // per collective kind
   std::map<std::string, int64_t> comm_calls;
+  std::map<std::string, int64_t> replicated_fallbacks;  // ops without a sharding rule (runtime/cost.h): calls
   int64_t total_comm_bytes() const;
 };
 
@@ -107,5 +111,12 @@ struct ModelCost {
   RankCost at(int64_t blocks) const;
 };
 ModelCost simulate_per_block(const PlanModel& model, const ShardLayout& l);
+
+// The ops of `model` that have no sharding rule (dtensor/dist_call.h) and
+// the calls of each in one training step of one sequence at its depth: they
+// run on any layout, on replicated inputs (what a rule-less op does with
+// distributed ones). Found by a step on Meta over a 1-device mesh, where
+// every activation is distributed, so every layout's fallbacks show.
+std::map<std::string, int64_t> ops_without_sharding_rule(const PlanModel& model, int64_t seq_len);
 
 }  // namespace tessel::planner

@@ -22,8 +22,11 @@ Counts difference(const Counts& a, const Counts& b) {
   d.op_bytes -= b.op_bytes;
   for (const auto& [k, v] : b.comm_bytes) d.comm_bytes[k] -= v;
   for (const auto& [k, v] : b.comm_calls) d.comm_calls[k] -= v;
+  for (const auto& [k, v] : b.replicated_fallbacks) d.replicated_fallbacks[k] -= v;
   for (auto it = d.comm_bytes.begin(); it != d.comm_bytes.end();) it = it->second == 0 ? d.comm_bytes.erase(it) : ++it;
   for (auto it = d.comm_calls.begin(); it != d.comm_calls.end();) it = it->second == 0 ? d.comm_calls.erase(it) : ++it;
+  for (auto it = d.replicated_fallbacks.begin(); it != d.replicated_fallbacks.end();)
+    it = it->second == 0 ? d.replicated_fallbacks.erase(it) : ++it;
   return d;
 }
 
@@ -78,6 +81,10 @@ void add_comm(const char* collective, int64_t bytes) {
     c->comm_bytes[collective] += bytes;
     c->comm_calls[collective] += 1;
   }
+}
+
+void add_replicated_fallback(const char* op) {
+  if (Counts* c = active()) c->replicated_fallbacks[op] += 1;
 }
 
 }  // namespace tessel::cost

@@ -41,6 +41,9 @@ struct Counts {
   int64_t op_bytes = 0;  // bytes of their outputs (this rank's pieces): memory traffic besides the GEMMs
   std::map<std::string, int64_t> comm_bytes;  // by collective: all_gather, reduce_scatter, all_reduce, all_to_all
   std::map<std::string, int64_t> comm_calls;
+  // Ops without a sharding rule that ran on distributed inputs, which were
+  // replicated first (dtensor/dist_call.h): calls, by op.
+  std::map<std::string, int64_t> replicated_fallbacks;
   int64_t flops() const { return gemm_flops + attention_flops; }
   int64_t total_comm_bytes() const;
 };
@@ -99,5 +102,6 @@ void add_gemm(int64_t batch, int64_t m, int64_t n, int64_t k);
 void add_attention(int64_t flops);
 void add_comm(const char* collective, int64_t bytes);
 void add_op(int64_t output_bytes);
+void add_replicated_fallback(const char* op);
 
 }  // namespace tessel::cost

@@ -156,6 +156,47 @@ TEST_CASE("interleaved 1F1B: Megatron's order, matching, smaller bubble", "[pipe
   CHECK_THROWS_WITH(make_schedule("zigzag", 2, 4, 1), Catch::Contains("unknown pipeline schedule 'zigzag'"));
 }
 
+TEST_CASE("simulate_schedule: a schedule's makespan with stage costs and transfer times", "[pipeline][schedule]") {
+  // Uniform stages, forward f and backward b: 1F1B and GPipe finish at
+  // (M + pp - 1)(f + b). Transfers of t add at least the first micro-batch's
+  // 2 (pp - 1) crossings (more in 1F1B's steady state, where a stage waits
+  // for the next stage's gradient).
+  const double f = 0.25, b = 0.5, t = 0.125;
+  for (int pp : {2, 3, 4}) {
+    for (int m : {pp, 2 * pp}) {
+      INFO("pp " << pp << " M " << m);
+      StageCosts c;
+      c.forward_s.assign(size_t(pp), f);
+      c.backward_s.assign(size_t(pp), b);
+      c.transfer_s = t;
+      const ScheduleStats st = simulate_schedule(one_f_one_b(pp, m), c);
+      CHECK(st.makespan >= (m + pp - 1) * (f + b) + 2 * (pp - 1) * t - 1e-9);
+      CHECK(st.peak_in_flight == check_schedule(one_f_one_b(pp, m)).peak_in_flight);
+      c.transfer_s = 0;
+      CHECK(simulate_schedule(one_f_one_b(pp, m), c).makespan == Approx((m + pp - 1) * (f + b)));
+      CHECK(simulate_schedule(gpipe(pp, m), c).makespan == Approx((m + pp - 1) * (f + b)));
+      // Interleaved, V chunks of a stage's work each: the bubble shrinks by V.
+      StageCosts ci;
+      ci.forward_s.assign(size_t(2 * pp), f / 2);
+      ci.backward_s.assign(size_t(2 * pp), b / 2);
+      CHECK(simulate_schedule(interleaved_1f1b(pp, m, 2), ci).makespan == Approx((m + (pp - 1) / 2.0) * (f + b)));
+    }
+  }
+  // One micro-batch through 2 stages: f, t, f + b, t, b.
+  StageCosts two;
+  two.forward_s = {f, f};
+  two.backward_s = {b, b};
+  two.transfer_s = t;
+  CHECK(simulate_schedule(gpipe(2, 1), two).makespan == Approx(2 * (f + b) + 2 * t));
+  // A slow last stage (the head) sets the pace: 1F1B's steady state runs at its speed.
+  StageCosts slow;
+  slow.forward_s = {1, 1, 2};
+  slow.backward_s = {2, 2, 4};
+  CHECK(simulate_schedule(one_f_one_b(3, 6), slow).makespan == Approx(1 + 1 + 6 * 6 + 2 + 2));
+  // Costs that do not match the stages are refused.
+  CHECK_THROWS_WITH(simulate_schedule(one_f_one_b(2, 2), slow), Catch::Contains("the schedule has 2 virtual stages"));
+}
+
 TEST_CASE("check_schedule names what is wrong", "[pipeline][schedule]") {
   // Rank 1 runs its micro-batches in another order than rank 0 sends them.
   Schedule s = one_f_one_b(2, 2);

@@ -8,6 +8,8 @@
 #include <mutex>
 
 #include "autograd/api.h"
+#include "autograd/function.h"
+#include "autograd/ops/common.h"
 #include "dtensor/mesh.h"
 #include "models/language_model.h"
 #include "nn/nn.h"
@@ -31,11 +33,21 @@ namespace {
 // A model of one's own (no plan written): GPT-J-style parallel blocks.
 constexpr int64_t kVocab = 64, kDim = 32;
 
+// An op of one's own that has no sharding rule (an identity, in the block's
+// residual stream): on a mesh it runs on replicated inputs.
+struct OwnOpWithoutRule {
+  static constexpr const char* kName = "own_op_without_rule";
+  Tensor forward(const Tensor& x) { return detail::contiguous_raw(x); }
+  std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& g) { return {g[0]}; }
+};
+
 struct ParallelBlock : nn::UnaryModule {
   std::shared_ptr<nn::LayerNorm> norm;
   std::shared_ptr<nn::Attention> attn;
   std::shared_ptr<nn::MLP> mlp;
-  ParallelBlock() : nn::UnaryModule("ParallelBlock") {
+  bool own_op = false;
+  explicit ParallelBlock(bool own_op_without_rule = false)
+      : nn::UnaryModule("ParallelBlock"), own_op(own_op_without_rule) {
     norm = child("norm", std::make_shared<nn::LayerNorm>(kDim));
     nn::AttentionConfig a;
     a.dim = kDim;
@@ -47,6 +59,7 @@ struct ParallelBlock : nn::UnaryModule {
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = (*norm)(x);
+    if (own_op) h = call(OwnOpWithoutRule{}, h);
     return x + (*attn)(h) + (*mlp)(h);
   }
 };
@@ -56,10 +69,11 @@ struct ParallelGPT : nn::StagedModel {
   std::shared_ptr<nn::LayerNorm> norm;
   std::shared_ptr<nn::Linear> lm_head;
   std::vector<std::shared_ptr<nn::UnaryModule>> stack;
-  explicit ParallelGPT(int64_t layers) : nn::StagedModel("ParallelGPT") {
+  explicit ParallelGPT(int64_t layers, bool own_op_without_rule = false) : nn::StagedModel("ParallelGPT") {
     tokens = child("tokens", std::make_shared<nn::Embedding>(kVocab, kDim));
     auto list = child("blocks", std::make_shared<nn::ModuleList>());
-    for (int64_t i = 0; i < layers; ++i) list->push_back(stack.emplace_back(std::make_shared<ParallelBlock>()));
+    for (int64_t i = 0; i < layers; ++i)
+      list->push_back(stack.emplace_back(std::make_shared<ParallelBlock>(own_op_without_rule)));
     norm = child("norm", std::make_shared<nn::LayerNorm>(kDim));
     lm_head = child("lm_head", std::make_shared<nn::Linear>(kDim, kVocab, /*bias=*/false));
   }
@@ -285,6 +299,8 @@ TEST_CASE("planner: the search fits memory, keeps constraints, explains the runn
   }
   const nlohmann::json j = plan_json(r, p);
   CHECK(j["best"]["memory_bytes"]["total"].get<int64_t>() == p.best.total);
+  for (const Candidate& c : p.runners_up)  // the parts of the memory add up to its total
+    CHECK(c.params + c.grads + c.optimizer + c.activations + c.comm_buffers == c.total);
   CHECK(j["runners_up"].size() == 5);
   CHECK(format_plan(r, p).find("run it: tessel train --model llama --config small") != std::string::npos);
   // Constraints hold.
@@ -312,6 +328,50 @@ TEST_CASE("planner: the search fits memory, keeps constraints, explains the runn
   CHECK_THROWS_WITH(plan(bad), Catch::Contains("exceeds the context"));
 }
 
+TEST_CASE("planner: with_devices cuts a cluster to whole nodes, or shares this machine's cores", "[planner]") {
+  const Cluster h100 = cluster_preset("h100");
+  Cluster c = with_devices(h100, 4);
+  CHECK((c.nodes == 1 && c.devices_per_node == 4 && c.flops_16 == h100.flops_16));
+  c = with_devices(h100, 16);
+  CHECK((c.nodes == 2 && c.devices_per_node == 8));
+  CHECK_THROWS_WITH(with_devices(h100, 12), Catch::Contains("12 devices on h100 with 8 devices per node"));
+  CHECK_THROWS_WITH(with_devices(h100, 0), Catch::Contains("devices must be >= 1"));
+  // The cpu preset: up to its cores, each device is a core; beyond, the
+  // devices share them (MPI oversubscribed): each keeps a core's speeds when
+  // it runs alone, has its share of the memory, and the planner bounds a
+  // step by the total work over the cores.
+  Cluster cpu = cluster_preset("cpu");
+  cpu.devices_per_node = 2;  // a machine of 2 cores, whatever this one has
+  cpu.memory_bytes = int64_t(8) << 30;
+  c = with_devices(cpu, 2);
+  CHECK((c.devices() == 2 && c.core_share == 1.0 && c.memory_bytes == cpu.memory_bytes));
+  c = with_devices(cpu, 4);
+  CHECK((c.nodes == 1 && c.devices_per_node == 4 && c.flops_f32 == cpu.flops_f32));
+  CHECK(c.core_share == 0.5);
+  CHECK(c.memory_bytes == int64_t(4) << 30);
+  // Planned on it: a layout without a pipeline takes twice a core's time for
+  // its work; a pipeline's bubble is not idle cores (its ranks' work over the
+  // cores bounds the step, and here sets it).
+  PlanRequest r;
+  r.model = models::model_config("llama", "tiny");
+  r.global_batch = 4;
+  r.seq_len = 64;
+  r.fixed = {{"dp", 4}, {"zero", 0}, {"micro_batches", 1}};
+  r.cluster = c;
+  const Candidate shared = plan(r).best;
+  r.cluster = cpu;
+  r.cluster.devices_per_node = 4;  // 4 whole cores
+  const Candidate alone = plan(r).best;
+  CHECK(shared.compute_s == Approx(2 * alone.compute_s));
+  r.fixed = {{"pp", 2}, {"dp", 2}, {"micro_batches", 2}, {"virtual_stages", 1}};
+  const Candidate pipe_alone = plan(r).best;
+  r.cluster = c;
+  const Candidate pipe_shared = plan(r).best;
+  CHECK(pipe_alone.bubble > 0.3);
+  CHECK(pipe_shared.compute_s + pipe_shared.model_comm_s + pipe_shared.pipeline_s <
+        2 * (pipe_alone.compute_s + pipe_alone.model_comm_s + pipe_alone.pipeline_s));
+}
+
 TEST_CASE("planner: a model of one's own is planned on its derived plan", "[planner]") {
   PlanRequest r;
   r.model = parallel_gpt(4);
@@ -335,6 +395,34 @@ TEST_CASE("planner: a model of one's own is planned on its derived plan", "[plan
   // A model that is not a token model, or a build that ignores the depth, is refused.
   CHECK_THROWS_WITH(PlanModel::custom("x", 4, [](int64_t) { return nn::make_model<ParallelGPT>(2); }),
                     Catch::Contains("build(1) must give a model of 1 block, got 2"));
+}
+
+TEST_CASE("planner: an op without a sharding rule is planned replicated and named in the report", "[planner]") {
+  PlanRequest r;
+  r.model = PlanModel::custom("ParallelGPT with an op of its own", 4,
+                              [](int64_t n) { return nn::make_model<ParallelGPT>(n, /*own_op_without_rule=*/true); });
+  r.cluster = cluster_preset("h100");
+  r.cluster.devices_per_node = 4;
+  r.global_batch = 8;
+  r.seq_len = 32;
+  r.fixed = {{"tp", 2}, {"dp", 2}};
+  PlanResult p = plan(r);
+  std::string report = format_plan(r, p);
+  INFO(report);
+  // One call per block's forward, in every layout; under tp the prediction
+  // counts its calls (and the gathers before them), under dp the report warns.
+  CHECK(p.ops_without_sharding_rule == std::map<std::string, int64_t>{{"own_op_without_rule", 4}});
+  CHECK(p.best.replicated_fallbacks == std::map<std::string, int64_t>{{"own_op_without_rule", 4}});
+  CHECK_THAT(report, Catch::Contains("ops without a sharding rule: own_op_without_rule (4 per sequence's step)"));
+  CHECK_THAT(report, Catch::Contains("the prediction counts it over tp/cp/ep"));
+  CHECK_THAT(report, Catch::Contains("over dp the batch is gathered too"));
+  CHECK(plan_json(r, p)["ops_without_sharding_rule"]["own_op_without_rule"] == 4);
+  CHECK(plan_json(r, p)["best"]["ops_without_sharding_rule"]["own_op_without_rule"] == 4);
+  // Without it, nothing is listed.
+  r.model = parallel_gpt(4);
+  p = plan(r);
+  CHECK(p.ops_without_sharding_rule.empty());
+  CHECK_THAT(format_plan(r, p), !Catch::Contains("without a sharding rule"));
 }
 
 TEST_CASE("planner: tessel train --mesh auto runs the planner's layout; in bitwise mode the one-device bits",

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "autograd/api.h"
 #include "planner/planner.h"
 #include "runtime/comm/comm.h"
 #include "test/util/runfiles.h"
@@ -85,4 +86,49 @@ TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's p
     INFO(l.name << ": predicted " << want / 1048576.0 << " MiB, measured " << got / 1048576.0 << " MiB");
     CHECK(std::abs(double(want) / double(got) - 1.0) < 0.10);
   }
+}
+
+// --mesh auto under mpirun (issue 14, item 8): rank 0 plans for the job's
+// ranks and hands the layout to the other, so both train the same one --
+// the planner's pick for 2 devices of this machine.
+TEST_CASE("mpi: --mesh auto plans on rank 0 and every rank trains its layout", "[planner][mpi]") {
+  comm::init_mpi();
+  REQUIRE(comm::world()->size() == 2);
+  TrainConfig c;
+  c.model = "nanogpt";
+  c.model_config = "tiny";
+  c.mesh = "auto";
+  c.steps = 2;
+  c.batch_size = 4;
+  c.seq_len = 32;
+  c.eval_every = 0;
+  c.sample_length = 0;
+  c.bitwise = true;
+  c.out_dir = testing::scratch_dir("planner_mpi_auto_" + std::to_string(comm::world()->rank()));
+  TrainHooks h;
+  h.quiet = true;
+  const TrainResult got = run_training(c, h);
+  // The same layout and parameters on both ranks (a hash of each, gathered).
+  Tensor mine = zeros({2}, TensorOptions(DType::Int64));
+  mine.data<int64_t>()[0] = int64_t(std::hash<std::string>{}(got.layout) >> 1);
+  mine.data<int64_t>()[1] = int64_t(std::hash<std::string>{}(got.param_hash) >> 1);
+  Tensor all = zeros({4}, TensorOptions(DType::Int64));
+  comm::world()->all_gather(mine, all)->wait();
+  const int64_t* a = all.data<int64_t>();
+  CHECK(a[0] == a[2]);
+  CHECK(a[1] == a[3]);
+  // What the planner picks for this request on 2 devices of this machine.
+  planner::PlanRequest r;
+  r.model = models::model_config("nanogpt", "tiny");
+  r.cluster = planner::with_devices(planner::cluster_preset("cpu"), 2);
+  r.global_batch = 4;
+  r.seq_len = 32;
+  r.bitwise = true;
+  r.fixed["cp"] = 1;
+  const planner::Candidate best = planner::plan(r).best;
+  CHECK(got.layout.rfind(best.mesh() + "|" + std::to_string(best.zero) + "|", 0) == 0);
+  CHECK(got.steps == 2);
+  // --devices must be the job's size.
+  c.devices = 4;
+  CHECK_THROWS_WITH(run_training(c, h), Catch::Contains("--mesh auto --devices 4: this job has 2 ranks"));
 }

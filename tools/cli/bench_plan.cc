@@ -1,10 +1,12 @@
 // `tessel bench plan`: the planner's predictions against real runs on this
-// machine (docs/plan.md). For each model it plans 2 ranks (one core each),
-// runs the planner's pick and other layouts that fit -- the fastest predicted
-// and a spread over the rest -- through `tessel launch -n 2 -- train` with
-// TESSEL_THREADS=1, and reports predicted vs measured step time, the rank
-// correlation (spearman) and the measured time of the fastest layout over
-// the pick's (pick_vs_best). Ends with one JSON line.
+// machine (docs/plan.md). For each model and each rank count (2: one core
+// each; 4: MPI ranks sharing the 2 cores, which the cpu cluster describes as
+// devices with half a core each) it plans, runs the planner's pick and other
+// layouts that fit -- the fastest predicted and a spread over the rest --
+// through `tessel launch -n R -- train` with TESSEL_THREADS=1, and reports
+// predicted vs measured step time, the rank correlation (spearman) and the
+// measured time of the fastest layout over the pick's (pick_vs_best). Ends
+// with one JSON line.
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@ namespace {
 
 struct BenchPlanArgs {
   std::vector<std::string> models = {"nanogpt:small", "llama:small"};
+  std::vector<int64_t> ranks = {2, 4};
   int64_t batch = 8, seq_len = 256, steps = 5;
   int per_model = 7;  // layouts run per model (the pick included)
   int rounds = 2;     // runs of each layout, interleaved (medians reported)
@@ -43,16 +46,17 @@ std::string self_exe() {
 }
 
 // Average seconds per step of `tessel launch -n 2 -- train ...` (its "N tokens/s").
-double run_layout(const std::string& model, const std::string& config, const planner::Candidate& c,
+double run_layout(const std::string& model, const std::string& config, int64_t ranks, const planner::Candidate& c,
                   const BenchPlanArgs& a) {
-  std::string cmd = fmt::format(FMT_STRING("TESSEL_THREADS=1 '{}' launch -n 2 -- train --model {} --config {} --steps {} "
+  std::string cmd = fmt::format(FMT_STRING("TESSEL_THREADS=1 '{}' launch -n {} -- train --model {} --config {} --steps {} "
                                            "--batch-size {} --seq-len {} --sample-length 0 --eval-every 0 "
                                            "--out /tmp/tessel-bench-plan"),
-                                self_exe(), model, config, a.steps, a.batch, a.seq_len);
+                                self_exe(), ranks, model, config, a.steps, a.batch, a.seq_len);
   if (!c.mesh().empty()) cmd += " --mesh " + c.mesh();
   if (c.zero) cmd += fmt::format(FMT_STRING(" --zero {}"), c.zero);
   if (c.micro_batches > 1) cmd += fmt::format(FMT_STRING(" --micro-batches {}"), c.micro_batches);
   if (c.pp > 1) cmd += " --pipeline-schedule " + c.schedule;
+  if (c.pp > 1 && c.virtual_stages > 1) cmd += fmt::format(FMT_STRING(" --virtual-stages {}"), c.virtual_stages);
   if (c.sp) cmd += " --sequence-parallel";
   if (c.recompute != nn::Recompute::None) cmd += std::string(" --recompute ") + nn::recompute_name(c.recompute);
   cmd += " 2>&1";
@@ -91,14 +95,14 @@ int run_bench_plan(const BenchPlanArgs& a) {
   tools::BenchMachine machine = tools::begin_bench(std::cout);
   nlohmann::json per_model = nlohmann::json::array();
   std::vector<double> all_pred, all_meas, pick_ratio;
-  for (const std::string& spec : a.models) {
+  for (const std::string& spec : a.models)
+  for (const int64_t ranks : a.ranks) {
     const size_t colon = spec.find(':');
     TESSEL_CHECK(colon != std::string::npos, "bench plan", "--models: expected MODEL:CONFIG, got '{}'", spec);
     const std::string model = spec.substr(0, colon), config = spec.substr(colon + 1);
     planner::PlanRequest r;
     r.model = models::model_config(model, config);
-    r.cluster = planner::cluster_preset("cpu");
-    r.cluster.devices_per_node = 2;
+    r.cluster = planner::with_devices(planner::cluster_preset("cpu"), ranks);
     r.global_batch = a.batch;
     r.seq_len = a.seq_len;
     r.runners_up = 100000;  // every runnable layout, fastest predicted first
@@ -115,14 +119,14 @@ int run_bench_plan(const BenchPlanArgs& a) {
       const size_t i = head + (fitting.size() - head - 1) * k / rest;
       if (chosen.back().str() != fitting[i].str()) chosen.push_back(fitting[i]);
     }
-    std::cout << fmt::format(FMT_STRING("bench plan: {} {} on 2 ranks (one core each), {} x {} tokens, {} steps, "
+    std::cout << fmt::format(FMT_STRING("bench plan: {} {} on {} ranks ({}), {} x {} tokens, {} steps, "
                                         "medians of {} interleaved rounds\n"),
-                             model, config, a.batch, a.seq_len, a.steps, a.rounds);
+                             model, config, ranks, r.cluster.str(), a.batch, a.seq_len, a.steps, a.rounds);
     // Rounds interleaved: a layout's runs are spread over the bench, so a
     // slow spell of the machine does not land on one layout only.
     std::vector<std::vector<double>> times(chosen.size());
     for (int round = 0; round < a.rounds; ++round)
-      for (size_t i = 0; i < chosen.size(); ++i) times[i].push_back(run_layout(model, config, chosen[i], a));
+      for (size_t i = 0; i < chosen.size(); ++i) times[i].push_back(run_layout(model, config, ranks, chosen[i], a));
     std::vector<double> pred, meas;
     nlohmann::json rows = nlohmann::json::array();
     for (size_t i = 0; i < chosen.size(); ++i) {
@@ -137,7 +141,7 @@ int run_bench_plan(const BenchPlanArgs& a) {
     const double rho = spearman(pred, meas), ratio = best / meas[0];
     std::cout << fmt::format(FMT_STRING("  spearman {:.3f}; the pick ({}) at {:.3f} of the fastest measured\n"), rho,
                              chosen[0].str(), ratio);
-    per_model.push_back({{"model", spec}, {"layouts", rows}, {"spearman", rho}, {"pick_vs_best", ratio}});
+    per_model.push_back({{"model", spec}, {"ranks", ranks}, {"layouts", rows}, {"spearman", rho}, {"pick_vs_best", ratio}});
     all_pred.insert(all_pred.end(), pred.begin(), pred.end());
     all_meas.insert(all_meas.end(), meas.begin(), meas.end());
     pick_ratio.push_back(ratio);
@@ -165,10 +169,12 @@ int run_bench_plan(const BenchPlanArgs& a) {
 void register_bench_plan(CLI::App& app) {
   static BenchPlanArgs a;
   CLI::App* cmd = add_command(*bench_command(app), "plan",
-                              "the planner's predicted step times against real runs of several layouts on 2 ranks "
-                              "(spearman, pick_vs_best); ends with one JSON line",
+                              "the planner's predicted step times against real runs of several layouts on 2 and 4 "
+                              "ranks (spearman, pick_vs_best); ends with one JSON line",
                               [] { return run_bench_plan(a); });
   cmd->add_option("--models", a.models, "MODEL:CONFIG, repeatable")->capture_default_str();
+  cmd->add_option("--ranks", a.ranks, "MPI ranks, repeatable (more ranks than cores share them)")
+      ->capture_default_str();
   cmd->add_option("--batch", a.batch, "global batch (sequences)")->capture_default_str();
   cmd->add_option("--seq-len", a.seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--steps", a.steps, "training steps per layout")->capture_default_str();

@@ -49,17 +49,7 @@ int run_plan(const PlanArgs& a) {
     planner::calibrate_cpu(/*force=*/true);
   }
   r.cluster = planner::cluster_preset(a.cluster, a.nodes);
-  if (a.devices > 0) {
-    TESSEL_CHECK(a.devices <= r.cluster.devices_per_node || a.devices % r.cluster.devices_per_node == 0, "plan",
-                 "--devices {}: a cluster of {} device(s) per node takes at most one node's worth or whole nodes",
-                 a.devices, r.cluster.devices_per_node);
-    if (a.devices <= r.cluster.devices_per_node) {
-      r.cluster.nodes = 1;
-      r.cluster.devices_per_node = a.devices;
-    } else {
-      r.cluster.nodes = a.devices / r.cluster.devices_per_node;
-    }
-  }
+  if (a.devices > 0) r.cluster = planner::with_devices(r.cluster, a.devices);
   r.global_batch = a.batch;
   r.seq_len = a.seq_len;
   r.compute = a.dtype == "float32" ? DType::Float32 : a.dtype == "bfloat16" ? DType::BFloat16 : DType::Float16;
@@ -94,7 +84,7 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--dtype", a.dtype, "compute dtype: float32 | bfloat16 | float16")->capture_default_str();
   cmd->add_flag("--bitwise", a.bitwise, "plan for bitwise mode");
   cmd->add_option("--headroom", a.headroom, "share of each device's memory kept free")->capture_default_str();
-  cmd->add_option("--fix", a.fix, "constraints, e.g. tp=2,pp=1,zero=1,sp=1,micro_batches=4");
+  cmd->add_option("--fix", a.fix, "constraints, e.g. tp=2,pp=1,zero=1,sp=1,micro_batches=4,virtual_stages=1");
   cmd->add_option("--recompute", a.recompute, "fix the recomputation policy: none | selective | full");
   cmd->add_option("--runners-up", a.runners_up, "layouts to list after the best")->capture_default_str();
   cmd->add_flag("--json", a.json, "print only the JSON document");

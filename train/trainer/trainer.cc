@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -362,16 +363,13 @@ void print_footer(const TrainConfig& cfg, const TrainResult& result, double trai
 TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in);
 
 // --mesh auto: the planner's layout for this model, batch and machine
-// (docs/plan.md), written into the config before any rank starts.
-TrainConfig planned(const TrainConfig& in, bool quiet) {
-  TESSEL_CHECK(!comm::has_world() && !comm::is_mpi_launch(), "train",
-               "--mesh auto plans before the ranks start, so it runs ranks as threads; under tessel launch or "
-               "mpirun, run `tessel plan --devices N` first and pass the --mesh (and --zero) it prints");
+// (docs/plan.md), written into the config before any rank trains.
+TrainConfig plan_layout_here(const TrainConfig& in, int64_t devices, bool quiet) {
   std::optional<Pretrained> pretrained;
   planner::PlanRequest r;
   r.model = training_model(in, &pretrained);
   r.cluster = planner::cluster_preset("cpu");
-  if (in.devices > 0) r.cluster.devices_per_node = in.devices;
+  if (devices > 0) r.cluster = planner::with_devices(r.cluster, devices);
   r.global_batch = in.batch_size;
   r.seq_len = in.seq_len;
   r.compute = in.param_dtype();
@@ -392,6 +390,7 @@ TrainConfig planned(const TrainConfig& in, bool quiet) {
   out.sequence_parallel = b.sp;
   out.recompute = nn::recompute_name(b.recompute);
   if (b.pp > 1) out.pipeline_schedule = b.schedule;
+  if (b.pp > 1) out.virtual_stages = b.virtual_stages;
   if (!quiet)
     std::printf("--mesh auto: %s on %lld device(s) (predicted %.3g s per step, %s per rank; `tessel plan` explains)\n",
                 b.str().c_str(), (long long)r.cluster.devices(), b.step_s, mib(b.total).c_str());
@@ -399,21 +398,79 @@ TrainConfig planned(const TrainConfig& in, bool quiet) {
   return out;
 }
 
+// The layout fields --mesh auto chooses, as one line (and back), so rank 0
+// of an MPI job can hand its plan to the others; TrainResult::layout.
+std::string layout_line(const TrainConfig& c) {
+  return fmt::format(FMT_STRING("{}|{}|{}|{}|{}|{}|{}"), c.mesh, c.zero, c.micro_batches, c.sequence_parallel ? 1 : 0,
+                     c.recompute, c.pipeline_schedule, c.virtual_stages);
+}
+TrainConfig with_layout_line(TrainConfig c, const std::string& line) {
+  std::vector<std::string> f;
+  size_t at = 0;
+  for (size_t bar; (bar = line.find('|', at)) != std::string::npos; at = bar + 1) f.push_back(line.substr(at, bar - at));
+  f.push_back(line.substr(at));
+  TESSEL_CHECK(f.size() == 7, "train", "--mesh auto: rank 0 sent a malformed layout '{}'", line);
+  c.mesh = f[0];
+  c.devices = 0;
+  c.zero = std::stol(f[1]);
+  c.micro_batches = std::stol(f[2]);
+  c.sequence_parallel = f[3] == "1";
+  c.recompute = f[4];
+  c.pipeline_schedule = f[5];
+  c.virtual_stages = std::stol(f[6]);
+  c.validate();
+  return c;
+}
+
+// --mesh auto. Ranks as threads: planned here, before they start, for
+// --devices (default one per core). Under tessel launch / mpirun: rank 0
+// plans for the job's size and broadcasts the layout -- every rank must run
+// the same one, and a plan on each rank could differ (a calibration measured
+// on each) -- or its error, which every rank then raises.
+TrainConfig planned(const TrainConfig& in, bool quiet) {
+  if (!comm::has_world()) return plan_layout_here(in, in.devices, quiet);
+  const comm::CommPtr& world = comm::world();
+  TESSEL_CHECK(in.devices == 0 || in.devices == world->size(), "train",
+               "--mesh auto --devices {}: this job has {} ranks; the plan is for the ranks there are (drop --devices)",
+               in.devices, world->size());
+  constexpr int64_t kBytes = 4096;
+  Tensor msg = zeros({kBytes / 8}, TensorOptions(DType::Int64));
+  if (world->rank() == 0) {
+    std::string line;
+    try {
+      line = "ok:" + layout_line(plan_layout_here(in, world->size(), quiet));
+    } catch (const std::exception& e) {
+      line = std::string("error:") + e.what();
+    }
+    line.resize(std::min<size_t>(line.size(), kBytes - 1));
+    std::memcpy(msg.raw_data(), line.data(), line.size());
+  }
+  world->broadcast(msg, /*root=*/0)->wait();
+  const std::string line(static_cast<const char*>(msg.raw_data()));
+  if (line.rfind("error:", 0) == 0) throw Error(line.substr(6));
+  return with_layout_line(in, line.substr(3));
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg_in, const TrainHooks& hooks) {
   cfg_in.validate();
+  if (cfg_in.backend == "mpi" || (cfg_in.backend == "auto" && comm::is_mpi_launch())) comm::init_mpi();
   const TrainConfig cfg = cfg_in.mesh == "auto" ? planned(cfg_in, hooks.quiet) : cfg_in;
   numerics::BitwiseGuard bitwise(cfg.bitwise);  // run_local gives every rank thread the caller's mode
   int64_t devices = 1;
   for (const auto& [name, size] : parse_mesh(cfg.mesh)) devices *= size;
-  if (cfg.backend == "mpi" || (cfg.backend == "auto" && comm::is_mpi_launch())) comm::init_mpi();
   // A rank of a running job (mpirun, a caller's run_local) or one device: train here.
-  if (comm::has_world() || devices == 1) return run_rank(cfg, hooks);
-  // Ranks as threads: every rank trains, rank 0 reports.
-  std::vector<TrainResult> results(static_cast<size_t>(devices));
-  comm::run_local(int(devices), [&](int rank) { results[size_t(rank)] = run_rank(cfg, hooks); });
-  return results[0];
+  TrainResult result;
+  if (comm::has_world() || devices == 1) {
+    result = run_rank(cfg, hooks);
+  } else {  // ranks as threads: every rank trains, rank 0 reports
+    std::vector<TrainResult> results(static_cast<size_t>(devices));
+    comm::run_local(int(devices), [&](int rank) { results[size_t(rank)] = run_rank(cfg, hooks); });
+    result = std::move(results[0]);
+  }
+  result.layout = layout_line(cfg);
+  return result;
 }
 
 namespace {

@@ -30,6 +30,9 @@ namespace tessel::train {
 
 struct TrainResult {
   int64_t steps = 0;
+  // The layout it ran on (--mesh auto's choice, or the one given):
+  // "MESH|ZERO|MICRO_BATCHES|SP|RECOMPUTE|PIPELINE_SCHEDULE|VIRTUAL_STAGES".
+  std::string layout;
   double final_loss = 0;       // last step's training loss
   double heldout_loss = 0;     // at the end (eval_batches batches)
   double unigram_entropy = 0;  // of the training tokens, nats/token

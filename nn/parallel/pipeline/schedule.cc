@@ -211,8 +211,18 @@ void check_structure(const Schedule& s) {
 }  // namespace
 
 ScheduleStats check_schedule(const Schedule& s) {
+  StageCosts unit;
+  unit.forward_s.assign(size_t(s.num_stages()), 1.0);
+  unit.backward_s.assign(size_t(s.num_stages()), 2.0);
+  return simulate_schedule(s, unit);
+}
+
+ScheduleStats simulate_schedule(const Schedule& s, const StageCosts& costs) {
   check_structure(s);
   const int S = s.num_stages();
+  TESSEL_CHECK(costs.forward_s.size() == size_t(S) && costs.backward_s.size() == size_t(S), kOp,
+               "'{}': costs for {} forward and {} backward stages, the schedule has {} virtual stages", s.name,
+               costs.forward_s.size(), costs.backward_s.size(), S);
   // Channels: (kind, receiving stage) -> FIFO of (micro-batch, time sent).
   // Activations into vs come from vs - 1, gradients into vs from vs + 1.
   struct Msg {
@@ -244,11 +254,11 @@ ScheduleStats check_schedule(const Schedule& s) {
           t = std::max(t, q.front().t);
           q.pop_front();
         } else if (in.op == Op::SendAct) {
-          channel(false, vs + 1).push_back({in.mb, t});
+          channel(false, vs + 1).push_back({in.mb, t + costs.transfer_s});
         } else if (in.op == Op::SendGrad) {
-          channel(true, vs - 1).push_back({in.mb, t});
+          channel(true, vs - 1).push_back({in.mb, t + costs.transfer_s});
         } else {
-          const double cost = in.op == Op::Forward ? 1.0 : 2.0;
+          const double cost = in.op == Op::Forward ? costs.forward_s[size_t(vs)] : costs.backward_s[size_t(vs)];
           t += cost;
           busy[size_t(r)] += cost;
           int& f = in_flight[size_t(r)];

@@ -86,7 +86,8 @@ Schedule make_schedule(const std::string& name, int pp, int micro_batches, int v
 std::vector<std::string> schedule_names();
 
 // What check_schedule learns by simulating the schedule with unit costs
-// (Forward = 1, Backward = 2, communication free).
+// (Forward = 1, Backward = 2, communication free), or simulate_schedule with
+// the costs given.
 struct ScheduleStats {
   std::vector<int> peak_in_flight;  // per rank: most (chunk, mb) forwarded and not yet backwarded
   double makespan = 0;              // simulated step time
@@ -97,5 +98,16 @@ struct ScheduleStats {
 // what is wrong (missing/duplicate compute, a receive with no matching send,
 // channel order, a deadlock with the blocked ranks' next instructions).
 ScheduleStats check_schedule(const Schedule& s);
+
+// The schedule run with costs: a Forward of virtual stage vs takes
+// forward_s[vs], a Backward backward_s[vs], and a message arrives
+// transfer_s after its send (sends do not block the sender). The planner's
+// step time and in-flight memory of a pipeline (planner/planner.h). Checks
+// the schedule as check_schedule does.
+struct StageCosts {
+  std::vector<double> forward_s, backward_s;  // per virtual stage
+  double transfer_s = 0;                      // per activation or gradient message
+};
+ScheduleStats simulate_schedule(const Schedule& s, const StageCosts& costs);
 
 }  // namespace tessel::parallel::pipeline
