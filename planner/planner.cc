@@ -129,6 +129,13 @@ struct Search {
     ShardLayout sl;
     sl.tp = c.tp, sl.cp = c.cp, sl.ep = c.ep, sl.sequence_parallel = c.sp, sl.recompute = c.recompute;
     sl.bitwise = req.bitwise, sl.batch = b, sl.seq_len = req.seq_len, sl.compute = req.compute;
+    if (m.n_head > 0 && (m.n_head % c.tp != 0 || m.n_kv_head % c.tp != 0)) {
+      c.infeasible = fmt::format(FMT_STRING("tp={} does not divide n_head={} and n_kv_head={} (whole heads per rank)"),
+                                 c.tp, m.n_head, m.n_kv_head);
+      ++result.infeasible;
+      out->push_back(c);
+      return;
+    }
     const auto [mc, error] = cost_of(sl);
     if (!error.empty()) {
       c.infeasible = error;

@@ -133,6 +133,8 @@ PlanModel::PlanModel(const models::ModelConfig& config)
       dim(config.dim),
       max_seq_len(config.max_seq_len),
       num_experts(config.arch == models::Arch::Mixtral ? config.num_experts : 0),
+      n_head(config.n_head),
+      n_kv_head(config.n_kv_head > 0 ? config.n_kv_head : config.n_head),
       build([config](int64_t n) {
         models::ModelConfig c = config;
         c.n_layer = n;

@@ -42,6 +42,9 @@ struct PlanModel {
   int64_t dim = 0;          // width of the activations between blocks (pipeline transfers)
   int64_t max_seq_len = 0;  // the longest sequence it takes (0: not known, not checked)
   int64_t num_experts = 0;  // experts per MoE layer (0: none, and ep is not searched)
+  // Attention heads and key/value heads (0: not known). Where known, tp must
+  // divide both: whole heads per rank, as `tessel train` requires.
+  int64_t n_head = 0, n_kv_head = 0;
   // The model with n blocks, built on the current nn::ConstructionScope
   // device (Meta when planning: no memory).
   std::function<std::shared_ptr<nn::StagedModel>(int64_t n_layer)> build;

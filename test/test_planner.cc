@@ -322,6 +322,9 @@ TEST_CASE("planner: the search fits memory, keeps constraints, explains the runn
   CHECK_THROWS_WITH(plan(bad), Catch::Contains("do not divide the cluster's 8 devices"));
   bad.fixed = {{"ep", 2}};
   CHECK_THROWS_WITH(plan(bad), Catch::Contains("has no experts"));
+  // Whole heads per rank, as tessel train requires (6 heads, 2 key/value heads).
+  bad.fixed = {{"tp", 4}};
+  CHECK_THROWS_WITH(plan(bad), Catch::Contains("tp=4 does not divide n_head=6 and n_kv_head=2"));
   CHECK_THROWS_WITH(cluster_preset("a100"), Catch::Contains("unknown cluster preset 'a100' (cpu, h100, h200)"));
   bad = r;
   bad.seq_len = 100000;
