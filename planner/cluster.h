@@ -42,10 +42,9 @@ struct Cluster {
   bool measured = false;         // calibrated here, not published numbers
   // The share of a core each device has when all of them compute: 1, or
   // cores / devices for cpu ranks that outnumber the cores (with_devices).
-  // The speeds above are a device's alone; the planner bounds a step by its
-  // total work over the cores, so a rank idle in a pipeline bubble gives
-  // its core to the others (measured: 4 ranks on 2 cores, pp=2,dp=2 runs as
-  // fast as dp=4).
+  // The speeds above are a device's alone; the planner bounds a step by the
+  // CPU time its ranks ask for over the cores: a rank idle in a pipeline
+  // bubble gives part of its core to the others (planner.cc, kWaitingCpu).
   double core_share = 1.0;
 
   int64_t devices() const { return nodes * devices_per_node; }

@@ -25,6 +25,11 @@ constexpr double kDpOverlap = 0.5;
 // AdamW per parameter element: reads p, g, m, v and writes p, m, v (float32).
 constexpr double kAdamBytesPerElement = 28.0;
 constexpr int64_t kBucketBytes = int64_t(25) << 20;  // RunOptions::bucket_mb
+// A rank waiting for a message on cores it shares with other ranks polls
+// with sched_yield and still takes about this share of a core (fitted on 4
+// MPI ranks on 2 cores: pp=2,dp=2 with one micro-batch, GPipe, ran 1.5x
+// dp=4's step, whose ranks never wait; docs/plan.md).
+constexpr double kWaitingCpu = 0.5;
 // Two layouts within this share of each other's step time tie; the one with
 // less memory wins.
 constexpr double kTie = 0.005;
@@ -244,15 +249,17 @@ struct Search {
     c.dp_comm_s = cl.comm_overlaps ? std::max(0.0, dp_s - kDpOverlap * t_backward) : dp_s;
     c.optimizer_s = opt_s;
     if (cl.core_share < 1.0) {
-      // Devices sharing cores: the step takes at least the ranks' total work
-      // over the cores -- every rank's busy time over its share -- however
-      // short the schedule's critical path; the data-parallel sync and the
-      // optimizer run on all ranks at once, so at the shared speed.
+      // Devices sharing cores: the step takes at least the CPU time its ranks
+      // ask for over the cores -- each rank's busy time, and a share of its
+      // waits: a waiting rank polls (sched_yield, runtime/comm/mpi_work.cc)
+      // and takes about kWaitingCpu of a core -- however short the
+      // schedule's critical path. The data-parallel sync and the optimizer
+      // run on all ranks at once, so at the shared speed.
       double busy = 0;  // a pipeline rank's compute and collectives, averaged over the ranks
       for (int vs = 0; vs < S; ++vs) busy += double(c.micro_batches) * (costs.forward_s[size_t(vs)] + costs.backward_s[size_t(vs)]);
       busy /= double(c.pp);
       const double critical = c.compute_s + c.model_comm_s + c.pipeline_s;
-      const double bound = busy / cl.core_share;
+      const double bound = (busy + kWaitingCpu * std::max(0.0, critical - busy)) / cl.core_share;
       if (bound > critical) {
         c.compute_s *= bound / critical;
         c.model_comm_s *= bound / critical;
