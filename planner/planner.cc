@@ -109,13 +109,22 @@ struct Search {
     return {out, ""};
   }
 
-  // Pipeline schedules by (name, pp, micro-batches, virtual stages).
-  std::map<std::tuple<std::string, int, int, int>, parallel::pipeline::Schedule> schedules;
-  const parallel::pipeline::Schedule& schedule(const std::string& name, int pp, int micro_batches, int v) {
+  // Pipeline schedules by (name, pp, micro-batches, virtual stages), with
+  // what check_schedule learns of them: the (chunk, micro-batch) pairs each
+  // rank holds at once depend on its instruction order, not on the costs.
+  struct CheckedSchedule {
+    parallel::pipeline::Schedule schedule;
+    parallel::pipeline::ScheduleStats unit;
+  };
+  std::map<std::tuple<std::string, int, int, int>, CheckedSchedule> schedules;
+  const CheckedSchedule& schedule(const std::string& name, int pp, int micro_batches, int v) {
     const auto key = std::make_tuple(name, pp, micro_batches, v);
     auto it = schedules.find(key);
-    if (it == schedules.end())
-      it = schedules.emplace(key, parallel::pipeline::make_schedule(name, pp, micro_batches, v)).first;
+    if (it == schedules.end()) {
+      CheckedSchedule s{parallel::pipeline::make_schedule(name, pp, micro_batches, v), {}};
+      s.unit = parallel::pipeline::check_schedule(s.schedule);
+      it = schedules.emplace(key, std::move(s)).first;
+    }
     return it->second;
   }
 
@@ -178,34 +187,8 @@ struct Search {
     }
     int64_t worst_total = -1;
     double dp_s = 0, opt_s = 0, t_backward = 0;
-    std::vector<int> in_flight(size_t(c.pp), 1);
-    if (c.pp == 1) {
-      c.compute_s = double(c.micro_batches) * t_flops;
-      c.model_comm_s = double(c.micro_batches) * t_comm;
-    } else {
-      // The schedule itself, run with these costs: its makespan, bubble and
-      // the micro-batches each rank holds at once. Activations (and their
-      // gradients) cross each stage boundary; on a cluster whose transfers
-      // do not overlap compute the sender pays them too.
-      const int64_t act_bytes = b * (req.seq_len / c.cp) * m.dim * int64_t(itemsize(req.compute)) / (c.sp ? c.tp : 1);
-      const double transfer = comm_seconds(act_bytes, 1, pp_inter, cl);
-      const parallel::pipeline::Schedule& sched = schedule(c.schedule, int(c.pp), int(c.micro_batches), V);
-      parallel::pipeline::StageCosts no_transfer = costs;
-      costs.transfer_s = transfer;
-      if (!cl.comm_overlaps) {
-        for (int vs = 0; vs < S; ++vs) {
-          if (vs < S - 1) costs.forward_s[size_t(vs)] += transfer;
-          if (vs > 0) costs.backward_s[size_t(vs)] += transfer;
-        }
-      }
-      const auto with = parallel::pipeline::simulate_schedule(sched, costs);
-      const double without = parallel::pipeline::simulate_schedule(sched, no_transfer).makespan;
-      c.compute_s = without * t_flops / std::max(1e-30, t_flops + t_comm);
-      c.model_comm_s = without - c.compute_s;
-      c.pipeline_s = with.makespan - without;
-      c.bubble = with.bubble;
-      in_flight = with.peak_in_flight;
-    }
+    const CheckedSchedule* sched = c.pp > 1 ? &schedule(c.schedule, int(c.pp), int(c.micro_batches), V) : nullptr;
+    const std::vector<int> in_flight = sched ? sched->unit.peak_in_flight : std::vector<int>{1};
     for (int r = 0; r < int(c.pp); ++r) {
       // Rank r's blocks (its V chunks) and, on the last rank, the embedding and head.
       int64_t blocks = 0;
@@ -246,6 +229,46 @@ struct Search {
       }
       opt_s = std::max(opt_s, double(pbytes) / 4.0 / double(c.zero >= 1 ? c.dp : 1) * kAdamBytesPerElement / cl.memory_bw);
     }
+    c.fits = double(c.total) <= double(cl.memory_bytes) * (1.0 - req.headroom);
+    if (c.pp == 1) {
+      c.compute_s = double(c.micro_batches) * t_flops;
+      c.model_comm_s = double(c.micro_batches) * t_comm;
+    } else {
+      // Activations (and their gradients) cross each stage boundary; on a
+      // cluster whose transfers do not overlap compute the sender pays them
+      // too.
+      const int64_t act_bytes = b * (req.seq_len / c.cp) * m.dim * int64_t(itemsize(req.compute)) / (c.sp ? c.tp : 1);
+      const double transfer = comm_seconds(act_bytes, 1, pp_inter, cl);
+      double with = 0, without = 0;
+      if (c.fits) {
+        // The schedule itself, run with these costs: its makespan and bubble.
+        parallel::pipeline::StageCosts no_transfer = costs;
+        costs.transfer_s = transfer;
+        if (!cl.comm_overlaps) {
+          for (int vs = 0; vs < S; ++vs) {
+            if (vs < S - 1) costs.forward_s[size_t(vs)] += transfer;
+            if (vs > 0) costs.backward_s[size_t(vs)] += transfer;
+          }
+        }
+        const auto stats = parallel::pipeline::simulate_schedule(sched->schedule, costs);
+        with = stats.makespan;
+        without = parallel::pipeline::simulate_schedule(sched->schedule, no_transfer).makespan;
+        c.bubble = stats.bubble;
+      } else {
+        // A layout that does not fit is not run (most of them, at scale):
+        // the schedule's closed form, M V + pp - 1 slots of the slowest
+        // chunk, and the first micro-batch's crossings.
+        double slowest = 0;
+        for (int vs = 0; vs < S; ++vs)
+          slowest = std::max(slowest, costs.forward_s[size_t(vs)] + costs.backward_s[size_t(vs)]);
+        without = double(c.micro_batches * V + c.pp - 1) * slowest;
+        with = without + 2.0 * double(S - 1) * transfer;
+        c.bubble = sched->unit.bubble;
+      }
+      c.compute_s = without * t_flops / std::max(1e-30, t_flops + t_comm);
+      c.model_comm_s = without - c.compute_s;
+      c.pipeline_s = with - without;
+    }
     c.dp_comm_s = cl.comm_overlaps ? std::max(0.0, dp_s - kDpOverlap * t_backward) : dp_s;
     c.optimizer_s = opt_s;
     if (cl.core_share < 1.0) {
@@ -276,7 +299,6 @@ struct Search {
             (c.step_s * double(c.pp) * cl.flops(req.compute));
     for (const auto& [op, calls] : mc.at(m.n_layer).replicated_fallbacks)
       if (calls > 0) c.replicated_fallbacks[op] = calls;
-    c.fits = double(c.total) <= double(cl.memory_bytes) * (1.0 - req.headroom);
     if (!c.fits) ++result.too_big;
     out->push_back(c);
   }

@@ -37,7 +37,7 @@ int64_t measured(const Layout& l) {
   c.eval_every = 0;
   c.sample_length = 0;
   std::string mesh;
-  for (const char* dim : {"pp", "dp", "tp"})
+  for (const char* dim : {"pp", "dp", "cp", "tp"})
     if (l.fixed.count(dim) && l.fixed.at(dim) > 1)
       mesh += (mesh.empty() ? "" : ",") + std::string(dim) + "=" + std::to_string(l.fixed.at(dim));
   c.mesh = mesh;
@@ -61,6 +61,7 @@ int64_t predicted(const Layout& l) {
   r.seq_len = 256;
   r.fixed = l.fixed;
   r.fixed.emplace("cp", 1);
+  r.fixed.emplace("virtual_stages", 1);
   r.recompute = l.recompute;
   return planner::plan(r).best.total;
 }
@@ -80,6 +81,7 @@ TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's p
       {"tp2", {{"dp", 1}, {"tp", 2}, {"pp", 1}, {"micro_batches", 1}, {"sp", 0}}},
       {"tp2_sp", {{"dp", 1}, {"tp", 2}, {"pp", 1}, {"micro_batches", 1}, {"sp", 1}}},
       {"pp2", {{"dp", 1}, {"tp", 1}, {"pp", 2}, {"micro_batches", 2}, {"sp", 0}}},
+      {"cp2", {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 2}, {"micro_batches", 1}, {"sp", 0}}},
   };
   for (const Layout& l : layouts) {
     const int64_t got = measured(l), want = predicted(l);
