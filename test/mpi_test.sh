@@ -36,6 +36,8 @@ timeout 600 mpirun -np "$np" "$bin" "$@" >"$log" 2>&1
 rc=$?
 cat "$log"
 
+# mpirun gives the ranks a pty, so Catch2 colours its output: colour codes
+# (which can land before a summary line) are stripped first.
 p0=""; maxf=0; s0=0; ranks=0
 while read -r line; do
   r=$(sed -E 's/^\[tessel-summary-rank ([0-9]+)\].*/\1/' <<<"$line")
@@ -45,7 +47,7 @@ while read -r line; do
   ranks=$((ranks + 1))
   (( f > maxf )) && maxf=$f
   if [[ "$r" == "0" ]]; then p0=$((p + f)); s0=$s; f0=$f; fi
-done < <(grep -a '^\[tessel-summary-rank ' "$log")
+done < <(sed -E 's/\x1b\[[0-9;]*m//g' "$log" | grep -a '^\[tessel-summary-rank ')
 
 if [[ -z "$p0" ]]; then
   echo "mpi_test.sh: rank 0 printed no summary (mpirun exit $rc)"

@@ -56,7 +56,7 @@ int64_t predicted(const Layout& l) {
   planner::PlanRequest r;
   r.model = models::model_config("llama", "small");
   r.cluster = planner::cluster_preset("h100");  // memory does not depend on the speeds
-  r.cluster.devices_per_node = 2;
+  r.cluster.devices_per_node = comm::world()->size();
   r.global_batch = 8;
   r.seq_len = 256;
   r.fixed = l.fixed;
@@ -67,6 +67,23 @@ int64_t predicted(const Layout& l) {
 }
 
 }  // namespace
+
+TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's peak on 4-rank layouts",
+          "[planner][np4]") {
+  comm::init_mpi();
+  REQUIRE(comm::world()->size() == 4);
+  const std::vector<Layout> layouts = {
+      {"dp2_tp2_sp", {{"dp", 2}, {"tp", 2}, {"pp", 1}, {"zero", 1}, {"micro_batches", 1}, {"sp", 1}}},
+      {"dp2_pp2", {{"dp", 2}, {"tp", 1}, {"pp", 2}, {"zero", 0}, {"micro_batches", 2}, {"sp", 0}}},
+      {"cp4", {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 4}, {"micro_batches", 1}, {"sp", 0}}},
+      {"dp4_zero3", {{"dp", 4}, {"tp", 1}, {"pp", 1}, {"zero", 3}, {"micro_batches", 1}, {"sp", 0}}},
+  };
+  for (const Layout& l : layouts) {
+    const int64_t got = measured(l), want = predicted(l);
+    INFO(l.name << ": predicted " << want / 1048576.0 << " MiB, measured " << got / 1048576.0 << " MiB");
+    CHECK(std::abs(double(want) / double(got) - 1.0) < 0.10);
+  }
+}
 
 TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's peak on every 2-rank layout",
           "[planner][mpi]") {
