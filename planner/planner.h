@@ -94,6 +94,9 @@ struct PlanResult {
   // the batch is gathered too and each rank runs the op on the whole batch,
   // which it does not -- the report says so.
   std::map<std::string, int64_t> ops_without_sharding_rule;
+  // What the prediction is known to miss for the best layout (the report's
+  // "warning:" lines).
+  std::vector<std::string> warnings;
   std::vector<Candidate> runners_up;
   int64_t candidates = 0;   // layouts considered
   int64_t infeasible = 0;   // ... that cannot run (shapes that do not divide, ...)

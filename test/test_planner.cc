@@ -400,6 +400,22 @@ TEST_CASE("planner: a model of one's own is planned on its derived plan", "[plan
                     Catch::Contains("build(1) must give a model of 1 block, got 2"));
 }
 
+TEST_CASE("planner: a known blind spot is a warning in the report: MoE tokens gathered over dp", "[planner]") {
+  PlanRequest r;
+  r.model = models::model_config("mixtral", "tiny");
+  r.cluster = cluster_preset("h100");
+  r.cluster.devices_per_node = 2;
+  r.global_batch = 4;
+  r.seq_len = 32;
+  r.fixed = {{"dp", 2}};
+  PlanResult p = plan(r);
+  CHECK_THAT(format_plan(r, p), Catch::Contains("warning: the MoE layers gather their tokens over dp"));
+  CHECK(plan_json(r, p)["warnings"].size() == 1);
+  r.fixed = {{"ep", 2}};
+  p = plan(r);
+  CHECK(p.warnings.empty());
+}
+
 TEST_CASE("planner: an op without a sharding rule is planned replicated and named in the report", "[planner]") {
   PlanRequest r;
   r.model = PlanModel::custom("ParallelGPT with an op of its own", 4,
