@@ -48,8 +48,10 @@ RankCost one_rank(const PlanModel& pm, const ShardLayout& l, const std::vector<M
   }();
   // The step's counts only: laying the model out may redistribute (Meta) parameters.
   const cost::Counts before = counting.counts();
-  Tensor ids = raw::empty({l.batch, l.seq_len}, DType::Int64, kMeta);
-  Tensor targets = raw::empty({l.batch, l.seq_len}, DType::Int64, kMeta);
+  // l.batch sequences on each rank: the ep group's batch is cut over ep
+  // (the plans' data layout, {ep: Shard(0)}), so the group holds ep times it.
+  Tensor ids = raw::empty({l.batch * l.ep, l.seq_len}, DType::Int64, kMeta);
+  Tensor targets = raw::empty({l.batch * l.ep, l.seq_len}, DType::Int64, kMeta);
   if (mesh) {
     ids = parallel::distribute_batch(ids, mesh, plan);
     targets = parallel::distribute_batch(targets, mesh, plan);

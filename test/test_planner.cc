@@ -400,6 +400,24 @@ TEST_CASE("planner: a model of one's own is planned on its derived plan", "[plan
                     Catch::Contains("build(1) must give a model of 1 block, got 2"));
 }
 
+TEST_CASE("planner: under ep each rank simulates its own sequences (the ep group holds ep times them)",
+          "[planner]") {
+  // With Meta's balanced routing an ep=2 rank with b sequences runs their
+  // attention and half the experts on the group's 2b sequences' tokens: the
+  // FLOPs of one device with b sequences. (The first version cut the
+  // group's batch over ep twice and counted half.)
+  const PlanModel m = models::model_config("mixtral", "tiny");
+  ShardLayout one;
+  one.batch = 2;
+  one.seq_len = 32;
+  ShardLayout ep = one;
+  ep.ep = 2;
+  const RankCost a = simulate(m, one)[0];
+  const std::vector<RankCost> b = simulate(m, ep);
+  REQUIRE(b.size() == 2);
+  for (const RankCost& r : b) CHECK(r.flops == a.flops);
+}
+
 TEST_CASE("planner: a known blind spot is a warning in the report: MoE tokens gathered over dp", "[planner]") {
   PlanRequest r;
   r.model = models::model_config("mixtral", "tiny");
