@@ -493,9 +493,15 @@ PlanResult plan(const PlanRequest& req) {
     }
   }
   PlanResult& r = search.result;
-  TESSEL_CHECK(!all.empty(), kOp,
-               "no layout of {} devices matches the constraints for {} (global batch {} must divide over dp x ep)",
-               N, m.describe(), req.global_batch);
+  if (all.empty()) {
+    std::string fixed;
+    for (const auto& [k, v] : req.fixed) fixed += fmt::format(FMT_STRING("{}{}={}"), fixed.empty() ? "" : ",", k, v);
+    TESSEL_FAIL(kOp,
+                "no layout of {} devices matches the constraints ({}) for {}: the global batch {} must divide over dp x "
+                "ep and then into the micro-batches; tp and cp must fit a node; interleaved stages (virtual_stages > "
+                "1) need pp > 1, micro-batches a multiple of pp and a block per chunk",
+                N, fixed.empty() ? "none" : fixed, m.describe(), req.global_batch);
+  }
   std::vector<Candidate> runnable;
   for (const Candidate& c : all)
     if (c.infeasible.empty()) runnable.push_back(c);

@@ -325,6 +325,9 @@ TEST_CASE("planner: the search fits memory, keeps constraints, explains the runn
   // Whole heads per rank, as tessel train requires (6 heads, 2 key/value heads).
   bad.fixed = {{"tp", 4}};
   CHECK_THROWS_WITH(plan(bad), Catch::Contains("tp=4 does not divide n_head=6 and n_kv_head=2"));
+  bad.fixed = {{"pp", 1}, {"virtual_stages", 2}};
+  CHECK_THROWS_WITH(plan(bad), Catch::Contains("matches the constraints (pp=1,virtual_stages=2)") &&
+                                   Catch::Contains("interleaved stages (virtual_stages > 1) need pp > 1"));
   CHECK_THROWS_WITH(cluster_preset("a100"), Catch::Contains("unknown cluster preset 'a100' (cpu, h100, h200)"));
   bad = r;
   bad.seq_len = 100000;
