@@ -295,9 +295,9 @@ struct Search {
     // Every rank of a tp x cp x ep group runs mc.at(n_layer) per micro-batch
     // (its pieces of the whole model): over the step and the cluster that is
     // the rank's work times m over the pp stages sharing it.
-    c.mfu = double(mc.at(m.n_layer).flops) * double(c.micro_batches) /
-            (c.step_s * double(c.pp) * cl.flops(req.compute));
-    for (const auto& [op, calls] : mc.at(m.n_layer).replicated_fallbacks)
+    const RankCost whole = mc.at(m.n_layer);
+    c.mfu = double(whole.flops) * double(c.micro_batches) / (c.step_s * double(c.pp) * cl.flops(req.compute));
+    for (const auto& [op, calls] : whole.replicated_fallbacks)
       if (calls > 0) c.replicated_fallbacks[op] = calls;
     if (!c.fits) ++result.too_big;
     out->push_back(c);
@@ -592,8 +592,7 @@ std::string format_plan(const PlanRequest& req, const PlanResult& r) {
     for (const auto& rule : p.experts)
       if (b.ep > 1) s += fmt::format(FMT_STRING("    {:<56} experts over {}\n"), rule.match, rule.dim);
   }
-  if (!r.warnings.empty())
-    for (const std::string& w : r.warnings) s += "  warning: " + w + "\n";
+  for (const std::string& w : r.warnings) s += "  warning: " + w + "\n";
   if (!r.derived.replicated.empty()) {
     s += "  left replicated (no tensor-parallel pattern):\n";
     for (const std::string& why : r.derived.replicated) s += "    " + why + "\n";

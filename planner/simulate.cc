@@ -184,6 +184,7 @@ std::string ShardLayout::str() const {
   if (sequence_parallel) s += " sp";
   if (recompute != nn::Recompute::None) s += std::string(" recompute=") + nn::recompute_name(recompute);
   if (compute != DType::Float32) s += std::string(" ") + dtype_name(compute);
+  if (on_mesh) s += " on a mesh";
   return s + fmt::format(FMT_STRING(" micro-batch {}x{}"), batch, seq_len);
 }
 
@@ -192,6 +193,7 @@ std::vector<Mesh::DimSpec> mesh_dims(const ShardLayout& l) {
   if (l.cp > 1) dims.push_back({"cp", l.cp});
   if (l.ep > 1) dims.push_back({"ep", l.ep});
   if (l.tp > 1) dims.push_back({"tp", l.tp});
+  if (dims.empty() && l.on_mesh) dims.push_back({"dp", 1});
   return dims;
 }
 
@@ -208,10 +210,12 @@ std::vector<RankCost> simulate(const PlanModel& config, const ShardLayout& l) {
   const int n = int(l.tp * l.cp * l.ep);
   numerics::BitwiseGuard bitwise(l.bitwise);
   std::vector<RankCost> out(static_cast<size_t>(n));
-  if (n == 1) {
+  if (dims.empty()) {
     out[0] = one_rank(config, l, dims);
     return out;
   }
+  // One thread per rank, each with its world (a 1-device mesh included,
+  // whatever the caller's world: rank 0 of an MPI job plans too).
   std::mutex mu;
   std::string error;
   comm::run_local(n, [&](int rank) {
@@ -229,41 +233,12 @@ std::vector<RankCost> simulate(const PlanModel& config, const ShardLayout& l) {
 RankCost ModelCost::at(int64_t blocks) const { return combine(base, block, 1, blocks); }
 
 std::map<std::string, int64_t> ops_without_sharding_rule(const PlanModel& pm, int64_t seq_len) {
-  auto step = [&](int64_t n_layer) {
-    cost::CountScope counting;
-    MeshPtr mesh = Mesh::world({{"dp", 1}});
-    std::shared_ptr<nn::StagedModel> model;
-    {
-      nn::ConstructionScope meta(kMeta);
-      model = pm.build(n_layer);
-    }
-    const parallel::ParallelPlan plan = pm.plan_for(*model, /*sequence_parallel=*/false);
-    parallel::parallelize(*model, mesh, plan);
-    model->train();
-    Tensor ids = parallel::distribute_batch(raw::empty({1, seq_len}, DType::Int64, kMeta), mesh, plan);
-    Tensor targets = parallel::distribute_batch(raw::empty({1, seq_len}, DType::Int64, kMeta), mesh, plan);
-    model->loss(model->forward(ids), targets).backward();
-    return counting.counts().replicated_fallbacks;
-  };
-  std::map<std::string, int64_t> one, two;
-  std::string error;
-  comm::run_local(1, [&](int) {  // a world of one rank for the 1-device mesh, whatever the caller's
-    try {
-      one = step(1);
-      two = step(2);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  TESSEL_CHECK(error.empty(), "plan", "{}: {}", pm.describe(), error);
+  ShardLayout l;
+  l.seq_len = seq_len;
+  l.on_mesh = true;
   std::map<std::string, int64_t> out;
-  for (const auto& [op, calls] : two) {  // base + n blocks = one + (n - 1) (two - one)
-    const int64_t block = calls - (one.count(op) ? one.at(op) : 0);
-    const int64_t total = calls + (pm.n_layer - 2) * block;
-    if (total > 0) out[op] = total;
-  }
-  for (const auto& [op, calls] : one)
-    if (!two.count(op) && calls > 0) out[op] = calls;
+  for (const auto& [op, calls] : simulate_per_block(pm, l).at(pm.n_layer).replicated_fallbacks)
+    if (calls > 0) out[op] = calls;
   return out;
 }
 

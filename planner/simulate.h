@@ -75,11 +75,14 @@ struct ShardLayout {
   int64_t batch = 1;    // sequences in this rank's micro-batch
   int64_t seq_len = 0;  // tokens per sequence (cut over cp)
   DType compute = DType::Float32;  // the forward's autocast dtype (parameters stay float32)
+  // With no dim to cut: lay the one rank out on a 1-device mesh anyway, so
+  // every activation is distributed (ops_without_sharding_rule).
+  bool on_mesh = false;
   std::string str() const;
 };
 
 // The mesh a shard layout's ranks form: {cp, ep, tp}, size-1 dims left out
-// (empty: one rank).
+// (empty: one rank, no mesh; {dp: 1} for on_mesh).
 std::vector<Mesh::DimSpec> mesh_dims(const ShardLayout& l);
 
 struct RankCost {

@@ -66,6 +66,13 @@ int64_t predicted(const Layout& l) {
   return planner::plan(r).best.total;
 }
 
+// The prediction within 10% of the largest rank's allocator peak.
+void check_memory(const Layout& l) {
+  const int64_t got = measured(l), want = predicted(l);
+  INFO(l.name << ": predicted " << want / 1048576.0 << " MiB, measured " << got / 1048576.0 << " MiB");
+  CHECK(std::abs(double(want) / double(got) - 1.0) < 0.10);
+}
+
 }  // namespace
 
 TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's peak on 4-rank layouts",
@@ -78,11 +85,7 @@ TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's p
       {"cp4", {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 4}, {"micro_batches", 1}, {"sp", 0}}},
       {"dp4_zero3", {{"dp", 4}, {"tp", 1}, {"pp", 1}, {"zero", 3}, {"micro_batches", 1}, {"sp", 0}}},
   };
-  for (const Layout& l : layouts) {
-    const int64_t got = measured(l), want = predicted(l);
-    INFO(l.name << ": predicted " << want / 1048576.0 << " MiB, measured " << got / 1048576.0 << " MiB");
-    CHECK(std::abs(double(want) / double(got) - 1.0) < 0.10);
-  }
+  for (const Layout& l : layouts) check_memory(l);
 }
 
 TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's peak on every 2-rank layout",
@@ -100,11 +103,7 @@ TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's p
       {"pp2", {{"dp", 1}, {"tp", 1}, {"pp", 2}, {"micro_batches", 2}, {"sp", 0}}},
       {"cp2", {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 2}, {"micro_batches", 1}, {"sp", 0}}},
   };
-  for (const Layout& l : layouts) {
-    const int64_t got = measured(l), want = predicted(l);
-    INFO(l.name << ": predicted " << want / 1048576.0 << " MiB, measured " << got / 1048576.0 << " MiB");
-    CHECK(std::abs(double(want) / double(got) - 1.0) < 0.10);
-  }
+  for (const Layout& l : layouts) check_memory(l);
 }
 
 // --mesh auto under mpirun (issue 14, item 8): rank 0 plans for the job's

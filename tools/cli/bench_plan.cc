@@ -1,12 +1,11 @@
 // `tessel bench plan`: the planner's predictions against real runs on this
 // machine (docs/plan.md). For each model and each rank count (2: one core
-// each; 4: MPI ranks sharing the 2 cores, which the cpu cluster describes as
-// devices with half a core each) it plans, runs the planner's pick and other
-// layouts that fit -- the fastest predicted and a spread over the rest --
-// through `tessel launch -n R -- train` with TESSEL_THREADS=1, and reports
-// predicted vs measured step time, the rank correlation (spearman) and the
-// measured time of the fastest layout over the pick's (pick_vs_best). Ends
-// with one JSON line.
+// each; 4: MPI ranks sharing the 2 cores, planner::with_devices) it plans,
+// runs the planner's pick and other layouts that fit -- the fastest
+// predicted and a spread over the rest -- through `tessel launch -n R --
+// train` with TESSEL_THREADS=1, and reports predicted vs measured step time,
+// the rank correlation (spearman) and the measured time of the fastest
+// layout over the pick's (pick_vs_best). Ends with one JSON line.
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,7 +44,7 @@ std::string self_exe() {
   return std::string(buf, size_t(n));
 }
 
-// Average seconds per step of `tessel launch -n 2 -- train ...` (its "N tokens/s").
+// Average seconds per step of `tessel launch -n RANKS -- train ...` (its "N tokens/s").
 double run_layout(const std::string& model, const std::string& config, int64_t ranks, const planner::Candidate& c,
                   const BenchPlanArgs& a) {
   std::string cmd = fmt::format(FMT_STRING("TESSEL_THREADS=1 '{}' launch -n {} -- train --model {} --config {} --steps {} "
@@ -95,8 +94,10 @@ int run_bench_plan(const BenchPlanArgs& a) {
   tools::BenchMachine machine = tools::begin_bench(std::cout);
   nlohmann::json per_model = nlohmann::json::array();
   std::vector<double> all_pred, all_meas, pick_ratio;
+  std::vector<std::pair<std::string, int64_t>> groups;  // (MODEL:CONFIG, ranks)
   for (const std::string& spec : a.models)
-  for (const int64_t ranks : a.ranks) {
+    for (const int64_t ranks : a.ranks) groups.push_back({spec, ranks});
+  for (const auto& [spec, ranks] : groups) {
     const size_t colon = spec.find(':');
     TESSEL_CHECK(colon != std::string::npos, "bench plan", "--models: expected MODEL:CONFIG, got '{}'", spec);
     const std::string model = spec.substr(0, colon), config = spec.substr(colon + 1);
