@@ -576,10 +576,12 @@ std::string format_plan(const PlanRequest& req, const PlanResult& r) {
     s += fmt::format(FMT_STRING("  run it: tessel train {}{} --batch-size {} --seq-len {}\n"), req.model.train_args,
                      options, req.global_batch, req.seq_len);
   } else {  // a model of one's own: tessel::parallelize's mesh and RunOptions
-    s += fmt::format(FMT_STRING("  run it: Mesh::world({{{}}}), RunOptions zero={} micro_batches={} "
-                                "pipeline_schedule={} virtual_stages={} recompute={}, plan derive_plan(model{})\n"),
-                     b.mesh_dims_cpp(), b.zero, b.micro_batches, b.schedule, b.virtual_stages,
-                     nn::recompute_name(b.recompute),
+    const std::string pipeline =
+        b.pp > 1 ? fmt::format(FMT_STRING(" pipeline_schedule={} virtual_stages={}"), b.schedule, b.virtual_stages)
+                 : "";
+    s += fmt::format(FMT_STRING("  run it: Mesh::world({{{}}}), RunOptions zero={} micro_batches={}{} recompute={}, "
+                                "plan derive_plan(model{})\n"),
+                     b.mesh_dims_cpp(), b.zero, b.micro_batches, pipeline, nn::recompute_name(b.recompute),
                      b.sp ? ", {/*sequence_parallel=*/true}" : "");
   }
   if (b.tp > 1 || b.ep > 1) {  // what tp, sp and ep do to the parameters and modules
