@@ -231,8 +231,9 @@ struct ViewOp {
 
   // Reshape: input dims and output dims fall into groups with equal products.
   // A shard survives when it cuts the first dim of its group and the chunks of
-  // the flattened group stay the same (ceil(I/n) * rest_in == ceil(O/n) * rest_out),
-  // or when the group is one dim to one dim.
+  // the flattened group stay the same (ceil(I/n) * rest_in == ceil(O/n) * rest_out;
+  // cut over several mesh dims: equal pieces on both sides), or when the group
+  // is one dim to one dim.
   Placements reshape_placements(const ShardingContext& ctx, std::vector<int>& map) const {
     const TensorSpec& x = ctx.in[0];
     const Dims& I = x.shape;
@@ -268,6 +269,16 @@ struct ViewOp {
           for (int e = i1 + 1; e < i; ++e) rest_in *= I[e];
           for (int e = j1 + 1; e < j; ++e) rest_out *= O[e];
           ok = (I[d] + nm - 1) / nm * rest_in == (O[j1] + nm - 1) / nm * rest_out;
+        } else if (d == i1 && cuts > 1 && I[d] > 1 && j1 < j) {
+          // Cut over several mesh dims (the batch over dp and ep): the pieces
+          // nest, so with equal pieces at every level (the product of the
+          // mesh sizes divides both dims) every cut of the input lands on a
+          // cut of the output: I[d] * rest_in == O[j1] * rest_out.
+          int64_t pieces = 1;
+          bool plain = true;
+          for (int m = 0; m < in.size(); ++m)
+            if (in[m].is_shard(d)) pieces *= ctx.mesh->size(m), plain = plain && !in[m].is_owned();
+          ok = plain && I[d] % pieces == 0 && O[j1] % pieces == 0;
         }
         if (ok) map[size_t(d)] = one_to_one ? j0 : j1;
         else in = dtensor::unshard(in, {d}, false);

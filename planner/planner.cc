@@ -527,11 +527,11 @@ PlanResult plan(const PlanRequest& req) {
   r.best = *best;
   r.best_plan = best_parallel_plan(req, r.best, &r.derived);
   r.ops_without_sharding_rule = ops_without_sharding_rule(req.model, req.seq_len);
-  if (m.num_experts > 0 && r.best.dp > 1)
+  if (m.num_experts > 0 && r.best.dp > 1 && req.bitwise)
     r.warnings.push_back(fmt::format(
-        FMT_STRING("the MoE layers gather their tokens over dp (routing is read on the host): with dp={} each rank "
-                   "runs its experts on the tokens of all {} replicas, which the prediction does not count (Mixtral "
-                   "small on dp=2: 292.5 MiB predicted, 414.0 measured; docs/plan.md)"),
+        FMT_STRING("bitwise mode: the MoE layers gather their tokens over dp (an expert's weight gradient must sum all "
+                   "its tokens in the one-device order): with dp={} each rank runs its experts on the tokens of all {} "
+                   "replicas, which the prediction does not count (docs/plan.md)"),
         r.best.dp, r.best.dp));
   for (const Candidate& c : runnable) {
     if (int(r.runners_up.size()) >= req.runners_up) break;

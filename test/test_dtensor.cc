@@ -256,6 +256,26 @@ TEST_CASE("in-place ops on distributed tensors keep their layout", "[dtensor]") 
   CHECK(first_failure(reports) == "");
 }
 
+// The batch cut over two mesh dims (dp and ep: [S(0), S(0)]) stays cut when
+// [B, T, C] is flattened to [B T, C] (an MoE layer's tokens), as long as the
+// pieces are equal; otherwise it is gathered, and the values are right
+// either way.
+TEST_CASE("reshape keeps a dim cut over two mesh dims when the pieces are equal", "[dtensor]") {
+  auto reports = on_ranks(4, [](int) -> std::string {
+    MeshPtr mesh = Mesh::world({{"dp", 2}, {"ep", 2}});
+    for (int64_t b : {8, 6}) {
+      Tensor full = arange(0.0, double(b * 3 * 2), 1.0).reshape({b, 3, 2});
+      Tensor x = distribute_tensor(full, mesh, {Shard(0), Shard(0)});
+      Tensor y = x.reshape({b * 3, 2});
+      const Placements want = b % 4 == 0 ? Placements{Shard(0), Shard(0)} : Placements{Replicate(), Replicate()};
+      if (y.placements() != want) return fmt::format(FMT_STRING("B={}: {} (want {})"), b, y.desc(), want);
+      if (!bitwise_equal(full_tensor(y), full.reshape({b * 3, 2}))) return fmt::format(FMT_STRING("B={}: values"), b);
+    }
+    return "";
+  });
+  CHECK(first_failure(reports) == "");
+}
+
 TEST_CASE("item, to_vector and printing read the full tensor", "[dtensor]") {
   auto reports = on_ranks(2, [](int) -> std::string {
     MeshPtr mesh = Mesh::world({{"x", 2}});

@@ -14,6 +14,7 @@
 #include "nn/nn.h"
 #include "nn/parallel/expert_parallel.h"
 #include "nn/parallel/parallelize.h"
+#include "runtime/cost.h"
 #include "test/ep/cases.h"
 #include "test/util/dist.h"
 #include "test/util/util.h"
@@ -138,6 +139,9 @@ TEST_CASE("Expert-parallel MoE equals the single-device MoE (outputs, gradients,
       {{{"dp", 2}, {"ep", 2}}, false, false},
       {{{"ep", 2}, {"dp", 2}}, false, true},
       {{{"ep", 2}, {"tp", 2}}, true, true},
+      {{{"dp", 2}}, false, true},  // no ep dim: every rank runs every expert on its own tokens
+      {{{"dp", 4}}, false, true},
+      {{{"dp", 2}, {"tp", 2}}, true, true},
   };
   SECTION("top-2 of 4") { check_layouts(moe_config(4, 2), {4, 6, 8}, layouts); }
   SECTION("top-1 of 8, experts idle") { check_layouts(moe_config(8, 1), {2, 3, 8}, layouts); }
@@ -226,6 +230,7 @@ TEST_CASE("Capacity under expert parallelism drops the single-device slots (glob
       {{{"ep", 2}}, false, true},
       {{{"dp", 2}, {"ep", 2}}, false, true},
       {{{"ep", 4}}, false, true},
+      {{{"dp", 2}}, false, true},
   };
   check_layouts(moe_config(4, 2, 0.5), {4, 6, 8}, layouts);
   check_layouts(moe_config(4, 1, 0.75), {4, 6, 8}, layouts);
@@ -291,11 +296,44 @@ TEST_CASE("bitwise: expert-parallel MoE gives the single-device bits, float32 an
       {{{"ep", 2}, {"dp", 2}}, false, true},
       {{{"ep", 2}, {"tp", 2}}, true, true},
       {{{"dp", 2}, {"ep", 2}, {"tp", 2}}, true, true},
+      {{{"dp", 2}}, false, true},  // bitwise mode gathers the tokens over dp
+      {{{"dp", 2}, {"tp", 2}}, true, true},
   };
   for (std::optional<DType> compute : {std::optional<DType>(), std::optional<DType>(DType::BFloat16)}) {
     const EpNumerics numerics{true, compute};
     check_layouts(moe_config(4, 2), {4, 6, 8}, layouts, numerics);
     check_layouts(moe_config(8, 1), {2, 3, 8}, layouts, numerics);
     check_layouts(moe_config(4, 2, 0.5), {4, 6, 8}, layouts, numerics);  // capacity: drops happen
+  }
+}
+
+// Under dp without an ep dim (fast mode) each rank routes and runs its own
+// tokens: the forward gathers only the routed counts (E integers per rank),
+// never the tokens. With ep the tokens stay cut over dp too: the batch
+// [B, T, C] cut over dp and ep keeps both cuts through the MoE's reshape to
+// [B T, C] (the all-to-all moves rows within the ep group only).
+TEST_CASE("MoE under dp keeps its tokens local (fast mode): only the counts are gathered") {
+  const nn::MoEConfig cfg = moe_config(4, 2);
+  for (const std::vector<Mesh::DimSpec>& dims :
+       {std::vector<Mesh::DimSpec>{{"dp", 2}}, std::vector<Mesh::DimSpec>{{"dp", 2}, {"ep", 2}}}) {
+    auto reports = on_ranks(mesh_size(dims), [&](int) -> std::string {
+      MeshPtr mesh = Mesh::world(dims);
+      auto m = nn::make_model<MoEHolder>(cfg);
+      m->reset_parameters(5);
+      parallel::parallelize(*m, mesh, ep_test_plan(false));
+      Placements cut = Placements::replicated(mesh->ndim());
+      for (int d = 0; d < mesh->ndim(); ++d) cut[d] = Shard(0);
+      Tensor x = distribute_tensor(uniform({16, 16, cfg.dim}, 21), mesh, cut);  // 256 tokens: 8 KiB in float32
+      cost::CountScope counting;
+      NoGradGuard ng;
+      Tensor y = (*m)(x);
+      const auto& bytes = counting.counts().comm_bytes;
+      const int64_t gathered = bytes.count("all_gather") ? bytes.at("all_gather") : 0;
+      if (gathered > 1024) return fmt::format(FMT_STRING("{} bytes all-gathered on {}"), gathered, mesh->str());
+      if (y.placements() != cut) return fmt::format(FMT_STRING("output {}: the cut over dp was lost"), y.desc());
+      return "";
+    });
+    INFO(mesh_name(dims));
+    CHECK(first_failure(reports) == "");
   }
 }

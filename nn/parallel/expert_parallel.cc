@@ -95,11 +95,13 @@ int64_t expert_owner(int64_t e, int64_t num_experts, int64_t ep, const std::stri
 }
 
 ExpertParallelDispatch::ExpertParallelDispatch(MeshPtr mesh, int ep_dim) : mesh_(std::move(mesh)), ep_dim_(ep_dim) {
-  TESSEL_CHECK(mesh_ && ep_dim_ >= 0 && ep_dim_ < mesh_->ndim(), kOp, "needs a mesh and one of its dims, got dim {} of {}",
-               ep_dim_, mesh_ ? mesh_->str() : "no mesh");
+  TESSEL_CHECK(mesh_ && ep_dim_ >= -1 && ep_dim_ < mesh_->ndim(), kOp,
+               "needs a mesh and one of its dims (or -1: none), got dim {} of {}", ep_dim_,
+               mesh_ ? mesh_->str() : "no mesh");
 }
 
 std::string ExpertParallelDispatch::describe() const {
+  if (ep_dim_ < 0) return fmt::format(FMT_STRING("experts on every rank, tokens routed where they are, over mesh {}"), mesh_->str());
   return fmt::format(FMT_STRING("expert_parallel={} over mesh {}"), mesh_->name(ep_dim_), mesh_->str());
 }
 
@@ -114,10 +116,12 @@ std::vector<bool> expert_sharded_dims(nn::MoE& moe, const MeshPtr& mesh, int ep)
       TESSEL_CHECK(w->is_distributed() && same_mesh(w->mesh(), mesh), kOp,
                    "'{}': expert weights must be laid out on mesh {} (parallelize), got {}", moe.path(), mesh->str(),
                    w->desc());
-      const int64_t owner = expert_owner(e, moe.config.num_experts, mesh->size(ep), moe.path());
-      TESSEL_CHECK(w->placements()[ep] == ShardOn(0, int(owner)), kOp,
-                   "'{}': expert {}'s weight must be {} over '{}', got placements {}", moe.path(), e,
-                   ShardOn(0, int(owner)).str(), mesh->name(ep), w->placements());
+      if (ep >= 0) {
+        const int64_t owner = expert_owner(e, moe.config.num_experts, mesh->size(ep), moe.path());
+        TESSEL_CHECK(w->placements()[ep] == ShardOn(0, int(owner)), kOp,
+                     "'{}': expert {}'s weight must be {} over '{}', got placements {}", moe.path(), e,
+                     ShardOn(0, int(owner)).str(), mesh->name(ep), w->placements());
+      }
       for (int m = 0; m < mesh->ndim(); ++m)
         if (m != ep && w->placements()[m].is_shard() && mesh->size(m) > 1) sharded[size_t(m)] = true;
     }
@@ -133,15 +137,17 @@ Tensor ExpertParallelDispatch::layout(nn::MoE& moe, const Tensor& x2d) {
                x.desc(), mesh_->str());
   const std::vector<bool> sharded = expert_sharded_dims(moe, mesh_, ep_dim_);
   // Tokens: sharded over ep (each rank routes its own), kept sharded over
-  // other dims that shard them and not the experts (dp), replicated elsewhere.
-  // In bitwise mode a cp cut is gathered: its pieces split sequences, and an
-  // expert's weight gradient summed over them would not finish the
-  // one-device order over the tokens routed to it.
+  // other dims that shard them and not the experts (dp, cp), replicated
+  // elsewhere. In bitwise mode only the ep cut is kept: an expert's weight
+  // gradient is a sum over the tokens routed to it, and pieces cut at the
+  // routing's arbitrary counts are not subtrees of the one-device order, so
+  // each expert must see all its tokens, in token order (the ep sources'
+  // rows concatenated). Every rank of a dp (cp) group then routes the same
+  // tokens: bitwise mode pays for the bits with that repeated work.
   Placements want = x.placements();
   for (int m = 0; m < mesh_->ndim(); ++m) {
     if (m == ep_dim_) want[m] = Shard(0);
-    else if (!want[m].is_shard(0) || want[m].is_owned() || sharded[size_t(m)] ||
-             (numerics::bitwise() && mesh_->name(m) == "cp"))
+    else if (!want[m].is_shard(0) || want[m].is_owned() || sharded[size_t(m)] || numerics::bitwise())
       want[m] = Replicate();
   }
   return redistribute(x, want);
@@ -152,11 +158,13 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   const Mesh& mesh = *mesh_;
   const int ep = ep_dim_;
   const int64_t C = moe.config.dim, E = moe.config.num_experts, K = moe.config.top_k, N = x2d.size(0);
-  const int64_t P = mesh.size(ep), L = E / P, me_ep = mesh.coordinate(ep);
+  // No ep dim: one expert group of every expert, on every rank (P = 1).
+  const int64_t P = ep >= 0 ? mesh.size(ep) : 1, L = E / P, me_ep = ep >= 0 ? mesh.coordinate(ep) : 0;
   const std::vector<bool> sharded = expert_sharded_dims(moe, mesh_, ep);
   const Placements& xp = x2d.placements();
-  TESSEL_CHECK(xp[ep].is_shard(0) && !xp[ep].is_owned(), kOp, "'{}': tokens {} must be sharded over '{}' (layout())",
-               moe.path(), x2d.desc(), mesh.name(ep));
+  TESSEL_CHECK(ep < 0 || (xp[ep].is_shard(0) && !xp[ep].is_owned()), kOp,
+               "'{}': tokens {} must be sharded over '{}' (layout())", moe.path(), x2d.desc(),
+               ep >= 0 ? mesh.name(ep) : "");
   const TokenOrder order = token_order(mesh, xp, ep);
 
   // Bitwise mode runs every expert on its whole weights: a tp piece's
@@ -250,7 +258,7 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
     }
   }
   const Device dev = xl.device();
-  const comm::CommPtr& group = mesh.comm(ep);  // null when P == 1
+  const comm::CommPtr group = ep >= 0 ? mesh.comm(ep) : nullptr;  // null when P == 1
   const bool identity_perm = P == 1;
 
   // ---- 3. dispatch, run the local experts, send the outputs back ------------------------------

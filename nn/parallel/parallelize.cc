@@ -21,7 +21,7 @@ std::vector<std::string> sample(const std::vector<std::string>& names, size_t n)
 // MoE layers matched by the plan's expert rules on a mesh that has their dim,
 // and the ep placement of each expert weight (checked before any work).
 struct ExpertLayers {
-  std::vector<std::pair<nn::MoE*, int>> layers;                // layer, ep mesh dim
+  std::vector<std::pair<nn::MoE*, int>> layers;                // layer, ep mesh dim (-1: none)
   std::map<const Tensor*, std::pair<int, Placement>> placement;  // weight -> (ep mesh dim, ShardOn)
 };
 
@@ -42,7 +42,13 @@ ExpertLayers find_expert_layers(nn::Module& model, const Mesh& mesh, const Paral
       auto* moe = dynamic_cast<nn::MoE*>(m);
       TESSEL_CHECK(moe != nullptr, "parallelize", "plan '{}': experts rule '{}' matches '{}', a {} (not an MoE layer)",
                    plan.name, rule.match, path, m->type_name());
-      if (ep < 0) continue;  // the mesh has no such dim: experts stay where the other rules put them
+      if (ep < 0) {
+        // The mesh has no such dim: every rank holds every expert (laid out
+        // by the other rules) and runs the ones its own tokens route to, so
+        // tokens sharded over dp stay where they are (not gathered).
+        out.layers.emplace_back(moe, -1);
+        continue;
+      }
       const int64_t E = moe->config.num_experts;
       for (int64_t e = 0; e < E; ++e) {
         const int64_t owner = expert_owner(e, E, mesh.size(ep),
@@ -125,7 +131,7 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
 
   for (auto& [moe, ep] : expert_layers.layers) {
     moe->set_dispatch(std::make_shared<ExpertParallelDispatch>(mesh, ep));
-    ++result.expert_layers;
+    if (ep >= 0) ++result.expert_layers;
   }
 
   // ---- module layouts -----------------------------------------------------------------------
