@@ -74,7 +74,7 @@ Tensor MoE::forward(const Tensor& x) {
   Tensor weights = div(top_p, sum(top_p, {-1}, /*keepdim=*/true));
 
   MoEStats stats;
-  Tensor out = dispatch_ ? dispatch_->dispatch(*this, xf, top_i, weights, stats) : dispatch_here(xf, top_i, weights, stats);
+  Tensor out = dispatch_ ? dispatch_->dispatch(*this, xf, top_i, weights, stats) : dispatch_default(xf, top_i, weights, stats);
   TESSEL_ASSERT(int64_t(stats.counts.size()) == E && int64_t(stats.dropped.size()) == E);
   stats_ = std::move(stats);
 
@@ -87,7 +87,7 @@ Tensor MoE::forward(const Tensor& x) {
   return out.reshape(x.shape());
 }
 
-Tensor MoE::dispatch_here(const Tensor& xf, const Tensor& top_i, const Tensor& weights_nk, MoEStats& stats) {
+Tensor MoE::dispatch_default(const Tensor& xf, const Tensor& top_i, const Tensor& weights_nk, MoEStats& stats) {
   const int64_t C = config.dim, E = config.num_experts, K = config.top_k, N = xf.size(0);
   const int64_t cap = expert_capacity(capacity_factor_, N, K, E);
   Tensor weights = weights_nk.reshape({N * K});

@@ -114,14 +114,16 @@ class MoE : public UnaryModule {
   void set_dispatch(std::shared_ptr<ExpertDispatch> d) { dispatch_ = std::move(d); }
   const std::shared_ptr<ExpertDispatch>& dispatch() const { return dispatch_; }
   SwiGLU& expert(int64_t e) { return *expert_list_.at(size_t(e)); }
+  // The dispatch without an ExpertDispatch: every expert run here on
+  // index_select'ed tokens, through the ops' own sharding rules on a mesh
+  // (for dispatches that find nothing to do better on some layout).
+  Tensor dispatch_default(const Tensor& x2d, const Tensor& top_i, const Tensor& weights, MoEStats& stats);
 
   const MoEConfig config;
   std::shared_ptr<Linear> gate;         // Linear(C, E, no bias): the router
   std::shared_ptr<ModuleList> experts;  // E SwiGLU(C, hidden)
 
  private:
-  Tensor dispatch_here(const Tensor& x2d, const Tensor& top_i, const Tensor& weights, MoEStats& stats);
-
   std::vector<std::shared_ptr<SwiGLU>> expert_list_;
   std::shared_ptr<ExpertDispatch> dispatch_;
   double capacity_factor_ = 0;

@@ -131,25 +131,44 @@ std::vector<bool> expert_sharded_dims(nn::MoE& moe, const MeshPtr& mesh, int ep)
 
 }  // namespace
 
+namespace {
+
+// Where the tokens [N, C] should be for routing: sharded over ep (each rank
+// routes its own), kept sharded over other dims that shard them and not the
+// experts (dp, cp), replicated elsewhere. In bitwise mode only the ep cut is
+// kept: an expert's weight gradient is a sum over the tokens routed to it,
+// and pieces cut at the routing's arbitrary counts are not subtrees of the
+// one-device order, so each expert must see all its tokens, in token order
+// (the ep sources' rows concatenated). Every rank of a dp (cp) group then
+// routes the same tokens: bitwise mode pays for the bits with that repeated
+// work.
+Placements token_layout(const Placements& have, const std::vector<bool>& sharded, int ep) {
+  Placements want = have;
+  for (int m = 0; m < have.size(); ++m) {
+    if (m == ep) want[m] = Shard(0);
+    else if (!want[m].is_shard(0) || want[m].is_owned() || sharded[size_t(m)] || numerics::bitwise())
+      want[m] = Replicate();
+  }
+  return want;
+}
+
+// Without an ep dim the dispatch pays off only where tokens stay cut (dp in
+// fast mode): elsewhere the MoE's own dispatch runs, unchanged.
+bool routes_locally(const Placements& want, int ep) {
+  if (ep >= 0) return true;
+  for (int m = 0; m < want.size(); ++m)
+    if (want[m].is_shard(0)) return true;
+  return false;
+}
+
+}  // namespace
+
 Tensor ExpertParallelDispatch::layout(nn::MoE& moe, const Tensor& x2d) {
   Tensor x = x2d.is_distributed() ? x2d : distribute_tensor(x2d, mesh_, Placements::replicated(mesh_->ndim()));
   TESSEL_CHECK(same_mesh(x.mesh(), mesh_), kOp, "'{}': tokens {} are on another mesh than the experts ({})", moe.path(),
                x.desc(), mesh_->str());
-  const std::vector<bool> sharded = expert_sharded_dims(moe, mesh_, ep_dim_);
-  // Tokens: sharded over ep (each rank routes its own), kept sharded over
-  // other dims that shard them and not the experts (dp, cp), replicated
-  // elsewhere. In bitwise mode only the ep cut is kept: an expert's weight
-  // gradient is a sum over the tokens routed to it, and pieces cut at the
-  // routing's arbitrary counts are not subtrees of the one-device order, so
-  // each expert must see all its tokens, in token order (the ep sources'
-  // rows concatenated). Every rank of a dp (cp) group then routes the same
-  // tokens: bitwise mode pays for the bits with that repeated work.
-  Placements want = x.placements();
-  for (int m = 0; m < mesh_->ndim(); ++m) {
-    if (m == ep_dim_) want[m] = Shard(0);
-    else if (!want[m].is_shard(0) || want[m].is_owned() || sharded[size_t(m)] || numerics::bitwise())
-      want[m] = Replicate();
-  }
+  const Placements want = token_layout(x.placements(), expert_sharded_dims(moe, mesh_, ep_dim_), ep_dim_);
+  if (!routes_locally(want, ep_dim_)) return x2d;
   return redistribute(x, want);
 }
 
@@ -160,6 +179,9 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   const int64_t C = moe.config.dim, E = moe.config.num_experts, K = moe.config.top_k, N = x2d.size(0);
   // No ep dim: one expert group of every expert, on every rank (P = 1).
   const int64_t P = ep >= 0 ? mesh.size(ep) : 1, L = E / P, me_ep = ep >= 0 ? mesh.coordinate(ep) : 0;
+  if (ep < 0 && (!x2d.is_distributed() ||
+                 !routes_locally(token_layout(x2d.placements(), expert_sharded_dims(moe, mesh_, ep), ep), ep)))
+    return moe.dispatch_default(x2d, top_i, weights, stats);
   const std::vector<bool> sharded = expert_sharded_dims(moe, mesh_, ep);
   const Placements& xp = x2d.placements();
   TESSEL_CHECK(ep < 0 || (xp[ep].is_shard(0) && !xp[ep].is_owned()), kOp,
@@ -175,16 +197,32 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   // pieces exactly (a slice of identical values) -- at the cost of that
   // gather and of tp computing each expert in full.
   const bool gather_experts = numerics::bitwise();
-  // Placements of the output (and of the token gradients): tokens as they
-  // are, pending sums over dims that shard the experts (replicated when they
-  // are gathered), replicated elsewhere.
-  Placements out_p = xp;
-  for (int m = 0; m < mesh.ndim(); ++m)
-    if (!xp[m].is_shard(0)) out_p[m] = sharded[size_t(m)] && !gather_experts ? Partial() : Replicate();
+  // Placements of the token gradients: tokens as they are, pending sums over
+  // dims that shard the experts (replicated when they are gathered),
+  // replicated elsewhere.
+  Placements grad_p = xp;
+  std::vector<std::string> expert_cut;  // dims whose pieces' outputs are pending sums
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    if (xp[m].is_shard(0)) continue;
+    const bool pending = sharded[size_t(m)] && !gather_experts;
+    grad_p[m] = pending ? Partial() : Replicate();
+    if (pending) expert_cut.push_back(mesh.name(m));
+  }
+  // Without an ep dim the experts' outputs are summed over their pieces (tp)
+  // before the combine, as the MoE's own ops do on a mesh: the routing weights
+  // then multiply finished outputs, and the layer rounds as it does without
+  // the dispatch (a combine of pending sums would round otherwise, and the
+  // router of a later step can flip a near-tie on that). With ep the combine
+  // stays on pending sums: one reduction of the layer's output instead.
+  const bool reduce_before_combine = ep < 0 && !expert_cut.empty();
+  Placements out_p = grad_p;
+  if (reduce_before_combine)
+    for (int m = 0; m < mesh.ndim(); ++m)
+      if (out_p[m].is_partial()) out_p[m] = Replicate();
 
   // The router's rules may have laid its outputs out otherwise (a single
   // token is not worth sharding): this rank's tokens' routing, as x2d.
-  Tensor xl = to_local(x2d, out_p);                           // [n, C]
+  Tensor xl = to_local(x2d, grad_p);                          // [n, C]
   Tensor wl = to_local(redistribute(weights, xp), out_p);     // [n, K]
   const int64_t n = xl.size(0);
   wl = wl.reshape({n * K});
@@ -301,6 +339,14 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   // With no local rows the (empty) input stands in, cast as an expert output
   // would be, so every rank sends the same dtype.
   Tensor ycat = ys.empty() ? nn::cast_to_compute(xs) : (ys.size() == 1 ? ys[0] : cat(ys, 0));
+  if (reduce_before_combine) {
+    // Every rank of the expert_cut dims holds the same rows (tokens are
+    // replicated there), so their pieces' sums are one reduction.
+    MeshPtr cut = mesh.sub(expert_cut);
+    Placements pending = Placements::replicated(cut->ndim());
+    for (int m = 0; m < cut->ndim(); ++m) pending[m] = Partial();
+    ycat = to_local(redistribute(from_local(ycat, cut, pending, ycat.shape()), Placements::replicated(cut->ndim())));
+  }
   std::vector<int64_t> inv(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inv[size_t(perm[i])] = int64_t(i);
   Tensor yback = identity_perm ? ycat : index_select(ycat, 0, index_tensor(inv, dev));  // source-major
