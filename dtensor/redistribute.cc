@@ -318,7 +318,7 @@ Tensor redistribute_local(const Tensor& local, const Dims& global_shape, const M
   check_placements("redistribute", mesh, from, global_shape.size());
   check_placements("redistribute", mesh, to, global_shape.size());
   if (from == to) return local;
-  profile::Timer timer("redistribute");  // actual layout changes only
+  profile::Timer timer("redistribute", nullptr, "comm");  // actual layout changes only
   if (cost::active()) count_steps(local, global_shape, mesh, from, plan_redistribute(mesh, from, to));
   if (local.device().is_meta()) {
     return raw::empty(local_geometry(global_shape, mesh.shape(), to, mesh.coords()).shape, local.dtype(),

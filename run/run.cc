@@ -22,6 +22,7 @@
 #include "nn/recompute.h"
 #include "nn/staged.h"
 #include "run/run_state.h"
+#include "run/trace.h"
 #include "runtime/comm/comm.h"
 #include "runtime/logging.h"
 #include "runtime/numerics.h"
@@ -155,6 +156,28 @@ RunState::~RunState() {
     }
   }
   nn::set_forward_context(caller_context);
+  if (trace_scope) {
+    // Ended before write_trace(): no collective is safe here, so each rank
+    // writes its own file and the merged one is left out.
+    try {
+      finish_trace(/*merge=*/false);
+      spdlog::warn("tessel::Run: the trace ended with the Run before write_trace(): each rank wrote {}, no merged {}",
+                   detail::trace_rank_path(options.trace, trace->rank()), options.trace);
+    } catch (const std::exception& e) {
+      spdlog::warn("tessel::Run: writing the trace failed: {}", e.what());
+    }
+  }
+}
+
+std::string RunState::finish_trace(bool merge) {
+  if (!trace_scope) return trace_written;
+  trace_scope.reset();  // stop recording: the gather's own collectives are not part of the run
+  const std::string meta = fmt::format(
+      FMT_STRING("\"tessel\":{{\"model\":{},\"mesh\":{},\"first_step\":{},\"last_step\":{},\"dropped_events\":{}}}"),
+      timeline::json_string(model_type), timeline::json_string(mesh ? mesh->str() : "one device"),
+      trace_first_step + 1, step, trace->dropped());
+  trace_written = detail::write_trace_files(*trace, options.trace, merge, mesh ? mesh->device() : kCPU, meta);
+  return trace_written;
 }
 
 void RunState::on_backward() {
@@ -169,7 +192,7 @@ void RunState::on_backward() {
                "unscaled backward would be divided by the scale ({}) at the step",
                micro, step + 1, model_type, scaler->get_scale());
   if (dp) {
-    profile::Timer timer("dp.begin_micro_batch");
+    profile::Timer timer("dp.begin_micro_batch", nullptr, "step");
     dp->begin_micro_batch(micro == options.micro_batches);
   }
 }
@@ -306,6 +329,18 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
 
   if (opts.loss_scaling) s->scaler.emplace(*opts.loss_scaling);
   if (opts.detect_anomaly) s->anomaly.emplace(true);
+  if (!opts.trace.empty()) {
+    TESSEL_CHECK(opts.trace_steps >= 0, kOp, "RunOptions::trace_steps must be >= 0 (0: until write_trace), got {}",
+                 opts.trace_steps);
+    const bool world = comm::has_world() && comm::world()->size() > 1;
+    detail::prepare_trace_file(opts.trace, world ? comm::world()->rank() : 0, world ? comm::world()->size() : 1);
+    s->trace = std::make_unique<timeline::Recorder>(world ? comm::world()->rank() : 0);
+    if (s->mesh) s->trace->set_memory_device(s->mesh->device());
+    if (world) comm::world()->barrier();  // one origin for every rank's clock
+    s->trace->set_origin_now();
+    s->trace_scope.emplace(s->trace.get());
+    s->trace_first_step = s->step;
+  }
   s->caller_context = nn::forward_context();
   s->set_step_context();
   RunState* raw_state = s.get();
@@ -447,7 +482,7 @@ StepReport RunBase::step_optimizer() {
     s.warned_no_input = true;
   }
   if (s.dp) {
-    profile::Timer timer("dp.finish");
+    profile::Timer timer("dp.finish", nullptr, "step");
     s.dp->finish();
   }
   StepReport r;
@@ -455,7 +490,7 @@ StepReport RunBase::step_optimizer() {
     // Unscale first: the norm, the clipping and the update see the true
     // gradients. The inf/NaN flag is combined over the mesh, so every rank
     // skips or steps alike.
-    profile::Timer timer("loss_scaling.unscale");
+    profile::Timer timer("loss_scaling.unscale", nullptr, "step");
     r.loss_scale = s.scaler->get_scale();
     if (s.pipe) s.pipe->finish_gradients();  // tied gradients complete before they are unscaled
     s.scaler->unscale_(*s.opt);
@@ -465,7 +500,7 @@ StepReport RunBase::step_optimizer() {
     r.skipped = s.scaler->found_inf();
   }
   {
-    profile::Timer timer("clip_grad_norm");
+    profile::Timer timer("clip_grad_norm", nullptr, "step");
     r.grad_norm = s.pipe                             ? s.pipe->clip_grad_norm_(s.options.clip)
                   : s.options.clip > 0 && !r.skipped ? nn::clip_grad_norm_(s.params, s.options.clip)
                                                      : nn::grad_norm(s.params);
@@ -485,7 +520,7 @@ StepReport RunBase::step_optimizer() {
   if (s.options.lr_schedule) s.opt->set_lr(s.options.lr_schedule->lr(s.step));
   r.lr = s.opt->lr();
   {
-    profile::Timer timer("optimizer.step");
+    profile::Timer timer("optimizer.step", nullptr, "optimizer");
     if (!r.skipped) s.opt->step();  // a skipped step leaves parameters and optimizer state as they were
     if (s.dp) s.dp->after_step();
     s.opt->zero_grad();
@@ -497,8 +532,17 @@ StepReport RunBase::step_optimizer() {
   s.inputs = 0;
   s.set_step_context();
   r.step = s.step;
+  if (s.trace_scope) {
+    const int64_t t = s.trace->now_ns();
+    s.trace->span(fmt::format(FMT_STRING("step {}"), s.step), "step", s.trace_step_start_ns, t,
+                  fmt::format(FMT_STRING("\"step\":{}"), s.step));
+    s.trace_step_start_ns = t;
+    if (s.options.trace_steps > 0 && s.step - s.trace_first_step >= s.options.trace_steps) s.finish_trace(true);
+  }
   return r;
 }
+
+std::string RunBase::write_trace() { return state_->finish_trace(/*merge=*/true); }
 
 Tensor RunBase::scale_loss(const Tensor& loss) {
   RunState& s = *state_;
@@ -560,7 +604,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
     Tensor y = input(m == 1 ? targets : targets.narrow(0, r.begin, r.size()));
     Tensor loss = s.loss(*s.model, x, y);
     {
-      profile::Timer timer("loss.item");
+      profile::Timer timer("loss.item", nullptr, "step");
       out.loss_sum += loss.item<double>();
     }
     if (moe) dropped += nn::dropped_tokens(*s.model);

@@ -125,6 +125,15 @@ struct RunOptions {
   // nn::Attention's core) or full (every block of an nn::StagedModel keeps
   // only its input). Same bits as none; not with zero = 3.
   nn::Recompute recompute = nn::Recompute::None;
+  // A timeline of the run (docs/trace.md): with a path, every rank records
+  // its ops, backward nodes, collectives (bytes, group, peers), waits,
+  // pipeline instructions and allocator samples on the thread that called
+  // parallelize, for trace_steps optimizer steps (0: until write_trace()).
+  // Then every rank writes `trace` with ".rank<r>" before the extension, and
+  // rank 0 writes `trace` itself: all ranks merged, one track each, for
+  // chrome://tracing or ui.perfetto.dev.
+  std::string trace;
+  int64_t trace_steps = 3;
 };
 
 // What step_optimizer did.
@@ -214,6 +223,13 @@ class RunBase {
   // rank: an nn::StagedModel's head(blocks(embed(x))), through the pipeline
   // when there is one. Evaluation and sampling.
   Tensor forward(const Tensor& inputs);
+
+  // ---- timeline (RunOptions::trace) ---------------------------------------------
+  // Ends the trace now, if it is still recording, and writes it (collective:
+  // every rank calls it; step_optimizer calls it after trace_steps steps).
+  // Returns the merged file's path on the rank that wrote it (rank 0), also
+  // once written; "" on the other ranks and without a trace.
+  std::string write_trace();
 
   // ---- inspection ----------------------------------------------------------------
   // Every parameter, full and plain, in model order (collective; a pipeline

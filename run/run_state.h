@@ -11,6 +11,7 @@
 #include "autograd/ops/attention.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "run/run.h"
+#include "runtime/timeline.h"
 
 namespace tessel::checkpoint {
 class Saver;
@@ -53,6 +54,16 @@ class RunState {
   int observer = 0;   // backward observer handle (0: none)
   nn::ForwardContext caller_context;  // the thread's forward context before the Run set its own
   std::unique_ptr<checkpoint::Saver> saver;  // async checkpoints (checkpoint.cc), created on first use
+
+  // RunOptions::trace: this rank's timeline, recording while trace_scope is set.
+  std::unique_ptr<timeline::Recorder> trace;
+  std::optional<timeline::Scope> trace_scope;
+  int64_t trace_first_step = 0;
+  int64_t trace_step_start_ns = 0;  // where the current step's span begins
+  std::string trace_written;        // the merged file, on the rank that wrote it
+  // Ends the recording and writes the files: collective with merge, else
+  // this rank's file only (a Run destroyed before write_trace).
+  std::string finish_trace(bool merge);
 
   // A backward pass begins on this thread.
   void on_backward();

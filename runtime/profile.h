@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/timeline.h"
+
 namespace tessel::profile {
 
 struct Row {
@@ -63,13 +65,18 @@ class Scope {
   Profiler* prev_;
 };
 
-// Times its scope under `name` + `suffix` when a profiler is installed.
+// Times its scope under `name` + `suffix` when a profiler is installed, and
+// records it as a span of category `cat` when a timeline is (runtime/
+// timeline.h; default category: "backward" with a suffix, else "op").
 class Timer {
  public:
-  explicit Timer(const char* name, const char* suffix = nullptr) : p_(current()) {
+  explicit Timer(const char* name, const char* suffix = nullptr, const char* cat = nullptr)
+      : p_(current()), t_(timeline::current()) {
     if (p_) p_->enter(name, suffix ? std::string_view(suffix) : std::string_view());
+    if (t_) t_->begin(name, suffix ? std::string_view(suffix) : std::string_view(), cat ? cat : suffix ? "backward" : "op");
   }
   ~Timer() {
+    if (t_) t_->end();
     if (p_) p_->leave();
   }
   Timer(const Timer&) = delete;
@@ -77,6 +84,7 @@ class Timer {
 
  private:
   Profiler* p_;
+  timeline::Recorder* t_;
 };
 
 // TESSEL_PROFILE=1 in the environment.

@@ -85,6 +85,10 @@ const std::vector<Field>& fields() {
       {"detect_anomaly", &C::detect_anomaly,
        "stop at the first op, backward or optimizer update that yields an inf/NaN, naming it (slow; finding a NaN)"},
       {"dump", &C::dump, "write per-op forward/backward tensor hashes to FILE (compare with tessel verify)"},
+      {"trace", &C::trace,
+       "write a timeline (ops, collectives, waits, pipeline, memory) to FILE, every rank merged, for chrome://tracing "
+       "or ui.perfetto.dev; each rank's alone to FILE with .rank<r> before the extension (docs/trace.md)"},
+      {"trace_steps", &C::trace_steps, "steps the --trace timeline covers, from the first (0: every step)"},
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},

@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "runtime/comm/backend.h"
 #include "runtime/error.h"
 #include "runtime/numerics.h"
@@ -100,11 +103,27 @@ namespace detail {
 void add_wait_seconds(double s) { t_wait_seconds += s; }
 WaitTimer::WaitTimer()
     : t0_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-                 .count()) {}
+                 .count()),
+      trace_(timeline::current()) {
+  if (trace_) trace_->begin("wait", {}, "wait");
+}
 WaitTimer::~WaitTimer() {
   const int64_t now =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   t_wait_seconds += double(now - t0_ns_) * 1e-9;
+  if (trace_) trace_->end();
+}
+
+void TraceComm::begin(const char* what, const Communicator& c, int64_t bytes, int peer, bool async) {
+  std::string args = fmt::format(FMT_STRING("\"bytes\":{},\"group\":{}"), bytes, timeline::json_string(c.name()));
+  if (peer >= 0) {
+    const std::vector<int>& ranks = c.world_ranks();  // (a bad peer is the backend's error to raise)
+    args += fmt::format(FMT_STRING(",\"peer\":{}"), peer < int(ranks.size()) ? ranks[size_t(peer)] : peer);
+  } else {
+    args += fmt::format(FMT_STRING(",\"ranks\":[{}]"), fmt::join(c.world_ranks(), ","));
+  }
+  if (async) args += ",\"async\":true";
+  r_->begin(what, {}, "comm", std::move(args));
 }
 }  // namespace detail
 

@@ -41,6 +41,7 @@
 
 #include "runtime/reduce_op.h"
 #include "runtime/tensor.h"
+#include "runtime/timeline.h"
 
 namespace tessel::comm {
 
@@ -65,6 +66,7 @@ double thread_wait_seconds();
 namespace detail {
 void add_wait_seconds(double s);
 // Adds the scope's duration to thread_wait_seconds().
+// Also a "wait" span on the thread's timeline (runtime/timeline.h).
 class WaitTimer {
  public:
   WaitTimer();
@@ -74,6 +76,7 @@ class WaitTimer {
 
  private:
   int64_t t0_ns_;
+  timeline::Recorder* trace_;
 };
 }  // namespace detail
 
@@ -124,6 +127,28 @@ class Communicator {
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 };
 using CommPtr = std::shared_ptr<Communicator>;
+
+namespace detail {
+// A "comm" span on the thread's timeline around one collective or transfer
+// of a backend (runtime/timeline.h): its kind, bytes (this rank's input),
+// group and the group's world ranks, or the peer of a send/recv.
+class TraceComm {
+ public:
+  TraceComm(const char* what, const Communicator& c, int64_t bytes, int peer = -1, bool async = false)
+      : r_(timeline::current()) {
+    if (r_) begin(what, c, bytes, peer, async);
+  }
+  ~TraceComm() {
+    if (r_) r_->end();
+  }
+  TraceComm(const TraceComm&) = delete;
+  TraceComm& operator=(const TraceComm&) = delete;
+
+ private:
+  void begin(const char* what, const Communicator& c, int64_t bytes, int peer, bool async);
+  timeline::Recorder* r_;
+};
+}  // namespace detail
 
 // The communicator of every rank of the job, for the calling thread (the local
 // backend keeps one per rank thread). Throws if no backend was started.

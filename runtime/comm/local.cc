@@ -253,6 +253,7 @@ void LocalComm::enter(const std::string& where, Posted& p, const std::function<v
 // ---- reductions --------------------------------------------------------------
 
 WorkPtr LocalComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+  detail::TraceComm trace("all_reduce", *this, int64_t(t.nbytes()), -1, async);
   (void)async;  // completes eagerly
   const std::string w = detail::where(*this, "all_reduce", op);
   detail::check_tensor(w, t, "tensor", DeviceType::CPU);
@@ -282,6 +283,7 @@ WorkPtr LocalComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
 }
 
 WorkPtr LocalComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  detail::TraceComm trace("reduce_scatter", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "reduce_scatter", op);
   detail::check_tensor(w, in, "input", DeviceType::CPU);
   detail::check_tensor(w, out, "output", DeviceType::CPU);
@@ -295,6 +297,7 @@ WorkPtr LocalComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp 
 
 WorkPtr LocalComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                     ReduceOp op, bool async) {
+  detail::TraceComm trace("reduce_scatter_v", *this, int64_t(in.nbytes()), -1, async);
   (void)async;
   const std::string w = detail::where(*this, "reduce_scatter_v", op);
   detail::check_tensor(w, in, "input", DeviceType::CPU);
@@ -325,6 +328,7 @@ WorkPtr LocalComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const s
 // ---- data movement -------------------------------------------------------------
 
 WorkPtr LocalComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
+  detail::TraceComm trace("all_gather", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_gather");
   detail::check_tensor(w, in, "input", DeviceType::CPU);
   detail::check_tensor(w, out, "output", DeviceType::CPU);
@@ -337,6 +341,7 @@ WorkPtr LocalComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
 }
 
 WorkPtr LocalComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
+  detail::TraceComm trace("all_gather_v", *this, int64_t(in.nbytes()), -1, async);
   (void)async;
   const std::string w = detail::where(*this, "all_gather_v");
   detail::check_tensor(w, in, "input", DeviceType::CPU);
@@ -363,6 +368,7 @@ WorkPtr LocalComm::all_gather_v(const Tensor& in, const Tensor& out, const std::
 }
 
 WorkPtr LocalComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+  detail::TraceComm trace("all_to_all", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_to_all");
   detail::check_tensor(w, in, "input", DeviceType::CPU);
   detail::check_tensor(w, out, "output", DeviceType::CPU);
@@ -376,6 +382,7 @@ WorkPtr LocalComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
 
 WorkPtr LocalComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                                 const std::vector<int64_t>& recv_counts, bool async) {
+  detail::TraceComm trace("all_to_all_v", *this, int64_t(in.nbytes()), -1, async);
   (void)async;
   const std::string w = detail::where(*this, "all_to_all_v");
   detail::check_tensor(w, in, "input", DeviceType::CPU);
@@ -420,6 +427,7 @@ WorkPtr LocalComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
 }
 
 WorkPtr LocalComm::broadcast(const Tensor& t, int root, bool async) {
+  detail::TraceComm trace("broadcast", *this, int64_t(t.nbytes()), -1, async);
   (void)async;
   const std::string w = detail::where(*this, "broadcast");
   detail::check_tensor(w, t, "tensor", DeviceType::CPU);
@@ -434,6 +442,7 @@ WorkPtr LocalComm::broadcast(const Tensor& t, int root, bool async) {
 }
 
 void LocalComm::barrier() {
+  detail::TraceComm trace("barrier", *this, 0);
   const std::string w = detail::where(*this, "barrier");
   Posted p;
   p.meta = detail::make_meta(OpKind::Barrier, nullptr, nullptr);
@@ -480,6 +489,7 @@ std::shared_ptr<Communicator> LocalComm::split(int color, int key) {
 // ---- point to point ------------------------------------------------------------
 
 WorkPtr LocalComm::send(const Tensor& t, int dst, int tag, bool async) {
+  detail::TraceComm trace("send", *this, int64_t(t.nbytes()), dst, async);
   (void)async;  // buffered: the sender never waits for the receiver
   const std::string w = detail::where(*this, "send");
   detail::check_tensor(w, t, "tensor", DeviceType::CPU);
@@ -538,6 +548,7 @@ WorkPtr LocalComm::send(const Tensor& t, int dst, int tag, bool async) {
 }
 
 WorkPtr LocalComm::recv(const Tensor& t, int src, int tag, bool async) {
+  detail::TraceComm trace("recv", *this, int64_t(t.nbytes()), src, async);
   const std::string w = detail::where(*this, "recv");
   detail::check_tensor(w, t, "tensor", DeviceType::CPU);
   if (src < 0 || src >= size()) TESSEL_FAIL(w, "source {} is not a rank of this communicator", src);

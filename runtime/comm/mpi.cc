@@ -278,6 +278,7 @@ void MpiComm::post_exchange(MpiWork& w, const void* sbuf, void* rbuf, DType dt, 
 }
 
 WorkPtr MpiComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+  detail::TraceComm trace("all_reduce", *this, int64_t(t.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "all_reduce", op));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   check_reduce_dtype(w->where, t.dtype(), op);
@@ -319,6 +320,7 @@ WorkPtr MpiComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
 }
 
 WorkPtr MpiComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  detail::TraceComm trace("reduce_scatter", *this, int64_t(in.nbytes()), -1, async);
   const std::string wh = detail::where(*this, "reduce_scatter", op);
   detail::check_tensor(wh, in, "input", DeviceType::CPU);
   detail::check_tensor(wh, out, "output", DeviceType::CPU);
@@ -331,6 +333,7 @@ WorkPtr MpiComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op
 
 WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                   ReduceOp op, bool async) {
+  detail::TraceComm trace("reduce_scatter_v", *this, int64_t(in.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "reduce_scatter_v", op));
   detail::check_tensor(w->where, in, "input", DeviceType::CPU);
   detail::check_tensor(w->where, out, "output", DeviceType::CPU);
@@ -370,6 +373,7 @@ WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std
 }
 
 WorkPtr MpiComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
+  detail::TraceComm trace("all_gather", *this, int64_t(in.nbytes()), -1, async);
   const std::string wh = detail::where(*this, "all_gather");
   detail::check_tensor(wh, in, "input", DeviceType::CPU);
   detail::check_tensor(wh, out, "output", DeviceType::CPU);
@@ -381,6 +385,7 @@ WorkPtr MpiComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
 }
 
 WorkPtr MpiComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
+  detail::TraceComm trace("all_gather_v", *this, int64_t(in.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "all_gather_v"));
   detail::check_tensor(w->where, in, "input", DeviceType::CPU);
   detail::check_tensor(w->where, out, "output", DeviceType::CPU);
@@ -415,6 +420,7 @@ WorkPtr MpiComm::all_gather_v(const Tensor& in, const Tensor& out, const std::ve
 }
 
 WorkPtr MpiComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+  detail::TraceComm trace("all_to_all", *this, int64_t(in.nbytes()), -1, async);
   const std::string wh = detail::where(*this, "all_to_all");
   detail::check_tensor(wh, in, "input", DeviceType::CPU);
   detail::check_tensor(wh, out, "output", DeviceType::CPU);
@@ -428,6 +434,7 @@ WorkPtr MpiComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
 
 WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                               const std::vector<int64_t>& recv_counts, bool async) {
+  detail::TraceComm trace("all_to_all_v", *this, int64_t(in.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "all_to_all_v"));
   detail::check_tensor(w->where, in, "input", DeviceType::CPU);
   detail::check_tensor(w->where, out, "output", DeviceType::CPU);
@@ -475,6 +482,7 @@ WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send
 }
 
 WorkPtr MpiComm::broadcast(const Tensor& t, int root, bool async) {
+  detail::TraceComm trace("broadcast", *this, int64_t(t.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "broadcast"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (root < 0 || root >= size_) TESSEL_FAIL(w->where, "root {} is not a rank of this communicator", root);
@@ -488,6 +496,7 @@ WorkPtr MpiComm::broadcast(const Tensor& t, int root, bool async) {
 }
 
 WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
+  detail::TraceComm trace("send", *this, int64_t(t.nbytes()), dst, async);
   auto w = p2p(detail::where(*this, "send"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (dst < 0 || dst >= size_) TESSEL_FAIL(w->where, "destination {} is not a rank of this communicator", dst);
@@ -502,6 +511,7 @@ WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
 }
 
 WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
+  detail::TraceComm trace("recv", *this, int64_t(t.nbytes()), src, async);
   auto w = p2p(detail::where(*this, "recv"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
   if (src < 0 || src >= size_) TESSEL_FAIL(w->where, "source {} is not a rank of this communicator", src);
@@ -531,6 +541,7 @@ WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
 }
 
 void MpiComm::barrier() {
+  detail::TraceComm trace("barrier", *this, 0);
   auto w = collective(detail::where(*this, "barrier"));
   if (meta_check_enabled()) {
     // The meta all-gather completes only when every rank has joined: a barrier.

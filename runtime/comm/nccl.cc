@@ -243,6 +243,7 @@ void NcclComm::exchange(const std::string& where, DType dt, const void* sbuf, co
 }
 
 WorkPtr NcclComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+  detail::TraceComm trace("all_reduce", *this, int64_t(t.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_reduce", op);
   check_gpu_tensor(w, t, "tensor");
   check_reduce_dtype(w, t.dtype(), op);
@@ -280,6 +281,7 @@ WorkPtr NcclComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
 }
 
 WorkPtr NcclComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  detail::TraceComm trace("reduce_scatter", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "reduce_scatter", op);
   if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype()) {
     TESSEL_FAIL(w, "input must hold size() = {} blocks of the output: input {}, output {}", size_, in.desc(),
@@ -290,6 +292,7 @@ WorkPtr NcclComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp o
 
 WorkPtr NcclComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                    ReduceOp op, bool async) {
+  detail::TraceComm trace("reduce_scatter_v", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "reduce_scatter_v", op);
   check_gpu_tensor(w, in, "input");
   check_gpu_tensor(w, out, "output");
@@ -321,6 +324,7 @@ WorkPtr NcclComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const st
 }
 
 WorkPtr NcclComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
+  detail::TraceComm trace("all_gather", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_gather");
   if (out.numel() != in.numel() * size_ || in.dtype() != out.dtype()) {
     TESSEL_FAIL(w, "output must hold size() = {} copies of the input: input {}, output {}", size_, in.desc(),
@@ -330,6 +334,7 @@ WorkPtr NcclComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
 }
 
 WorkPtr NcclComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
+  detail::TraceComm trace("all_gather_v", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_gather_v");
   check_gpu_tensor(w, in, "input");
   check_gpu_tensor(w, out, "output");
@@ -364,6 +369,7 @@ WorkPtr NcclComm::all_gather_v(const Tensor& in, const Tensor& out, const std::v
 }
 
 WorkPtr NcclComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+  detail::TraceComm trace("all_to_all", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_to_all");
   if (in.numel() % size_ != 0 || out.numel() != in.numel() || in.dtype() != out.dtype()) {
     TESSEL_FAIL(w, "input and output must be size() = {} equal blocks of one dtype: input {}, output {}", size_,
@@ -375,6 +381,7 @@ WorkPtr NcclComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
 
 WorkPtr NcclComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                                const std::vector<int64_t>& recv_counts, bool async) {
+  detail::TraceComm trace("all_to_all_v", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_to_all_v");
   check_gpu_tensor(w, in, "input");
   check_gpu_tensor(w, out, "output");
@@ -414,6 +421,7 @@ WorkPtr NcclComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& sen
 }
 
 WorkPtr NcclComm::broadcast(const Tensor& t, int root, bool async) {
+  detail::TraceComm trace("broadcast", *this, int64_t(t.nbytes()), -1, async);
   const std::string w = detail::where(*this, "broadcast");
   check_gpu_tensor(w, t, "tensor");
   if (root < 0 || root >= size_) TESSEL_FAIL(w, "root {} is not a rank of this communicator", root);
@@ -427,6 +435,7 @@ WorkPtr NcclComm::broadcast(const Tensor& t, int root, bool async) {
 // Point to point: a small MPI header (element count) travels first, so a size
 // mismatch is an error on the receiver instead of a hang or a corruption.
 WorkPtr NcclComm::send(const Tensor& t, int dst, int tag, bool async) {
+  detail::TraceComm trace("send", *this, int64_t(t.nbytes()), dst, async);
   const std::string w = detail::where(*this, "send") + fmt::format(FMT_STRING(" to rank {} (tag {})"), dst, tag);
   check_gpu_tensor(w, t, "tensor");
   if (dst < 0 || dst >= size_) TESSEL_FAIL(w, "destination {} is not a rank of this communicator", dst);
@@ -438,6 +447,7 @@ WorkPtr NcclComm::send(const Tensor& t, int dst, int tag, bool async) {
 }
 
 WorkPtr NcclComm::recv(const Tensor& t, int src, int tag, bool async) {
+  detail::TraceComm trace("recv", *this, int64_t(t.nbytes()), src, async);
   const std::string w = detail::where(*this, "recv") + fmt::format(FMT_STRING(" from rank {} (tag {})"), src, tag);
   check_gpu_tensor(w, t, "tensor");
   if (src < 0 || src >= size_) TESSEL_FAIL(w, "source {} is not a rank of this communicator", src);
@@ -458,6 +468,7 @@ WorkPtr NcclComm::recv(const Tensor& t, int src, int tag, bool async) {
 }
 
 void NcclComm::barrier() {
+  detail::TraceComm trace("barrier", *this, 0);
   const std::string w = detail::where(*this, "barrier");
   check_meta(w, detail::make_meta(OpKind::Barrier, nullptr, nullptr), nullptr);
   finish(w, false);  // this rank's earlier GPU work is done as well

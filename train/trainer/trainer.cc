@@ -205,6 +205,8 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.virtual_stages = int(cfg.virtual_stages);
   o.pipeline_split = cfg.pipeline_split;
   o.detect_anomaly = cfg.detect_anomaly;
+  o.trace = cfg.trace;
+  o.trace_steps = cfg.trace_steps;
   o.recompute = nn::parse_recompute(cfg.recompute);
   return o;
 }
@@ -567,6 +569,8 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   }
   wait_for_save(run);
   bar.reset();
+  const std::string trace_path = run.write_trace();  // when the run ended inside the trace's steps
+  if (!trace_path.empty() && !hooks.quiet) std::printf("  wrote the timeline %s\n", trace_path.c_str());
 
   // ---- after training: parameters, held-out loss, samples, plot --------------------------------
   result.allocator_peak_bytes = result.allocator_peak_bytes_max = cpu_allocator()->stats().peak_bytes;

@@ -3,11 +3,25 @@
 #include "autograd/api.h"
 #include "nn/autocast.h"
 #include "nn/moe.h"
+#include "runtime/timeline.h"
 
 namespace tessel::parallel::pipeline {
 namespace {
 constexpr const char* kOp = "pipeline executor";
+
+// The instruction's span name on the timeline (runtime/timeline.h).
+const char* span_name(Op op) {
+  switch (op) {
+    case Op::RecvAct: return "pp.recv_act";
+    case Op::Forward: return "pp.forward";
+    case Op::SendAct: return "pp.send_act";
+    case Op::RecvGrad: return "pp.recv_grad";
+    case Op::Backward: return "pp.backward";
+    case Op::SendGrad: return "pp.send_grad";
+  }
+  return "pp";
 }
+}  // namespace
 
 Executor::Executor(const PipelineStage& stage, DType compute)
     : stage_(stage), compute_(compute), p2p_(stage.pp_comm(), stage.stage_mesh()) {}
@@ -38,6 +52,9 @@ void Executor::exec(const Schedule& s, const Instr& in, const std::vector<LaidOu
   const int S = s.num_stages(), pp = s.pp;
   const int vs = s.stage_of(stage_.pp_rank(), in.chunk);
   Slot& sl = slots_[size_t(in.chunk * s.micro_batches + in.mb)];
+  timeline::Span span(span_name(in.op), "pipeline", [&] {
+    return fmt::format(FMT_STRING("\"micro_batch\":{},\"stage\":{},\"chunk\":{}"), in.mb, vs, in.chunk);
+  });
   switch (in.op) {
     case Op::RecvAct:
       sl.input = p2p_.recv_act((vs - 1) % pp, vs);
