@@ -24,12 +24,13 @@ struct Layout {
   const char* name;
   std::map<std::string, int64_t> fixed;  // the planner's constraints
   nn::Recompute recompute = nn::Recompute::None;
+  const char* model = "llama";  // its small config
 };
 
 // The largest rank's allocator peak over two training steps.
 int64_t measured(const Layout& l) {
   TrainConfig c;
-  c.model = "llama";
+  c.model = l.model;
   c.model_config = "small";
   c.steps = 2;
   c.batch_size = 8;
@@ -54,13 +55,14 @@ int64_t measured(const Layout& l) {
 
 int64_t predicted(const Layout& l) {
   planner::PlanRequest r;
-  r.model = models::model_config("llama", "small");
+  r.model = models::model_config(l.model, "small");
   r.cluster = planner::cluster_preset("h100");  // memory does not depend on the speeds
   r.cluster.devices_per_node = comm::world()->size();
   r.global_batch = 8;
   r.seq_len = 256;
   r.fixed = l.fixed;
   r.fixed.emplace("cp", 1);
+  r.fixed.emplace("ep", 1);
   r.fixed.emplace("virtual_stages", 1);
   r.recompute = l.recompute;
   return planner::plan(r).best.total;
@@ -102,6 +104,9 @@ TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's p
       {"tp2_sp", {{"dp", 1}, {"tp", 2}, {"pp", 1}, {"micro_batches", 1}, {"sp", 1}}},
       {"pp2", {{"dp", 1}, {"tp", 1}, {"pp", 2}, {"micro_batches", 2}, {"sp", 0}}},
       {"cp2", {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 2}, {"micro_batches", 1}, {"sp", 0}}},
+      // Each rank routes its own tokens to its copy of every expert.
+      {"mixtral_dp2", {{"dp", 2}, {"tp", 1}, {"pp", 1}, {"zero", 0}, {"micro_batches", 1}, {"sp", 0}},
+       nn::Recompute::None, "mixtral"},
   };
   for (const Layout& l : layouts) check_memory(l);
 }
