@@ -86,6 +86,8 @@ TEST_CASE("mpi: the planner's per-rank memory is within 10% of the allocator's p
       {"dp2_pp2", {{"dp", 2}, {"tp", 1}, {"pp", 2}, {"zero", 0}, {"micro_batches", 2}, {"sp", 0}}},
       {"cp4", {{"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 4}, {"micro_batches", 1}, {"sp", 0}}},
       {"dp4_zero3", {{"dp", 4}, {"tp", 1}, {"pp", 1}, {"zero", 3}, {"micro_batches", 1}, {"sp", 0}}},
+      {"tp2_cp2", {{"dp", 1}, {"tp", 2}, {"pp", 1}, {"cp", 2}, {"micro_batches", 1}, {"sp", 0}}},
+      {"cp2_pp2", {{"dp", 1}, {"tp", 1}, {"pp", 2}, {"cp", 2}, {"micro_batches", 2}, {"sp", 0}}},
   };
   for (const Layout& l : layouts) check_memory(l);
 }
