@@ -47,6 +47,7 @@ MeshPtr Mesh::world(const std::vector<DimSpec>& dims, Device device) {
     for (int e = 0; e < m->ndim(); ++e)
       if (e != d) color = color * int(m->shape_[e]) + m->coords_[size_t(e)];
     m->comms_[size_t(d)] = w->split(color, m->coords_[size_t(d)]);
+    m->comms_[size_t(d)]->set_label(m->names_[size_t(d)]);
   }
   return m;
 }

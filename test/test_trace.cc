@@ -142,17 +142,20 @@ TEST_CASE("trace: a dp=2,tp=2 run through the API writes one file per rank and a
   const json& events = doc["traceEvents"];
   std::map<int, std::map<std::string, int>> cats;  // pid -> category -> events
   std::map<int, std::set<std::string>> names;
+  std::set<std::string> groups;
   for (const json& e : events) {
     const int pid = e["pid"];
     if (e.contains("cat")) ++cats[pid][e["cat"].get<std::string>()];
     names[pid].insert(e["name"].get<std::string>());
     if (e.value("cat", "") == "comm" && e["name"] != "redistribute" && e["name"] != "barrier") {
       CHECK(e["args"]["bytes"].get<int64_t>() >= 0);
-      CHECK(e["args"].contains("group"));
+      groups.insert(e["args"]["group"].get<std::string>());
       CHECK((e["args"].contains("ranks") || e["args"].contains("peer")));
     }
     if (e["ph"] == "C") CHECK(e["args"]["allocated MiB"].get<double>() > 0);
   }
+  // The mesh's communicators by their dims' names; the input check's on the world.
+  CHECK(groups == std::set<std::string>{"dp", "tp", "world"});
   REQUIRE(cats.size() == 4);
   for (int pid = 0; pid < 4; ++pid) {
     INFO("rank " << pid);

@@ -115,7 +115,9 @@ WaitTimer::~WaitTimer() {
 }
 
 void TraceComm::begin(const char* what, const Communicator& c, int64_t bytes, int peer, bool async) {
-  std::string args = fmt::format(FMT_STRING("\"bytes\":{},\"group\":{}"), bytes, timeline::json_string(c.name()));
+  std::string args = fmt::format(FMT_STRING("\"bytes\":{},\"group\":{}"), bytes,
+                                 timeline::json_string(c.label().empty() ? c.name() : c.label()));
+  if (!c.label().empty()) args += ",\"communicator\":" + timeline::json_string(c.name());
   if (peer >= 0) {
     const std::vector<int>& ranks = c.world_ranks();  // (a bad peer is the backend's error to raise)
     args += fmt::format(FMT_STRING(",\"peer\":{}"), peer < int(ranks.size()) ? ranks[size_t(peer)] : peer);

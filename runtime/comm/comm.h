@@ -95,6 +95,10 @@ class Communicator {
   virtual int size() const = 0;
   virtual const char* backend() const = 0;   // "local" | "mpi" | "nccl"
   virtual std::string name() const = 0;      // for errors: "world", "world/split(1)", ...
+  // What the communicator serves, when its creator says: a mesh labels each
+  // dim's communicator with the dim's name ("tp"). Timelines show it.
+  const std::string& label() const { return label_; }
+  void set_label(std::string label) { label_ = std::move(label); }
   // World ranks of the members, in this communicator's rank order.
   virtual const std::vector<int>& world_ranks() const = 0;
 
@@ -125,6 +129,9 @@ class Communicator {
   // same color form a new communicator ordered by (key, old rank), named
   // "<parent>/split(<color>)". A negative color joins no group: returns null.
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+
+ private:
+  std::string label_;
 };
 using CommPtr = std::shared_ptr<Communicator>;
 
