@@ -129,10 +129,6 @@ std::vector<bool> expert_sharded_dims(nn::MoE& moe, const MeshPtr& mesh, int ep)
   return sharded;
 }
 
-}  // namespace
-
-namespace {
-
 // Where the tokens [N, C] should be for routing: sharded over ep (each rank
 // routes its own), kept sharded over other dims that shard them and not the
 // experts (dp, cp), replicated elsewhere. In bitwise mode only the ep cut is

@@ -16,6 +16,8 @@
 #include <thread>
 #include <tuple>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/comm/backend.h"
 #include "runtime/comm/comm.h"
 #include "runtime/comm/reduce.h"
@@ -663,6 +665,12 @@ void run_local(int n, const std::function<void(int rank)>& fn) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   threads.reserve(size_t(n));
+  // spdlog creates its registry on first use. Ranks often log first all at
+  // once (a warning every rank gives); that lazy start is the library's own
+  // thread-safe static, but Debian's libspdlog is not instrumented, so
+  // ThreadSanitizer sees a race. Starting it here, before the ranks, costs
+  // nothing and keeps --tsan clean.
+  spdlog::default_logger_raw();
   // Bitwise mode is per thread: the ranks compute as their caller asked (a
   // BitwiseGuard around run_local reaches every rank). V and the GEMM mode
   // are process-wide already.
