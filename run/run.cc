@@ -175,7 +175,7 @@ std::string RunState::finish_trace(bool merge) {
   const std::string meta = fmt::format(
       FMT_STRING("\"tessel\":{{\"model\":{},\"mesh\":{},\"first_step\":{},\"last_step\":{},\"dropped_events\":{}}}"),
       timeline::json_string(model_type), timeline::json_string(mesh ? mesh->str() : "one device"),
-      trace_first_step + 1, step, trace->dropped());
+      (trace_first_step < 0 ? step : trace_first_step) + 1, step, trace->dropped());
   trace_written = detail::write_trace_files(*trace, options.trace, merge, mesh ? mesh->device() : kCPU, meta);
   return trace_written;
 }
@@ -339,7 +339,6 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
     if (world) comm::world()->barrier();  // one origin for every rank's clock
     s->trace->set_origin_now();
     s->trace_scope.emplace(s->trace.get());
-    s->trace_first_step = s->step;
   }
   s->caller_context = nn::forward_context();
   s->set_step_context();
@@ -465,6 +464,8 @@ void check_context_parallel(const RunState& s) {
 
 StepReport RunBase::step_optimizer() {
   RunState& s = *state_;
+  // The trace's steps count from the first one taken (after a checkpoint's load, not from 0).
+  if (s.trace_scope && s.trace_first_step < 0) s.trace_first_step = s.step;
   TESSEL_CHECK(s.micro == s.options.micro_batches, kRun,
                "step_optimizer after {} backward pass(es) in step {} of {}, but micro_batches = {}{}", s.micro,
                s.step + 1, s.model_type, s.options.micro_batches,

@@ -58,7 +58,7 @@ class RunState {
   // RunOptions::trace: this rank's timeline, recording while trace_scope is set.
   std::unique_ptr<timeline::Recorder> trace;
   std::optional<timeline::Scope> trace_scope;
-  int64_t trace_first_step = 0;
+  int64_t trace_first_step = -1;  // step() when the first traced step began (-1: none yet)
   int64_t trace_step_start_ns = 0;  // where the current step's span begins
   std::string trace_written;        // the merged file, on the rank that wrote it
   // Ends the recording and writes the files: collective with merge, else

@@ -229,3 +229,33 @@ TEST_CASE("trace: a Run that ends before write_trace leaves each rank's file; ba
   // At parallelize, before any step.
   CHECK_THAT(error_of([&] { parallelize(m, adamw(), o); }), Catch::Contains("timeline '/proc/no/such/dir/run.json'"));
 }
+
+TEST_CASE("trace: after a checkpoint's load the trace counts its steps from the loaded step", "[trace][run][ckpt]") {
+  const std::string ckpt = scratch("resume/ckpt"), path = scratch("resume/trace.json");
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
+  auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+  {
+    auto run = parallelize(mlp(), adamw(), RunOptions{});
+    for (int step = 0; step < 2; ++step) {
+      run.forward_backward(x, y);
+      run.step_optimizer();
+    }
+    save(ckpt, run);
+  }
+  RunOptions o;
+  o.trace = path;
+  o.trace_steps = 1;
+  auto run = parallelize(mlp(), adamw(), o);
+  load(ckpt, run);
+  REQUIRE(run.step() == 2);
+  run.forward_backward(x, y);
+  run.step_optimizer();  // the one traced step: written now
+  const json doc = read_json(path);
+  CHECK(doc["tessel"]["first_step"] == 3);
+  CHECK(doc["tessel"]["last_step"] == 3);
+  std::set<std::string> steps;
+  for (const json& e : doc["traceEvents"])
+    if (e.value("cat", "") == "step" && e["name"].get<std::string>().rfind("step ", 0) == 0) steps.insert(e["name"]);
+  CHECK(steps == std::set<std::string>{"step 3"});
+}
+
