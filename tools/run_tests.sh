@@ -30,10 +30,13 @@ if [[ -n "$sanitizer" ]]; then
   # Not //...: the normal build's convenience symlinks (bazel-<dir>, bazel-out,
   # ...) point into another output base, and a server of its own would walk
   # into them. Every top-level folder but those, and the root package.
+  # Folders without a package (a training run's runs/, gpu_bundle/) would
+  # fail the whole query ("no targets found beneath 'runs'").
   universe='//:all'
   for d in */; do
     d="${d%/}"
-    [[ "$d" == bazel-* || -L "$d" ]] || universe+=" + //$d/..."
+    [[ "$d" == bazel-* || -L "$d" ]] && continue
+    [[ -n "$(find "$d" \( -name BUILD -o -name BUILD.bazel \) -print -quit)" ]] && universe+=" + //$d/..."
   done
 fi
 query="tests($universe) except attr(tags, \"manual\", $universe)"
