@@ -469,6 +469,7 @@ TEST_CASE("run: extra state round trip; reserved keys refused", "[run][ckpt]") {
 TEST_CASE("run: Checkpoints keeps step-N folders, resumes the newest, prunes", "[run][ckpt]") {
   const std::string root = fresh_dir("root");
   auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+  model->reset_parameters(1);  // (unset, a system allocator's memory is whatever it was: NaN under --tsan)
   auto run = parallelize(model, adamw({1e-2}), RunOptions{});
   Checkpoints ckpt(root, {/*every=*/2, /*keep_last=*/2, /*async=*/true});
   CHECK_FALSE(ckpt.resume(run).has_value());
@@ -704,6 +705,7 @@ TEST_CASE("run: the forward context keys dropout by step between steps, and is r
   const nn::ForwardContext before = nn::forward_context();
   {
     auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+    model->reset_parameters(1);
     RunOptions o;
     o.seed = 11;
     auto run = parallelize(model, adamw(), o);
