@@ -55,6 +55,10 @@ if [[ -n "$sanitizer" ]]; then
   mkdir -p "$san_root"
   STARTUP=("--output_base=$san_root/$(printf %s "$ROOT" | md5sum | cut -c1-12)-$sanitizer")
   # --disk_cache= (empty) turns off the cache bazel_flags.sh named.
+  # Sanitized debug builds run 10-20x slower: the heavy training tests
+  # (test_bitwise_train, test_parallel_train, ...) overran Bazel's default
+  # timeouts under --tsan. Ten times the defaults (60/300/900/3600 s).
+  BAZEL_FLAGS+=("--test_timeout=600,3000,9000,36000")
   BAZEL_FLAGS+=("--disk_cache=" "--config=$sanitizer" "--symlink_prefix=/"
     "--test_env=TESSEL_CPU_ALLOCATOR=system"
     "--test_env=UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
