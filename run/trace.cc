@@ -2,28 +2,26 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "autograd/api.h"
 #include "runtime/comm/comm.h"
 #include "runtime/error.h"
+#include "train/atomic_file.h"
 
 namespace tessel::detail {
 namespace {
 
 constexpr const char* kOp = "trace";
 
+// The folder made first (a timeline's path is the user's); the file written
+// atomically, so a viewer never opens half of one.
 void write_file(const std::string& path, const std::string& text) {
   const std::filesystem::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   TESSEL_CHECK(!ec, kOp, "cannot create the folder of the timeline '{}': {}", path, ec.message());
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  TESSEL_CHECK(f.good(), kOp, "cannot open '{}' to write the timeline", path);
-  f.write(text.data(), std::streamsize(text.size()));
-  f.close();
-  TESSEL_CHECK(f.good(), kOp, "writing the timeline to '{}' failed", path);
+  train::write_file_atomic(path, text);
 }
 
 // Text in int64 words (the collectives move tensors), zero-padded.

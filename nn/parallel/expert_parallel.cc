@@ -175,10 +175,9 @@ Tensor ExpertParallelDispatch::dispatch(nn::MoE& moe, const Tensor& x2d, const T
   const int64_t C = moe.config.dim, E = moe.config.num_experts, K = moe.config.top_k, N = x2d.size(0);
   // No ep dim: one expert group of every expert, on every rank (P = 1).
   const int64_t P = ep >= 0 ? mesh.size(ep) : 1, L = E / P, me_ep = ep >= 0 ? mesh.coordinate(ep) : 0;
-  if (ep < 0 && (!x2d.is_distributed() ||
-                 !routes_locally(token_layout(x2d.placements(), expert_sharded_dims(moe, mesh_, ep), ep), ep)))
-    return moe.dispatch_default(x2d, top_i, weights, stats);
+  if (ep < 0 && !x2d.is_distributed()) return moe.dispatch_default(x2d, top_i, weights, stats);
   const std::vector<bool> sharded = expert_sharded_dims(moe, mesh_, ep);
+  if (!routes_locally(token_layout(x2d.placements(), sharded, ep), ep)) return moe.dispatch_default(x2d, top_i, weights, stats);
   const Placements& xp = x2d.placements();
   TESSEL_CHECK(ep < 0 || (xp[ep].is_shard(0) && !xp[ep].is_owned()), kOp,
                "'{}': tokens {} must be sharded over '{}' (layout())", moe.path(), x2d.desc(),
