@@ -79,6 +79,22 @@ struct AttentionParams {
   int64_t q_begin = 0;            // global row of q's first row (a piece of the queries; see above)
 };
 
+// Compile mode (runtime/capture.h): how a recorded launch compares and
+// re-keys its parameters.
+inline void fingerprint(std::string& out, const AttentionParams& p) {
+  using capture::fingerprint;
+  fingerprint(out, p.scale);
+  fingerprint(out, p.chunks);
+  fingerprint(out, p.dropout);
+  fingerprint(out, p.keep_threshold);
+  fingerprint(out, p.dropout_scale);
+  fingerprint(out, p.block);
+  fingerprint(out, p.q_begin);
+}
+inline void for_each_key(AttentionParams& p, const std::function<void(PhiloxKey&)>& f) {
+  if (p.dropout) f(p.key);
+}
+
 // Global row-major index of local probability element (b, h, i, j).
 struct AttentionDropoutIndex {
   uint64_t base = 0, sb = 0, sh = 0, si = 0;

@@ -27,6 +27,23 @@ void check_global_block(const char* op, const Dims& local, const GlobalBlock& bl
 
 // The iteration geometry of `out` (and `in`, same shape, for dropout) placed
 // at `block`, with size-1 dims dropped and jointly contiguous dims merged.
+// Compile mode (runtime/capture.h): how a recorded launch compares and
+// re-keys its parameters.
+inline void fingerprint(std::string& out, const RandomParams& p) {
+  using capture::fingerprint;
+  fingerprint(out, p.dist);
+  fingerprint(out, p.lo);
+  fingerprint(out, p.hi);
+  fingerprint(out, p.mean);
+  fingerprint(out, p.std);
+  fingerprint(out, p.vlo);
+  fingerprint(out, p.vhi);
+  fingerprint(out, p.threshold);
+  fingerprint(out, p.low);
+  fingerprint(out, p.range);
+}
+inline void for_each_key(RandomParams& p, const std::function<void(PhiloxKey&)>& f) { f(p.key); }
+
 RandomGeometry make_random_geometry(const Tensor& out, const GlobalBlock& block, const Tensor* in = nullptr);
 
 // out[...] = draws of params.dist (out: floating for uniform/normal/

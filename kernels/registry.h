@@ -13,6 +13,7 @@
 // kernel runs (shapes and dtypes are all a meta tensor has).
 #include <utility>
 
+#include "runtime/capture.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/macros.h"
@@ -41,6 +42,16 @@ class KernelTable<void(A...)> {
     if (d.type == DeviceType::Meta) return;
     Fn fn = fns_[static_cast<int>(d.type)];
     if (TESSEL_UNLIKELY(!fn)) throw_missing_kernel(name_, d);
+    if (TESSEL_UNLIKELY(capture::active() != nullptr)) {  // compile mode: recorded too (runtime/capture.h)
+      capture::Recorder& r = *capture::active();
+      if (r.depth == 0) r.kernel(name_, fn, args...);
+      struct Depth {
+        int& d;
+        ~Depth() { --d; }
+      } depth{++r.depth};
+      fn(std::forward<Args>(args)...);
+      return;
+    }
     fn(std::forward<Args>(args)...);
   }
 

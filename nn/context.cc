@@ -1,6 +1,7 @@
 #include "nn/context.h"
 
 #include "autograd/ops/random.h"
+#include "runtime/capture.h"
 #include "runtime/error.h"
 
 namespace tessel::nn {
@@ -37,7 +38,12 @@ ForwardScope::~ForwardScope() { t_ctx = prev_; }
 
 const ForwardContext& forward_context() { return t_ctx; }
 
-PhiloxKey random_key(const std::string& site) { return PhiloxKey{t_ctx.seed, stream_for(site, {t_ctx.step})}; }
+PhiloxKey random_key(const std::string& site) {
+  const PhiloxKey key{t_ctx.seed, stream_for(site, {t_ctx.step})};
+  // Compile mode: a replay re-makes the key from the forward context it runs in.
+  if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->key(key, [site] { return random_key(site); });
+  return key;
+}
 
 GlobalBlock batch_block(const Dims& local_shape, const std::string& who) {
   if (t_ctx.global_batch < 0 || local_shape.empty()) return GlobalBlock{};

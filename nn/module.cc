@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_set>
 
 #include "autograd/api.h"
@@ -40,6 +41,10 @@ void Module::check_name(const std::string& name) const {
 Tensor& Module::param(const std::string& name, Tensor& slot, const Dims& shape, InitFn init, ParamOptions opts) {
   check_name(name);
   slot = empty(shape, TensorOptions(ConstructionScope::dtype()).with_device(ConstructionScope::device()));
+  // NaN until reset_parameters or a load sets it: a model trained without
+  // either gets a loud error (tessel::parallelize checks; a forward gives
+  // NaN), never whatever the allocator's memory held.
+  if (!slot.device().is_meta() && is_floating(slot.dtype())) slot.fill_(std::numeric_limits<double>::quiet_NaN());
   slot.requires_grad_(true);
   bool decay = opts.weight_decay < 0 ? shape.size() >= 2 : opts.weight_decay != 0;
   params_.push_back({name, &slot, std::move(init), decay});

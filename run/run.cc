@@ -6,6 +6,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "autograd/anomaly.h"
 #include "autograd/api.h"
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
@@ -119,6 +120,23 @@ std::vector<nn::ParamGroup> held_only(std::vector<nn::ParamGroup> groups) {
     g.params = std::move(kept);
   }
   return groups;
+}
+
+// nn::Module::param fills a new parameter with NaN: one still holding a
+// non-finite value was never set (no reset_parameters, no load), or was
+// loaded from a broken file. Training it gives NaN at best.
+void check_parameters_set(const nn::Module& m, const char* model_type) {
+  for (const auto& [path, slot] : m.parameter_slots()) {
+    const Tensor& t = *slot->tensor;
+    if (t.device().is_meta()) continue;
+    const int64_t bad = anomaly::count_nonfinite(t);
+    TESSEL_CHECK(bad == 0, kOp,
+                 "parameter '{}' of {} ({}) holds {} non-finite value(s) of {}: never set (a new parameter is NaN "
+                 "until reset_parameters or a load), or loaded with inf/NaN. Call model->reset_parameters(seed) or "
+                 "load weights before tessel::parallelize, or build the model on "
+                 "the Meta device (nn::ConstructionScope) and let parallelize initialise it",
+                 path, model_type, t.desc(), bad, t.numel());
+  }
 }
 
 bool any_meta(const nn::Module& m) {
@@ -307,6 +325,7 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
     m.materialize(kCPU);
     m.reset_parameters(opts.seed);
   }
+  check_parameters_set(m, model_type);  // this rank's pieces (a pipeline: its stage's)
   if (!s->pipe && s->mesh && parallel::DataParallel::applies(*s->mesh)) {
     std::vector<nn::Module*> units;
     if (!opts.fsdp_units.empty()) {
@@ -329,6 +348,19 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
 
   if (opts.loss_scaling) s->scaler.emplace(*opts.loss_scaling);
   if (opts.detect_anomaly) s->anomaly.emplace(true);
+  if (opts.compile) {
+    // What this version records: one device's kernels (docs/compile.md).
+    const char* unsupported = s->mesh && s->mesh->num_devices() > 1 ? "a mesh (collectives are not recorded yet)"
+                              : opts.loss_scaling                   ? "loss scaling (its scale is a per-step host value)"
+                              : opts.detect_anomaly                 ? "anomaly detection (it reads every op's output on the host)"
+                              : !nn::moe_layers(m).empty()          ? "MoE layers (routing sizes buffers from the data)"
+                                                                    : nullptr;
+    TESSEL_CHECK(unsupported == nullptr, kOp,
+                 "RunOptions::compile with {} on {}{}: compile mode records one device's steps in this version; run "
+                 "eagerly (compile = false)",
+                 unsupported, model_type, s->mesh ? " (mesh " + s->mesh->str() + ")" : std::string());
+    s->compiled.stats.enabled = true;
+  }
   if (!opts.trace.empty()) {
     TESSEL_CHECK(opts.trace_steps >= 0, kOp, "RunOptions::trace_steps must be >= 0 (0: until write_trace), got {}",
                  opts.trace_steps);
@@ -559,6 +591,171 @@ Tensor RunBase::scale_loss(const Tensor& loss) {
 
 double RunBase::loss_scale() const { return state_->scaler ? state_->scaler->get_scale() : 1.0; }
 
+// ---- forward_backward, eager and compiled ------------------------------------------------------
+namespace {
+
+// The micro-batches' forwards and backwards; the losses' sum in out.loss_sum.
+// Under a capture (compile mode), the losses are marked as outputs (read
+// again after each replay) and their reads are allowed.
+StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor& targets,
+                                std::vector<Tensor>* losses) {
+  RunState& s = run.state();
+  const int64_t batch = inputs.size(0), m = s.options.micro_batches;
+  StepLoss out;
+  const bool moe = !nn::moe_layers(*s.model).empty();
+  int64_t dropped = 0;
+  for (int64_t k = 0; k < m; ++k) {
+    const train::SampleRange r = train::split_range(batch, m, k);
+    nn::ForwardScope scope(run.forward_context(r.begin, batch));
+    std::optional<nn::AutocastScope> autocast;
+    if (s.options.compute != DType::Float32) autocast.emplace(s.options.compute);
+    Tensor x = run.input(m == 1 ? inputs : inputs.narrow(0, r.begin, r.size()));
+    Tensor y = run.input(m == 1 ? targets : targets.narrow(0, r.begin, r.size()));
+    Tensor loss = s.loss(*s.model, x, y);
+    {
+      profile::Timer timer("loss.item", nullptr, "step");
+      capture::Recorder::AllowReads value_only(capture::active());  // a value for the log, read again after a replay
+      out.loss_sum += loss.item<double>();
+    }
+    if (losses) losses->push_back(loss);
+    if (moe) dropped += nn::dropped_tokens(*s.model);
+    run.scale_loss(m == 1 ? loss : loss / double(m)).backward();
+  }
+  if (moe) out.moe_dropped_tokens = dropped;
+  return out;
+}
+
+// Compile mode (RunOptions::compile): step 1 eager; steps 2 and 3 eager
+// under a capture::Recorder; if their recordings agree, later steps replay
+// the second. What a replay leaves behind is what the eager step leaves:
+// the gradients (the recorded tensors, installed again on their
+// parameters) and the losses' values. The guard before each replay: the
+// same input shapes and dtypes, the same parameter tensors.
+void stop_compiling(RunState& s, const std::string& why) {
+  RunState::Compiled& c = s.compiled;
+  c.stats.refused = why;
+  c.stats.replaying = false;
+  c.previous.reset();
+  c.program.reset();
+  c.grads.clear();
+  c.losses.clear();
+  if (!s.mesh || s.mesh->my_rank() == 0)
+    spdlog::warn("tessel::Run: compile mode stopped; {} runs eagerly from step {} on (the same results, without "
+                 "the replay's speed): {}",
+                 s.model_type, s.step + 1, why);
+}
+
+bool same_parameters(const RunState& s) {
+  const RunState::Compiled& c = s.compiled;
+  if (c.param_storages.size() != s.params.size()) return false;
+  for (size_t i = 0; i < s.params.size(); ++i)
+    if (s.params[i].storage().get() != c.param_storages[i]) return false;
+  return true;
+}
+
+StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Tensor& targets) {
+  RunState& s = run.state();
+  RunState::Compiled& c = s.compiled;
+  if (!c.stats.refused.empty() || !c.warmed_up) {
+    // Step 1 creates what later steps reuse (caches, lazily built buffers):
+    // recordings start at step 2.
+    c.warmed_up = true;
+    ++c.stats.eager_steps;
+    return eager_forward_backward(run, inputs, targets, nullptr);
+  }
+  if (c.program || c.previous) {
+    const bool same = inputs.shape() == c.input_shape && targets.shape() == c.target_shape &&
+                      inputs.dtype() == c.input_dtype && targets.dtype() == c.target_dtype && same_parameters(s) &&
+                      numerics::current_settings() == c.numerics;
+    if (!same) {  // record again for the new shapes (or the parameters a load replaced)
+      ++c.stats.recaptures;
+      c.previous.reset();
+      c.program.reset();
+      c.stats.replaying = false;
+    }
+  }
+  if (c.program) {
+    profile::Timer timer("compile.replay", nullptr, "step");
+    c.program->set_input(0, inputs.contiguous());
+    c.program->set_input(1, targets.contiguous());
+    {
+      nn::ForwardScope scope(run.forward_context(0, inputs.size(0)));  // the keys' producers read it
+      c.program->replay();
+    }
+    for (const auto& [param, grad] : c.grads) param.set_grad(grad);
+    StepLoss out;
+    for (const Tensor& loss : c.losses) out.loss_sum += loss.item<double>();
+    s.micro = s.options.micro_batches;
+    ++c.stats.replays;
+    return out;
+  }
+
+  // Record this step while running it eagerly.
+  Tensor x, y;
+  {
+    NoGradGuard no_grad;
+    x = inputs.clone();  // the program's own input buffers (made before the recording: inputs, not temporaries)
+    y = targets.clone();
+  }
+  std::vector<Tensor> losses;
+  std::unique_ptr<capture::Program> program;
+  std::vector<int> outputs;
+  std::vector<std::pair<Tensor, Tensor>> grads;
+  StepLoss out;
+  {
+    capture::Recorder rec(fmt::format(FMT_STRING("{}'s forward_backward at step {}"), s.model_type, s.step + 1));
+    rec.input(x);
+    rec.input(y);
+    out = eager_forward_backward(run, x, y, &losses);
+    for (const Tensor& loss : losses) outputs.push_back(rec.output(loss));
+    for (const Tensor& p : s.params) {
+      Tensor g = p.grad();
+      outputs.push_back(g.defined() ? rec.output(g) : -1);
+      if (g.defined()) grads.emplace_back(p, g);
+    }
+    try {
+      program = rec.finish();
+    } catch (const capture::NotCapturable& e) {
+      ++c.stats.eager_steps;
+      stop_compiling(s, e.what());
+      return out;
+    }
+  }
+  ++c.stats.eager_steps;
+  ++c.stats.captures;
+  if (!c.previous) {
+    c.previous = std::move(program);
+    c.prev_outputs = std::move(outputs);
+    c.input_shape = inputs.shape();
+    c.target_shape = targets.shape();
+    c.input_dtype = inputs.dtype();
+    c.target_dtype = targets.dtype();
+    c.numerics = numerics::current_settings();
+    c.param_storages.clear();
+    for (const Tensor& p : s.params) c.param_storages.push_back(p.storage().get());
+    return out;
+  }
+  std::string diff = c.previous->difference(*program);
+  if (diff.empty() && outputs != c.prev_outputs)
+    diff = "the losses or gradients came out in other buffers (another control flow)";
+  if (!diff.empty()) {
+    stop_compiling(s, fmt::format(FMT_STRING("steps {} and {} recorded differently: {}"), s.step, s.step + 1, diff));
+    return out;
+  }
+  c.previous.reset();
+  c.program = std::move(program);
+  c.outputs = std::move(outputs);
+  c.grads = std::move(grads);
+  c.losses.clear();
+  for (size_t i = 0; i < losses.size(); ++i) c.losses.push_back(c.program->output(c.outputs[i], losses[i]));
+  c.stats.replaying = true;
+  c.stats.launches = c.program->launches();
+  c.stats.buffer_bytes = c.program->bytes();
+  return out;
+}
+
+}  // namespace
+
 StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) {
   RunState& s = *state_;
   TESSEL_CHECK(inputs.defined() && targets.defined() && inputs.dim() >= 1 && targets.dim() >= 1, kRun,
@@ -594,28 +791,14 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
     s.last_loss = out.loss;
     return out;
   }
-  const bool moe = !nn::moe_layers(*s.model).empty();
-  int64_t dropped = 0;
-  for (int64_t k = 0; k < m; ++k) {
-    const train::SampleRange r = train::split_range(batch, m, k);
-    nn::ForwardScope scope(forward_context(r.begin, batch));
-    std::optional<nn::AutocastScope> autocast;
-    if (s.options.compute != DType::Float32) autocast.emplace(s.options.compute);
-    Tensor x = input(m == 1 ? inputs : inputs.narrow(0, r.begin, r.size()));
-    Tensor y = input(m == 1 ? targets : targets.narrow(0, r.begin, r.size()));
-    Tensor loss = s.loss(*s.model, x, y);
-    {
-      profile::Timer timer("loss.item", nullptr, "step");
-      out.loss_sum += loss.item<double>();
-    }
-    if (moe) dropped += nn::dropped_tokens(*s.model);
-    scale_loss(m == 1 ? loss : loss / double(m)).backward();
-  }
+  if (s.options.compile) out = compiled_forward_backward(*this, inputs, targets);
+  else out = eager_forward_backward(*this, inputs, targets, nullptr);
   out.loss = out.loss_sum / double(m);
-  if (moe) out.moe_dropped_tokens = dropped;
   s.last_loss = out.loss;
   return out;
 }
+
+CompileStats RunBase::compile_stats() const { return state_->compiled.stats; }
 
 Tensor RunBase::forward(const Tensor& inputs) {
   RunState& s = *state_;

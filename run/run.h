@@ -134,6 +134,30 @@ struct RunOptions {
   // chrome://tracing or ui.perfetto.dev.
   std::string trace;
   int64_t trace_steps = 3;
+  // Compile mode (docs/compile.md): forward_backward runs its first step
+  // eagerly, records the kernels of steps 2 and 3 while running them, and
+  // when the two recordings agree replays the recording from step 4 on -- no
+  // sharding propagation, no autograd graph, no allocation; the same kernels
+  // on the same buffers, so the same bits as eager. A step that cannot be
+  // recorded faithfully (a host read of a computed value, a per-step value
+  // with no producer, data-dependent work) runs eagerly from then on, with
+  // a warning and the reason in compile_stats(); new input shapes or
+  // replaced parameters record again. One device (no mesh), no loss scaling,
+  // no MoE, no anomaly detection, in this version.
+  bool compile = false;
+};
+
+// What compile mode did (RunBase::compile_stats).
+struct CompileStats {
+  bool enabled = false;    // RunOptions::compile
+  bool replaying = false;  // a recording is in use
+  int64_t eager_steps = 0;  // forward_backward calls run eagerly (warm-up, recordings, after a refusal)
+  int64_t captures = 0;     // recordings made
+  int64_t replays = 0;      // steps replayed
+  int64_t recaptures = 0;   // recordings dropped for new input shapes or replaced parameters
+  int64_t launches = 0;     // kernels in the recording in use
+  int64_t buffer_bytes = 0;  // bytes the recording's buffers hold
+  std::string refused;       // why compile mode stopped (empty: it did not)
 };
 
 // What step_optimizer did.
@@ -218,6 +242,8 @@ class RunBase {
   // autocast, its loss / micro_batches backpropagated. Needs a loss function
   // (Run<M> sets one for nn::StagedModel and models with loss(x, y)).
   StepLoss forward_backward(const Tensor& inputs, const Tensor& targets);
+  // RunOptions::compile: what it did so far.
+  CompileStats compile_stats() const;
 
   // The model's output for `inputs` (global, plain) without grad, on every
   // rank: an nn::StagedModel's head(blocks(embed(x))), through the pipeline

@@ -11,6 +11,8 @@
 #include "autograd/ops/attention.h"
 #include "nn/parallel/pipeline/pipeline.h"
 #include "run/run.h"
+#include "runtime/capture.h"
+#include "runtime/numerics.h"
 #include "runtime/timeline.h"
 
 namespace tessel::checkpoint {
@@ -64,6 +66,21 @@ class RunState {
   // Ends the recording and writes the files: collective with merge, else
   // this rank's file only (a Run destroyed before write_trace).
   std::string finish_trace(bool merge);
+
+  // RunOptions::compile (run.cc "compile mode").
+  struct Compiled {
+    bool warmed_up = false;  // the first step ran eagerly
+    std::unique_ptr<capture::Program> previous;  // the first of two recordings, until the second agrees
+    std::unique_ptr<capture::Program> program;   // the recording replayed
+    std::vector<int> prev_outputs, outputs;      // buffers of the losses, then the gradients (-1: none)
+    std::vector<Tensor> losses;                  // the recorded losses (views to read after a replay)
+    std::vector<std::pair<Tensor, Tensor>> grads;  // (parameter, its recorded gradient)
+    std::vector<const StorageImpl*> param_storages;  // the parameters recorded
+    Dims input_shape, target_shape;
+    DType input_dtype = DType::Float32, target_dtype = DType::Float32;
+    numerics::Settings numerics;  // bitwise mode, V, GEMM mode: the kernels' arguments depend on them
+    CompileStats stats;
+  } compiled;
 
   // A backward pass begins on this thread.
   void on_backward();

@@ -1,5 +1,6 @@
 #include "runtime/storage.h"
 
+#include "runtime/capture.h"
 #include "runtime/cost.h"
 #include "runtime/error.h"
 
@@ -12,6 +13,7 @@ StorageImpl::StorageImpl(size_t nbytes, Device device) : nbytes_(nbytes), device
     meta_memory_->add(meta_bytes_);
   }
   if (device.is_meta() || nbytes == 0) return;
+  if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->storage_created(this);
   allocator_ = allocator_for(device);
   data_ = allocator_->allocate(nbytes, Stream{device, nullptr});  // the device's current stream
 }

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "dtensor/mesh.h"
+#include "runtime/capture.h"
 
 namespace tessel {
 
@@ -51,6 +52,8 @@ void* Tensor::raw_data() const {
                 "an op reaching here has no sharding support)", desc());
   }
   if (!t->storage || !t->storage->data()) return nullptr;
+  // Compile mode: op code (not a kernel) touching values on the host.
+  if (TESSEL_UNLIKELY(capture::active() != nullptr) && capture::active()->depth == 0) capture::active()->host_access(*this);
   return static_cast<char*>(t->storage->data()) + t->offset * int64_t(tessel::itemsize(t->dtype));
 }
 
@@ -91,6 +94,7 @@ std::vector<Out> gather_values(const Tensor& t, const char* op) {
   TESSEL_CHECK(t.device().is_cpu(), op, "reading values needs a CPU tensor, got {} (use .to(kCPU))", t.desc());
   std::vector<Out> out(size_t(t.numel()));
   if (out.empty()) return out;
+  if (TESSEL_UNLIKELY(capture::active() != nullptr) && capture::active()->depth == 0) capture::active()->host_access(t);
   const char* base = static_cast<const char*>(t.storage()->data());
   dispatch_all(t.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -522,6 +522,26 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
     CHECK(contains(e, "parameter 'extra.weight' (Tensor(float32"));
     CHECK(contains(e, "was added to MlpClassifier after tessel::parallelize"));
   }
+  SECTION("a model whose parameters were never set (no reset_parameters, no load)") {
+    // New parameters are NaN until set; whatever the allocator held before
+    // used to train silently.
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           auto model = nn::make_model<MlpClassifier>(MlpConfig{});
+           parallelize(model, Mesh::world({{"tp", 2}}), mlp_plan(), adamw(), {});
+         })) {
+      INFO(e);
+      CHECK(contains(e, "parameter 'embed.weight' of MlpClassifier"));
+      CHECK(contains(e, "never set"));
+      CHECK(contains(e, "reset_parameters(seed)"));
+    }
+    auto one = nn::make_model<MlpClassifier>(MlpConfig{});
+    CHECK(std::isnan(one->parameters()[0].to_vector<float>()[0]));
+    const std::string e = error_of([&] { parallelize(one, adamw(), RunOptions{}); });
+    INFO(e);
+    CHECK(contains(e, "never set"));
+    one->reset_parameters(3);
+    CHECK_NOTHROW(parallelize(one, adamw(), RunOptions{}));
+  }
   SECTION("a plan rule naming modules the model lacks") {
     for (const std::string& e : errors_on_ranks(2, [](int) {
            parallel::ParallelPlan plan = mlp_plan();

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/capture.h"
 #include "runtime/reduce_op.h"
 #include "runtime/tensor.h"
 #include "runtime/timeline.h"
@@ -143,6 +144,7 @@ class TraceComm {
  public:
   TraceComm(const char* what, const Communicator& c, int64_t bytes, int peer = -1, bool async = false)
       : r_(timeline::current()) {
+    if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->collective(what, c.name());
     if (r_) begin(what, c, bytes, peer, async);
   }
   ~TraceComm() {

@@ -207,6 +207,7 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.detect_anomaly = cfg.detect_anomaly;
   o.trace = cfg.trace;
   o.trace_steps = cfg.trace_steps;
+  o.compile = cfg.compile;
   o.recompute = nn::parse_recompute(cfg.recompute);
   return o;
 }
@@ -571,6 +572,15 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   bar.reset();
   const std::string trace_path = run.write_trace();  // when the run ended inside the trace's steps
   if (!trace_path.empty() && !hooks.quiet) std::printf("  wrote the timeline %s\n", trace_path.c_str());
+  if (cfg.compile && main_rank && !hooks.quiet) {
+    const CompileStats c = run.compile_stats();
+    if (c.refused.empty())
+      std::printf("  compile: %lld step(s) replayed (%lld kernels each, %.1f MiB of buffers), %lld eager, %lld recording(s)\n",
+                  (long long)c.replays, (long long)c.launches, double(c.buffer_bytes) / (1 << 20),
+                  (long long)c.eager_steps, (long long)c.captures);
+    else
+      std::printf("  compile: stopped, every step ran eagerly after it: %s\n", c.refused.c_str());
+  }
 
   // ---- after training: parameters, held-out loss, samples, plot --------------------------------
   result.allocator_peak_bytes = result.allocator_peak_bytes_max = cpu_allocator()->stats().peak_bytes;

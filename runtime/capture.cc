@@ -1,0 +1,270 @@
+#include "runtime/capture.h"
+
+#include <cstring>
+
+#include "runtime/allocator.h"
+
+namespace tessel::capture {
+
+namespace detail {
+thread_local Recorder* t_recorder = nullptr;
+}
+
+namespace {
+constexpr const char* kOp = "compile";
+
+// The bytes of a CPU buffer (constants are compared between captures).
+std::string bytes_of(const StorageImpl& s) {
+  if (!s.data() || s.nbytes() == 0) return std::string();
+  TESSEL_CHECK(s.device().is_cpu(), kOp, "a tensor built from host values on {} (compile mode keeps such constants on the CPU only)",
+               s.device().str());
+  return std::string(static_cast<const char*>(s.data()), s.nbytes());
+}
+}  // namespace
+
+void Stored<Tensor>::bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) {
+  if (arg.buffer < 0) {
+    arg.view = Tensor();
+    return;
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = buffers[size_t(arg.buffer)];
+  impl->shape = arg.shape;
+  impl->strides = arg.strides;
+  impl->offset = arg.offset;
+  impl->dtype = arg.dtype;
+  impl->device = arg.device;
+  arg.view = Tensor(std::move(impl));
+}
+
+// ---- host output checks -----------------------------------------------------------------------------
+namespace {
+struct HostCheck {
+  const char* kernel;
+  void (*check)(const std::vector<int64_t>&);
+};
+void check_index_bounds(const std::vector<int64_t>& v) {
+  // index_bounds(index, limit, &bad_pos, &bad_value): bad_pos = -1 when every index is in range.
+  if (v.size() == 2 && v[0] >= 0)
+    throw Error(fmt::format(FMT_STRING("{}: a replayed step read index {} at position {} of its index tensor, out of "
+                                       "the range the step was recorded with (the same check as eager mode: an "
+                                       "embedding or gather index must lie in [0, limit))"),
+                            kOp, v[1], v[0]));
+}
+constexpr HostCheck kHostChecks[] = {{"index_bounds", &check_index_bounds}};
+}  // namespace
+
+bool has_host_output_check(const char* kernel) {
+  for (const HostCheck& c : kHostChecks)
+    if (std::strcmp(c.kernel, kernel) == 0) return true;
+  return false;
+}
+
+void check_host_outputs(const char* kernel, const std::vector<int64_t>& values) {
+  for (const HostCheck& c : kHostChecks)
+    if (std::strcmp(c.kernel, kernel) == 0) return c.check(values);
+}
+
+// ---- recorder -------------------------------------------------------------------------------------------
+Recorder::Recorder(std::string label) : label_(std::move(label)), prev_(detail::t_recorder) {
+  TESSEL_CHECK(prev_ == nullptr, kOp, "capturing '{}' while '{}' is being captured on the same thread", label_,
+               prev_->label_);
+  detail::t_recorder = this;
+}
+
+Recorder::~Recorder() {
+  if (detail::t_recorder == this) detail::t_recorder = prev_;
+}
+
+void Recorder::refuse(std::string why) {
+  if (refused_.empty()) refused_ = std::move(why);
+}
+
+int Recorder::buffer_of(const std::shared_ptr<StorageImpl>& s) {
+  auto it = buffer_ids_.find(s.get());
+  if (it != buffer_ids_.end()) return it->second;
+  const int id = int(buffers_.size());
+  Buffer b;
+  b.storage = s;  // held: its address names it for the rest of the recording
+  b.born = born_.count(s.get()) > 0;
+  buffers_.push_back(std::move(b));
+  buffer_ids_.emplace(s.get(), id);
+  return id;
+}
+
+int Recorder::input(const Tensor& t) {
+  TESSEL_CHECK(t.defined() && !t.is_distributed(), kOp, "input {}: a defined, local tensor", t.desc());
+  const int id = buffer_of(t.storage());
+  buffers_[size_t(id)].input = true;
+  return id;
+}
+
+int Recorder::output(const Tensor& t) {
+  TESSEL_CHECK(t.defined() && !t.is_distributed(), kOp, "output {}: a defined, local tensor", t.desc());
+  const int id = buffer_of(t.storage());
+  buffers_[size_t(id)].output = true;
+  return id;
+}
+
+int Recorder::tensor_buffer(const Tensor& t, TensorArg* arg) {
+  if (!t.defined()) {
+    arg->buffer = -1;
+    return -1;
+  }
+  if (t.is_distributed()) {
+    refuse(fmt::format(FMT_STRING("a kernel was given the distributed tensor {} (kernels take local pieces)"), t.desc()));
+    arg->buffer = -1;
+    return -1;
+  }
+  const int id = buffer_of(t.storage());
+  Buffer& b = buffers_[size_t(id)];
+  const int64_t at = int64_t(launches_.size());
+  if (!b.used && b.host_written) b.constant = bytes_of(*b.storage);
+  b.used = true;
+  if (b.first < 0) b.first = at;
+  b.last = at;
+  arg->buffer = id;
+  arg->shape = t.shape();
+  arg->strides = t.strides();
+  arg->offset = t.offset();
+  arg->dtype = t.dtype();
+  arg->device = t.device();
+  return id;
+}
+
+void Recorder::storage_created(const StorageImpl* s) { born_.insert(s); }
+
+void Recorder::host_access(const Tensor& t) {
+  if (!t.defined() || !t.storage()) return;
+  const StorageImpl* s = t.storage().get();
+  auto it = buffer_ids_.find(s);
+  const bool born = born_.count(s) > 0;
+  if (allow_reads_ > 0) return;
+  if (it == buffer_ids_.end() && born) {
+    // A tensor the step made and filled on the host (positions, a mask):
+    // a constant of the program if the next capture gives the same bytes.
+    Buffer& b = buffers_[size_t(buffer_of(t.storage()))];
+    b.host_written = true;
+    return;
+  }
+  if (it != buffer_ids_.end()) {
+    Buffer& b = buffers_[size_t(it->second)];
+    if (b.born && !b.used) {
+      b.host_written = true;
+      return;
+    }
+  }
+  refuse(fmt::format(FMT_STRING("the host read the values of {} after {} recorded launch(es) ({}): the step's later "
+                                "work may depend on them (item(), to_vector(), a branch on a value), which a replay "
+                                "cannot redo"),
+                     t.desc(), launches_.size(), launches_.empty() ? "none" : std::string("the last: ") + launches_.back()->name));
+}
+
+void Recorder::collective(const char* op, const std::string& communicator) {
+  refuse(fmt::format(FMT_STRING("collective {} on '{}': compile mode does not capture collectives yet (one device "
+                                "only)"),
+                     op, communicator));
+}
+
+void Recorder::key(const PhiloxKey& k, std::function<PhiloxKey()> producer) {
+  for (const PhiloxKey& have : keys_)
+    if (have.seed == k.seed && have.stream == k.stream) return;  // the same key made twice: one producer suffices
+  keys_.push_back(k);
+  producers_.push_back(std::move(producer));
+}
+
+int Recorder::key_slot(const PhiloxKey& k) const {
+  for (size_t i = 0; i < keys_.size(); ++i)
+    if (keys_[i].seed == k.seed && keys_[i].stream == k.stream) return int(i);
+  return -1;
+}
+
+std::unique_ptr<Program> Recorder::finish() {
+  if (detail::t_recorder == this) detail::t_recorder = prev_;
+  if (!refused_.empty()) throw NotCapturable(fmt::format(FMT_STRING("{}: cannot capture {}: {}"), kOp, label_, refused_));
+  auto p = std::make_unique<Program>();
+  p->label_ = label_;
+  p->launches_ = std::move(launches_);
+  p->producers_ = std::move(producers_);
+  p->keys_ = std::move(keys_);
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    Buffer& b = buffers_[i];
+    p->storages_.push_back(std::move(b.storage));
+    p->constants_.push_back(std::move(b.constant));
+    p->outside_.push_back(!b.born && !b.input);
+    if (b.input) p->inputs_.push_back(int(i));
+  }
+  for (int id : p->inputs_) {
+    TensorArg a;
+    a.buffer = id;
+    p->input_args_.push_back(a);
+  }
+  for (auto& l : p->launches_) l->bind(p->storages_);
+  return p;
+}
+
+// ---- program --------------------------------------------------------------------------------------------
+std::string Program::difference(const Program& o) const {
+  if (launches_.size() != o.launches_.size())
+    return fmt::format(FMT_STRING("{} launches, then {}"), launches_.size(), o.launches_.size());
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    if (launches_[i]->fingerprint != o.launches_[i]->fingerprint)
+      return fmt::format(FMT_STRING("launch {} ('{}' then '{}') has other arguments (a value that changes from step "
+                                    "to step with no producer, or another control flow)"),
+                         i, launches_[i]->name, o.launches_[i]->name);
+  }
+  if (storages_.size() != o.storages_.size())
+    return fmt::format(FMT_STRING("{} buffers, then {}"), storages_.size(), o.storages_.size());
+  for (size_t i = 0; i < storages_.size(); ++i) {
+    if (constants_[i] != o.constants_[i])
+      return fmt::format(FMT_STRING("buffer {} ({} bytes) was filled on the host with other values (data-dependent "
+                                    "host work)"),
+                         i, storages_[i] ? storages_[i]->nbytes() : 0);
+    // Buffers from outside the step (parameters, state) must be the same
+    // objects in both: the replay keeps using them. (The step's own buffers
+    // and its inputs are new every step by nature.)
+    if (outside_[i] != o.outside_[i] || (outside_[i] && storages_[i] != o.storages_[i]))
+      return fmt::format(FMT_STRING("buffer {} ({} bytes) is a tensor from outside the step that was replaced "
+                                    "between the two steps (a parameter or a state the step reads, made anew)"),
+                         i, storages_[i] ? storages_[i]->nbytes() : 0);
+  }
+  return std::string();
+}
+
+void Program::set_input(int i, const Tensor& value) {
+  TESSEL_CHECK(i >= 0 && size_t(i) < inputs_.size(), kOp, "input {} of {}", i, inputs_.size());
+  const auto& s = storages_[size_t(inputs_[size_t(i)])];
+  TESSEL_CHECK(value.defined() && !value.is_distributed() && value.is_contiguous() && value.nbytes() == s->nbytes() &&
+                   value.device() == s->device(),
+               kOp, "replaying {}: input {} is {}, the recorded one held {} bytes on {}", label_, i, value.desc(),
+               s->nbytes(), s->device().str());
+  if (value.storage() == s && value.offset() == 0) return;
+  std::memcpy(s->data(), value.raw_data(), s->nbytes());  // CPU only (v1)
+}
+
+Tensor Program::output(int buffer, const Tensor& like) const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storages_[size_t(buffer)];
+  impl->shape = like.shape();
+  impl->strides = like.strides();
+  impl->offset = like.offset();
+  impl->dtype = like.dtype();
+  impl->device = like.device();
+  return Tensor(std::move(impl));
+}
+
+void Program::replay() {
+  if (!producers_.empty()) {
+    for (size_t i = 0; i < producers_.size(); ++i) keys_[i] = producers_[i]();
+    for (auto& l : launches_) l->refresh_keys(keys_);
+  }
+  for (auto& l : launches_) l->run();
+}
+
+int64_t Program::bytes() const {
+  int64_t n = 0;
+  for (const auto& s : storages_) n += s ? int64_t(s->nbytes()) : 0;
+  return n;
+}
+
+}  // namespace tessel::capture

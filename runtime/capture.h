@@ -1,0 +1,371 @@
+#pragma once
+// Capture: a step's kernel launches recorded once, replayed with no dispatch
+// (compile mode; docs/compile.md).
+//
+// While a Recorder is active on a thread, every kernel launched through a
+// KernelTable from that thread's op code (not from inside another kernel) is
+// run as usual *and* recorded: the kernel's function pointer with its
+// arguments, tensors as views of numbered buffers (their storages), other
+// values by copy. Program::replay later runs the same launches on the same
+// buffers: no sharding propagation, no autograd graph, no allocation, the
+// same kernels with the same arguments -- so the same bits.
+//
+// What a recording cannot see is refused, never guessed:
+//   - a host read of a value a kernel computed in the step (item(),
+//     to_vector(), raw data) outside an allowed() scope: the step's later
+//     launches may depend on it;
+//   - host writes into a buffer the step allocated (a tensor built from host
+//     values) are kept as constants: a second capture must give the same
+//     contents, else the step is refused (the values are data-dependent);
+//   - a collective (not captured yet);
+//   - a kernel with a host pointer argument, unless it has a replay check
+//     (index_bounds).
+// Random keys are per-step values: the code that makes one (nn::random_key)
+// registers a producer with note_key; a launch argument equal to a noted key
+// is re-made by its producer at every replay.
+//
+// Two captures of consecutive steps are compared launch by launch (names,
+// argument fingerprints, buffer numbering) before a program is used: a
+// difference (a per-step value with no producer, data-dependent control
+// flow) refuses compilation with the first differing launch named.
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/global_block.h"
+#include "runtime/philox.h"
+#include "runtime/scalar.h"
+#include "runtime/tensor.h"
+
+namespace tessel::capture {
+
+class Recorder;
+namespace detail {
+extern thread_local Recorder* t_recorder;
+}
+// The recorder active on this thread (null: not capturing).
+inline Recorder* active() { return detail::t_recorder; }
+
+// ---- argument fingerprints (for comparing two captures) -------------------------------------------------
+// Overloads for argument types that are not plain values live next to the
+// type (found by argument-dependent lookup): kernels/attention.h, random.h.
+inline void fingerprint(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+template <class T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>, int> = 0>
+void fingerprint(std::string& out, T v) {
+  fingerprint(out, &v, sizeof v);
+}
+// Plain structs (optimizer scalars): their bytes. A struct with padding
+// compares unequal at worst, which refuses a capture -- never a wrong replay.
+template <class T, std::enable_if_t<std::is_class_v<T> && std::is_trivially_copyable_v<T>, int> = 0>
+void fingerprint(std::string& out, const T& v) {
+  fingerprint(out, &v, sizeof v);
+}
+// Keys are compared by their slot (for_each_key), not their per-step value.
+inline void fingerprint(std::string&, const PhiloxKey&) {}
+inline void fingerprint(std::string& out, const Dims& d) {
+  fingerprint(out, int64_t(d.size()));
+  for (int64_t x : d) fingerprint(out, x);
+}
+inline void fingerprint(std::string& out, const Scalar& s) {
+  fingerprint(out, s.to_double());
+  fingerprint(out, s.to_int());
+  fingerprint(out, int(s.is_floating()) + 2 * int(s.is_bool()));
+}
+inline void fingerprint(std::string& out, const GlobalBlock& b) {
+  fingerprint(out, b.global_shape);
+  fingerprint(out, b.offset);
+}
+
+// ---- per-step random keys ---------------------------------------------------------------------------
+// Argument types that hold PhiloxKeys let a program re-make them at replay:
+// for_each_key(value, f) calls f(PhiloxKey&) on each (overloads next to the
+// types; PhiloxKey itself below).
+inline void for_each_key(PhiloxKey& k, const std::function<void(PhiloxKey&)>& f) { f(k); }
+template <class T>
+void for_each_key(T&, const std::function<void(PhiloxKey&)>&) {}
+
+// ---- the recorder ---------------------------------------------------------------------------------------
+
+// One recorded launch, runnable again.
+class Launch {
+ public:
+  virtual ~Launch() = default;
+  virtual void run() = 0;
+  // Tensors become views of the program's buffers (after recording ends).
+  virtual void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) = 0;
+  // Keys re-made for this replay (indices into the program's keys).
+  virtual void refresh_keys(const std::vector<PhiloxKey>& keys) = 0;
+  const char* name = "";
+  std::string fingerprint;  // arguments, buffer numbers and key slots
+};
+
+// A tensor argument: a view of buffer `buffer` (-1: an undefined tensor).
+struct TensorArg {
+  int buffer = -1;
+  Dims shape, strides;
+  int64_t offset = 0;
+  DType dtype = DType::Float32;
+  Device device;
+  Tensor view;  // bound to the program's buffer
+};
+
+class Program;
+
+// Thrown (and caught by the caller of the capture) when a step cannot be
+// recorded faithfully; the message names what and where.
+struct NotCapturable : Error {
+  using Error::Error;
+};
+
+class Recorder {
+ public:
+  // `label` names the step in messages. Installs itself on this thread.
+  explicit Recorder(std::string label);
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // Buffers whose storage is replaced at every replay by the caller (the
+  // step's inputs): numbered now, before any launch uses them.
+  int input(const Tensor& t);
+  // A tensor the caller reads after a replay (the loss, a gradient): its
+  // buffer is kept whole (never shared).
+  int output(const Tensor& t);
+
+  // ---- hooks (runtime and kernels call these; nothing else needs to) ----
+  template <class... A, class... Args>
+  void kernel(const char* name, void (*fn)(A...), Args&&... args);
+  void storage_created(const StorageImpl* s);
+  void host_access(const Tensor& t);
+  void collective(const char* op, const std::string& communicator);
+  void key(const PhiloxKey& k, std::function<PhiloxKey()> producer);
+  // Depth of kernel calls on this thread: only depth 0 is recorded.
+  int depth = 0;
+
+  // Reads of computed values inside this scope are allowed (value-only
+  // reads the caller redoes after a replay, e.g. a loss for the log).
+  class AllowReads {
+   public:
+    explicit AllowReads(Recorder* r) : r_(r) { if (r_) ++r_->allow_reads_; }
+    ~AllowReads() { if (r_) --r_->allow_reads_; }
+   private:
+    Recorder* r_;
+  };
+
+  // Ends the recording; throws NotCapturable if anything seen was refused.
+  std::unique_ptr<Program> finish();
+
+  // For the hooks' templates.
+  int tensor_buffer(const Tensor& t, TensorArg* arg);
+  int key_slot(const PhiloxKey& k) const;
+  void refuse(std::string why);
+  const std::string& label() const { return label_; }
+  int64_t launches() const { return int64_t(launches_.size()); }
+
+ private:
+  friend class Program;
+  struct Buffer {
+    std::shared_ptr<StorageImpl> storage;
+    bool born = false;        // allocated during the recording
+    bool input = false;
+    bool output = false;
+    bool used = false;        // by a recorded launch
+    bool host_written = false;  // touched by the host before any launch used it
+    std::string constant;     // its bytes at first use (host_written buffers)
+    int64_t first = -1, last = -1;  // launch indices
+  };
+  int buffer_of(const std::shared_ptr<StorageImpl>& s);
+
+  std::string label_;
+  Recorder* prev_ = nullptr;
+  std::vector<std::unique_ptr<Launch>> launches_;
+  std::vector<Buffer> buffers_;
+  std::unordered_map<const StorageImpl*, int> buffer_ids_;
+  std::unordered_set<const StorageImpl*> born_;
+  std::vector<PhiloxKey> keys_;
+  std::vector<std::function<PhiloxKey()>> producers_;
+  std::string refused_;
+  int allow_reads_ = 0;
+};
+
+// A recorded step, ready to replay.
+class Program {
+ public:
+  // Same launches, arguments, buffer numbering and constants as `other`
+  // (a capture of the next step)? Empty: yes; else what differs first.
+  std::string difference(const Program& other) const;
+  // Copies `value` into input buffer i (shape, dtype and strides must match
+  // the recorded one; else throws NotCapturable).
+  void set_input(int i, const Tensor& value);
+  // The buffer view of a recorded output (Recorder::output's number).
+  Tensor output(int buffer, const Tensor& like) const;
+  // Runs every launch; keys re-made by their producers first.
+  void replay();
+  // Every buffer is allocated separately (v1: no arena): the bytes held.
+  int64_t bytes() const;
+  int64_t launches() const { return int64_t(launches_.size()); }
+  const std::string& label() const { return label_; }
+
+ private:
+  friend class Recorder;
+  std::string label_;
+  std::vector<std::unique_ptr<Launch>> launches_;
+  std::vector<std::shared_ptr<StorageImpl>> storages_;
+  std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
+  std::vector<TensorArg> input_args_;
+  std::vector<std::string> constants_;  // per buffer ("" if none)
+  std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object
+  std::vector<std::function<PhiloxKey()>> producers_;
+  std::vector<PhiloxKey> keys_;
+};
+
+// ---- arguments as stored in a launch -------------------------------------------------------------------
+template <class T, class = void>
+struct Stored {
+  static_assert(std::is_copy_constructible_v<T>, "capture: a kernel argument type that cannot be copied");
+  T value;
+  std::vector<int> key_slots;  // for_each_key order
+  void record(Recorder& r, std::string& fp, const T& v) {
+    value = v;
+    fingerprint(fp, value);
+    for_each_key(value, [&](PhiloxKey& k) {
+      const int slot = r.key_slot(k);
+      key_slots.push_back(slot);
+      fingerprint(fp, slot);
+      if (slot < 0) {  // a key no producer made: a constant of the program
+        fingerprint(fp, k.seed);
+        fingerprint(fp, k.stream);
+      }
+    });
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
+  void refresh(const std::vector<PhiloxKey>& keys) {
+    size_t i = 0;
+    for_each_key(value, [&](PhiloxKey& k) {
+      if (key_slots[i] >= 0) k = keys[size_t(key_slots[i])];
+      ++i;
+    });
+  }
+  const T& get() const { return value; }
+};
+
+template <>
+struct Stored<Tensor> {
+  TensorArg arg;
+  void record(Recorder& r, std::string& fp, const Tensor& t) {
+    fingerprint(fp, r.tensor_buffer(t, &arg));
+    if (arg.buffer >= 0) {
+      fingerprint(fp, arg.shape);
+      fingerprint(fp, arg.strides);
+      fingerprint(fp, arg.offset);
+      fingerprint(fp, arg.dtype);
+    }
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers);
+  void refresh(const std::vector<PhiloxKey>&) {}
+  const Tensor& get() const { return arg.view; }
+};
+
+template <>
+struct Stored<const char*> {
+  std::string value;
+  void record(Recorder&, std::string& fp, const char* s) {
+    value = s ? s : "";
+    fp += value;
+    fp.push_back('\0');
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
+  void refresh(const std::vector<PhiloxKey>&) {}
+  const char* get() const { return value.c_str(); }
+};
+
+// Host output pointers (index_bounds' first bad position and value): the
+// launch writes into its own slots; the replay checks them (check_host_outputs).
+template <>
+struct Stored<int64_t*> {
+  mutable int64_t slot = 0;
+  void record(Recorder&, std::string&, int64_t*) {}
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
+  void refresh(const std::vector<PhiloxKey>&) {}
+  int64_t* get() const { return &slot; }
+};
+
+// After a replayed launch with host output pointers: the check its op makes
+// eagerly (throws with the op's message). Registered per kernel name.
+void check_host_outputs(const char* kernel, const std::vector<int64_t>& values);
+bool has_host_output_check(const char* kernel);
+
+template <class T>
+constexpr bool is_tensor_arg_v = std::is_same_v<std::decay_t<T>, Tensor>;
+
+template <class Fn, class... A>
+class KernelLaunch final : public Launch {
+ public:
+  KernelLaunch(Fn fn) : fn_(fn) {}
+  template <class... Args>
+  void record(Recorder& r, const Args&... args) {
+    record_each(r, std::index_sequence_for<A...>{}, args...);
+  }
+  void run() override {
+    std::apply([this](const auto&... s) { fn_(s.get()...); }, args_);
+    if constexpr ((std::is_same_v<std::decay_t<A>, int64_t*> || ...)) {
+      std::vector<int64_t> values;
+      std::apply([&](const auto&... s) { (push_host_output(values, s), ...); }, args_);
+      check_host_outputs(name, values);
+    }
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) override {
+    std::apply([&](auto&... s) { (s.bind(buffers), ...); }, args_);
+  }
+  void refresh_keys(const std::vector<PhiloxKey>& keys) override {
+    std::apply([&](auto&... s) { (s.refresh(keys), ...); }, args_);
+  }
+
+ private:
+  template <class S>
+  static void push_host_output(std::vector<int64_t>& v, const S& s) {
+    if constexpr (std::is_same_v<S, Stored<int64_t*>>) v.push_back(s.slot);
+  }
+  template <size_t... I, class... Args>
+  void record_each(Recorder& r, std::index_sequence<I...>, const Args&... args) {
+    (std::get<I>(args_).record(r, fingerprint, args), ...);
+  }
+  Fn fn_;
+  std::tuple<Stored<std::decay_t<A>>...> args_;
+};
+
+template <class... A, class... Args>
+void Recorder::kernel(const char* name, void (*fn)(A...), Args&&... args) {
+  // A launch with no tensor is a query of static facts (does the fast
+  // attention apply to these shapes?): nothing to replay.
+  if constexpr (!(is_tensor_arg_v<A> || ...)) {
+    return;
+  } else {
+    if constexpr (((std::is_pointer_v<std::decay_t<A>> && !std::is_same_v<std::decay_t<A>, const char*>) || ...)) {
+      // (const char* arguments are names, kept as strings.)
+      constexpr bool only_known = ((!std::is_pointer_v<std::decay_t<A>> || std::is_same_v<std::decay_t<A>, int64_t*> ||
+                                    std::is_same_v<std::decay_t<A>, const char*>) && ...);
+      if (!only_known || !has_host_output_check(name)) {
+        refuse(std::string("kernel '") + name + "' writes host memory through a pointer argument and has no replay check");
+        return;
+      }
+    }
+    auto launch = std::make_unique<KernelLaunch<void (*)(A...), A...>>(fn);
+    launch->name = name;
+    launch->fingerprint = name;
+    launch->fingerprint.push_back('\0');
+    launch->record(*this, args...);
+    launches_.push_back(std::move(launch));
+  }
+}
+
+}  // namespace tessel::capture

@@ -1,0 +1,208 @@
+// Compile mode (RunOptions::compile, runtime/capture.h, docs/compile.md):
+// steps replayed from a recording give the eager run's bits -- losses,
+// gradient norms, parameters -- in fast and bitwise mode, with dropout; a
+// step that cannot be recorded faithfully runs eagerly (never a wrong
+// answer); new shapes record again.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/language_model.h"
+#include "runtime/capture.h"
+#include "tessel.h"
+#include "test/util/dist.h"
+#include "test/util/error_of.h"
+#include "test/util/util.h"
+
+using namespace tessel;
+using namespace tessel::testing;
+
+namespace {
+
+constexpr uint64_t kSeed = 11;
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Each rank's error message (assertions stay on the test's thread).
+std::vector<std::string> errors_on_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::string> out(size_t(n), "(no error)");
+  comm::run_local(n, [&](int rank) { out[size_t(rank)] = error_of([&] { fn(rank); }); });
+  return out;
+}
+
+uint64_t bits(double d) {
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  return b;
+}
+
+struct Result {
+  std::vector<uint64_t> loss, grad_norm;  // bits, per step
+  std::string param_hash;
+  CompileStats stats;
+};
+
+struct Spec {
+  std::string arch = "nanogpt";
+  bool compile = false;
+  double dropout = 0.1;
+  int64_t steps = 20;
+  int64_t micro_batches = 1;
+  int64_t batch = 4, seq = 32;
+  // The sequence length from this step on (a new shape mid-run); 0: never.
+  int64_t change_seq_at = 0, changed_seq = 16;
+  RunLossFn loss;  // null: the model's
+};
+
+Result train(const Spec& spec) {
+  models::ModelConfig cfg = models::model_config(spec.arch, "tiny");
+  cfg.dropout = spec.dropout;
+  auto model = models::make_language_model(cfg, kSeed);
+  RunOptions o;
+  o.seed = kSeed;
+  o.clip = 1.0;
+  o.micro_batches = spec.micro_batches;
+  o.compile = spec.compile;
+  auto run = parallelize(model, MeshPtr(), parallel::ParallelPlan{}, adamw({1e-3}), o, spec.loss);
+  Result r;
+  for (int64_t step = 0; step < spec.steps; ++step) {
+    const int64_t t = spec.change_seq_at > 0 && step >= spec.change_seq_at ? spec.changed_seq : spec.seq;
+    Tensor tokens = randint({spec.batch, t + 1}, kSeed * 1000 + uint64_t(step), 0, cfg.vocab_size);
+    Tensor x = tokens.narrow(1, 0, t).contiguous(), y = tokens.narrow(1, 1, t).contiguous();
+    r.loss.push_back(bits(run.forward_backward(x, y).loss_sum));
+    r.grad_norm.push_back(bits(run.step_optimizer().grad_norm));
+  }
+  r.param_hash = run.param_hash();
+  r.stats = run.compile_stats();
+  return r;
+}
+
+void check_same(const Result& eager, const Result& compiled) {
+  REQUIRE(eager.loss.size() == compiled.loss.size());
+  for (size_t i = 0; i < eager.loss.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(eager.loss[i] == compiled.loss[i]);
+    CHECK(eager.grad_norm[i] == compiled.grad_norm[i]);
+  }
+  CHECK(eager.param_hash == compiled.param_hash);
+}
+
+}  // namespace
+
+TEST_CASE("compile: replayed steps give the eager run's bits (NanoGPT, LLaMA; fast and bitwise; dropout)", "[compile]") {
+  for (const std::string arch : {"nanogpt", "llama"}) {
+    for (const bool bitwise : {false, true}) {
+      INFO(arch << (bitwise ? " bitwise" : " fast"));
+      numerics::BitwiseGuard mode(bitwise);
+      Spec spec;
+      spec.arch = arch;
+      const Result eager = train(spec);
+      spec.compile = true;
+      const Result compiled = train(spec);
+      check_same(eager, compiled);
+      INFO(compiled.stats.refused);
+      CHECK(compiled.stats.refused.empty());
+      CHECK(compiled.stats.captures == 2);
+      CHECK(compiled.stats.replays == spec.steps - 3);
+      CHECK(compiled.stats.eager_steps == 3);
+      CHECK(compiled.stats.launches > 100);
+      CHECK(!eager.stats.enabled);
+    }
+  }
+}
+
+TEST_CASE("compile: micro-batches (gradient accumulation) replay with the eager bits", "[compile]") {
+  Spec spec;
+  spec.micro_batches = 2;
+  spec.steps = 8;
+  const Result eager = train(spec);
+  spec.compile = true;
+  const Result compiled = train(spec);
+  check_same(eager, compiled);
+  CHECK(compiled.stats.replays == 5);
+}
+
+TEST_CASE("compile: a new sequence length records again; the bits stay the eager run's", "[compile]") {
+  Spec spec;
+  spec.steps = 12;
+  spec.change_seq_at = 6;
+  const Result eager = train(spec);
+  spec.compile = true;
+  const Result compiled = train(spec);
+  check_same(eager, compiled);
+  CHECK(compiled.stats.refused.empty());
+  CHECK(compiled.stats.recaptures == 1);
+  CHECK(compiled.stats.captures == 4);
+  CHECK(compiled.stats.replays == 12 - 3 - 2);
+}
+
+TEST_CASE("compile: a step that reads a computed value on the host runs eagerly, with the reason", "[compile][errors]") {
+  Spec spec;
+  spec.steps = 6;
+  // A branch on a value the step computed: a replay could not redo it.
+  spec.loss = [](nn::Module& m, const Tensor& x, const Tensor& y) {
+    auto& lm = static_cast<models::LanguageModel&>(m);
+    Tensor loss = lm.token_loss(lm.forward(x), y);
+    return loss.item<double>() > 1e6 ? loss * Scalar(0.5) : loss;
+  };
+  const Result eager = train(spec);
+  spec.compile = true;
+  const Result compiled = train(spec);
+  check_same(eager, compiled);
+  INFO(compiled.stats.refused);
+  CHECK(contains(compiled.stats.refused, "the host read the values of Tensor(float32, cpu, shape=[])"));
+  CHECK(contains(compiled.stats.refused, "at step 2"));
+  CHECK(compiled.stats.replays == 0);
+  CHECK(compiled.stats.eager_steps == 6);
+}
+
+TEST_CASE("compile: a tensor built on the host from the data is caught by comparing two recordings", "[compile][errors]") {
+  Spec spec;
+  spec.steps = 6;
+  // Per-token weights made on the host from the targets: new values every
+  // step, which a replay of the recorded constant would silently reuse.
+  spec.loss = [](nn::Module& m, const Tensor& x, const Tensor& y) {
+    auto& lm = static_cast<models::LanguageModel&>(m);
+    Tensor logits = lm.forward(x);
+    std::vector<float> w(size_t(y.numel()));
+    {
+      capture::Recorder::AllowReads host(capture::active());  // reading the inputs is not the point here
+      const int64_t* t = y.contiguous().data<int64_t>();
+      for (size_t i = 0; i < w.size(); ++i) w[i] = t[i] % 2 == 0 ? 1.0f : 0.5f;
+    }
+    Tensor weights = tensor(w, y.shape());
+    return lm.token_loss(logits, y) * mean(weights);
+  };
+  const Result eager = train(spec);
+  spec.compile = true;
+  const Result compiled = train(spec);
+  check_same(eager, compiled);
+  INFO(compiled.stats.refused);
+  CHECK(contains(compiled.stats.refused, "steps 2 and 3 recorded differently"));
+  CHECK(contains(compiled.stats.refused, "filled on the host with other values"));
+  CHECK(compiled.stats.replays == 0);
+}
+
+TEST_CASE("compile: what this version does not record is refused at parallelize, naming it", "[compile][errors]") {
+  auto model = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
+  for (const std::string& e : errors_on_ranks(2, [](int) {
+         auto m = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
+         RunOptions o;
+         o.compile = true;
+         parallelize(m, Mesh::world({{"dp", 2}}), parallel::ParallelPlan{}, adamw(), o);
+       })) {
+    INFO(e);
+    CHECK(contains(e, "RunOptions::compile with a mesh (collectives are not recorded yet)"));
+  }
+  RunOptions o;
+  o.compile = true;
+  o.detect_anomaly = true;
+  const std::string e = error_of([&] { parallelize(model, adamw(), o); });
+  CHECK(contains(e, "RunOptions::compile with anomaly detection"));
+  auto moe = models::make_language_model(models::model_config("mixtral", "tiny"), kSeed);
+  o.detect_anomaly = false;
+  CHECK(contains(error_of([&] { parallelize(moe, adamw(), o); }), "MoE layers"));
+}
