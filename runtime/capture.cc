@@ -1,5 +1,6 @@
 #include "runtime/capture.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/allocator.h"
@@ -179,6 +180,71 @@ int Recorder::key_slot(const PhiloxKey& k) const {
   return -1;
 }
 
+// The step's own temporaries -- made during the recording, used only by its
+// launches, dropped by its end -- share one arena per device, placed by
+// liveness: two buffers share bytes only when no launch from the first use of
+// one to the last use of the other touches both. Everything else keeps its
+// storage: inputs, outputs, tensors from before the step, tensors still held
+// outside (escaping), and constants written on the host.
+void Recorder::place_in_arenas(Program& p) {
+  constexpr int64_t kAlign = 64;
+  struct Placed {
+    int64_t offset, size, first, last;
+  };
+  std::unordered_map<int, std::vector<size_t>> by_device;  // device index -> buffers
+  std::vector<Device> devices;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const Buffer& b = buffers_[i];
+    const bool temporary = b.born && b.used && !b.input && !b.output && !b.host_written && b.storage &&
+                           b.storage.use_count() == 1 && b.storage->data() != nullptr && !b.storage->released();
+    if (!temporary) continue;
+    const Device d = b.storage->device();
+    int key = -1;
+    for (size_t k = 0; k < devices.size(); ++k)
+      if (devices[k] == d) key = int(k);
+    if (key < 0) {
+      key = int(devices.size());
+      devices.push_back(d);
+    }
+    by_device[key].push_back(i);
+  }
+  for (auto& [key, ids] : by_device) {
+    // Largest first, each at the lowest offset free for its whole lifetime.
+    std::sort(ids.begin(), ids.end(), [&](size_t a, size_t b) {
+      return buffers_[a].storage->nbytes() > buffers_[b].storage->nbytes() || (buffers_[a].storage->nbytes() == buffers_[b].storage->nbytes() && a < b);
+    });
+    std::vector<Placed> placed;
+    std::vector<int64_t> offsets(ids.size());
+    int64_t total = 0;
+    for (size_t n = 0; n < ids.size(); ++n) {
+      const Buffer& b = buffers_[ids[n]];
+      const int64_t size = (int64_t(b.storage->nbytes()) + kAlign - 1) / kAlign * kAlign;
+      std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of buffers alive at the same time
+      for (const Placed& q : placed)
+        if (q.first <= b.last && b.first <= q.last) busy.emplace_back(q.offset, q.offset + q.size);
+      std::sort(busy.begin(), busy.end());
+      int64_t at = 0;
+      for (const auto& [lo, hi] : busy) {
+        if (at + size <= lo) break;
+        at = std::max(at, hi);
+      }
+      placed.push_back({at, size, b.first, b.last});
+      offsets[n] = at;
+      total = std::max(total, at + size);
+    }
+    auto arena = std::make_shared<StorageImpl>(size_t(total), devices[size_t(key)]);
+    p.arenas_.push_back(arena);
+    char* base = static_cast<char*>(arena->data());
+    for (size_t n = 0; n < ids.size(); ++n) {
+      Buffer& b = buffers_[ids[n]];
+      // A view of the arena; the program holds the arena itself.
+      b.storage = std::make_shared<StorageImpl>(base + offsets[n], b.storage->nbytes(), b.storage->device(),
+                                                std::function<void(void*)>());
+      b.in_arena = true;
+    }
+  }
+}
+
 std::unique_ptr<Program> Recorder::finish() {
   if (detail::t_recorder == this) detail::t_recorder = prev_;
   if (!refused_.empty()) throw NotCapturable(fmt::format(FMT_STRING("{}: cannot capture {}: {}"), kOp, label_, refused_));
@@ -187,11 +253,13 @@ std::unique_ptr<Program> Recorder::finish() {
   p->launches_ = std::move(launches_);
   p->producers_ = std::move(producers_);
   p->keys_ = std::move(keys_);
+  place_in_arenas(*p);
   for (size_t i = 0; i < buffers_.size(); ++i) {
     Buffer& b = buffers_[i];
     p->storages_.push_back(std::move(b.storage));
     p->constants_.push_back(std::move(b.constant));
     p->outside_.push_back(!b.born && !b.input);
+    p->in_arena_.push_back(b.in_arena);
     if (b.input) p->inputs_.push_back(int(i));
   }
   for (int id : p->inputs_) {
@@ -263,7 +331,9 @@ void Program::replay() {
 
 int64_t Program::bytes() const {
   int64_t n = 0;
-  for (const auto& s : storages_) n += s ? int64_t(s->nbytes()) : 0;
+  for (const auto& a : arenas_) n += int64_t(a->nbytes());
+  for (size_t i = 0; i < storages_.size(); ++i)
+    if (storages_[i] && !in_arena_[i] && !outside_[i]) n += int64_t(storages_[i]->nbytes());
   return n;
 }
 

@@ -182,8 +182,10 @@ class Recorder {
     bool host_written = false;  // touched by the host before any launch used it
     std::string constant;     // its bytes at first use (host_written buffers)
     int64_t first = -1, last = -1;  // launch indices
+    bool in_arena = false;
   };
   int buffer_of(const std::shared_ptr<StorageImpl>& s);
+  void place_in_arenas(Program& p);
 
   std::string label_;
   Recorder* prev_ = nullptr;
@@ -220,10 +222,12 @@ class Program {
   std::string label_;
   std::vector<std::unique_ptr<Launch>> launches_;
   std::vector<std::shared_ptr<StorageImpl>> storages_;
+  std::vector<std::shared_ptr<StorageImpl>> arenas_;  // the temporaries' memory (one per device)
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
   std::vector<TensorArg> input_args_;
   std::vector<std::string> constants_;  // per buffer ("" if none)
   std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object
+  std::vector<char> in_arena_;          // per buffer: a view of an arena
   std::vector<std::function<PhiloxKey()>> producers_;
   std::vector<PhiloxKey> keys_;
 };

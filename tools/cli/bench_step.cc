@@ -1,6 +1,11 @@
 // `tessel bench step`: a training step against PyTorch (tools/bench/step_bench.h).
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +15,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "autograd/api.h"
+#include "models/language_model.h"
+#include "run/run.h"
+#include "runtime/allocator.h"
+#include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
 #include "tools/bench/step_bench.h"
 #include "runtime/error.h"
@@ -182,6 +192,156 @@ int run_cuda_step_bench(const tools::StepBenchOptions& o, CLI::App& cmd, bool bi
 
 }  // namespace
 
+// `bench step --compile`: the same training steps eager and compiled
+// (RunOptions::compile) in one process, one step of each in turn (who goes
+// first alternates), each after a pause; medians of the timed steps. Memory:
+// the step's own bytes -- eager: the allocator's peak during the step above
+// what was held before it; compiled: the recording's buffers (held between
+// steps) plus the same peak-above-start of the replay.
+int run_compile_step_bench(const tools::StepBenchOptions& o) {
+  const char* op = "bench step --compile";
+  const int threads = o.threads > 0 ? o.threads : num_threads();
+  set_num_threads(threads);
+  models::ModelConfig mc = models::model_config(o.model, o.config);
+  mc.dropout = 0.0;
+  mc = mc.resolved();
+  const int64_t B = o.batch, T = o.seq > 0 ? o.seq : mc.max_seq_len;
+  TESSEL_CHECK(T <= mc.max_seq_len && B > 0 && o.steps > 0, op, "need 0 < seq <= {} and batch, steps > 0", mc.max_seq_len);
+  const int warmup = std::max(o.warmup, 3);  // compile mode replays from its fourth step
+  nn::AdamWOptions ao;
+  ao.lr = 6e-4;
+  ao.betas = {0.9, 0.95};
+  ao.weight_decay = 0.1;
+  // A Run counts the backward passes of the thread that made it: each side
+  // lives on a thread of its own, which runs one step when told to.
+  struct Side {
+    std::optional<Run<models::LanguageModel>> run;
+    std::vector<double> times, step_bytes;
+    std::vector<uint64_t> loss_bits;
+    std::string hash;
+    CompileStats stats;
+  } side[2];  // [eager, compiled]
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = -1;  // the side that steps now (-1: none; 2: stop)
+  bool setup_done[2] = {false, false};
+  Tensor ids, targets;
+  int step_now = 0;
+  Allocator* alloc = cpu_allocator();
+  std::string failure;
+  auto worker = [&](int k) {
+    Side& d = side[k];
+    try {
+      RunOptions ro;
+      ro.seed = o.seed;
+      ro.compile = k == 1;
+      d.run.emplace(parallelize(models::make_language_model(mc, o.seed), adamw(ao), ro));
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(mu);
+      failure = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      setup_done[k] = true;
+    }
+    cv.notify_all();
+    for (;;) {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return turn == k || turn == 2; });
+      if (turn == 2) break;
+      lk.unlock();
+      if (failure.empty() && d.run) {
+        try {
+          const int64_t before = alloc->stats().current_bytes;
+          alloc->reset_peak();
+          const auto t0 = std::chrono::steady_clock::now();
+          const double loss = d.run->forward_backward(ids, targets).loss_sum;
+          d.run->step_optimizer();
+          const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          uint64_t bits;
+          std::memcpy(&bits, &loss, 8);
+          d.loss_bits.push_back(bits);
+          if (step_now >= warmup) {
+            d.times.push_back(secs);
+            d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
+                                   double(d.run->compile_stats().buffer_bytes));
+          }
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> g(mu);
+          failure = e.what();
+        }
+      }
+      lk.lock();
+      turn = -1;
+      lk.unlock();
+      cv.notify_all();
+    }
+    if (d.run) {
+      d.hash = d.run->param_hash();
+      d.stats = d.run->compile_stats();
+      d.run.reset();
+    }
+  };
+  std::thread threads_of[2] = {std::thread(worker, 0), std::thread(worker, 1)};
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return setup_done[0] && setup_done[1]; });
+  }
+  std::cout << fmt::format(FMT_STRING("bench step --compile: {}; batch {} x {} tokens, {} threads, fp32, AdamW; eager "
+                                      "and compiled in turn, {} warm-up + {} timed steps each\n"),
+                           mc.describe(), B, T, threads, warmup, o.steps);
+  tools::BenchMachine machine = tools::begin_bench(std::cout);
+  for (int s = 0; s < warmup + o.steps && failure.empty(); ++s) {
+    Tensor stream = randint(0, mc.vocab_size, {B, T + 1}, PhiloxKey{o.seed, stream_for("bench.step.batch", {uint64_t(s)})});
+    ids = stream.slice(1, 0, T).contiguous();
+    targets = stream.slice(1, 1, T + 1).contiguous();
+    step_now = s;
+    for (int i = 0; i < 2; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the other side's threads go idle
+      std::unique_lock<std::mutex> lk(mu);
+      turn = s % 2 == 0 ? i : 1 - i;
+      cv.notify_all();
+      cv.wait(lk, [&] { return turn == -1; });
+    }
+    if (s >= warmup && failure.empty())
+      std::cout << fmt::format(FMT_STRING("  step {}/{}: eager {:.4f} s, compiled {:.4f} s\n"), s + 1, warmup + o.steps,
+                               side[0].times.back(), side[1].times.back());
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    turn = 2;
+  }
+  cv.notify_all();
+  for (std::thread& t : threads_of) t.join();
+  TESSEL_CHECK(failure.empty(), op, "{}", failure);
+  tools::end_bench(machine);
+  const CompileStats cs = side[1].stats;
+  const bool same_bits = side[0].loss_bits == side[1].loss_bits && side[0].hash == side[1].hash;
+  const double eager = tools::median(side[0].times), compiled = tools::median(side[1].times);
+  const double eager_mb = tools::median(side[0].step_bytes) / (1 << 20), compiled_mb = tools::median(side[1].step_bytes) / (1 << 20);
+  std::cout << fmt::format(FMT_STRING("  median step: eager {:.4f} s, compiled {:.4f} s ({:.2f}x); step memory eager "
+                                      "{:.1f} MiB, compiled {:.1f} MiB; {} kernels replayed per step; the same bits: {}\n"),
+                           eager, compiled, eager / compiled, eager_mb, compiled_mb, cs.launches, same_bits ? "yes" : "NO");
+  if (!cs.refused.empty()) std::cout << "  compile mode stopped: " << cs.refused << "\n";
+  nlohmann::ordered_json j = {{"bench", "step_compile"}, {"model", o.model}, {"config", o.config}, {"ours_s", compiled},
+                              {"reference", "tessel eager (same run)"}, {"reference_s", eager},
+                              {"speedup", eager / compiled}};
+  j["tokens_per_s"] = double(B * T) / compiled;
+  j["reference_tokens_per_s"] = double(B * T) / eager;
+  j["step_memory_mib"] = {{"ours", compiled_mb}, {"reference", eager_mb}};
+  j["kernels_per_step"] = cs.launches;
+  j["same_bits"] = same_bits;
+  j["refused"] = cs.refused;
+  j["batch"] = B;
+  j["seq"] = T;
+  j["threads"] = threads;
+  j["steps"] = o.steps;
+  tools::add_machine(j, machine);
+  std::cout << tools::machine_summary(machine);
+  std::cout << j.dump() << std::endl;
+  return same_bits && cs.refused.empty() ? 0 : 1;
+}
+
 static CLI::App*& step_cmd() {
   static CLI::App* cmd = nullptr;
   return cmd;
@@ -189,7 +349,7 @@ static CLI::App*& step_cmd() {
 
 void register_bench_step(CLI::App& app) {
   static tools::StepBenchOptions o;
-  static bool no_reference = false, bitwise = false;
+  static bool no_reference = false, bitwise = false, compile = false;
   static std::vector<std::string> meshes;
   static std::string schedule = "1f1b";
   static int64_t micro_batches = 2;
@@ -215,6 +375,7 @@ void register_bench_step(CLI::App& app) {
                                   return run_bitwise_step_bench(o, meshes.empty() ? "dp=2,tp=2" : meshes[0],
                                                                 micro_batches, rounds, dtype);
                                 if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
+                                if (compile) return run_compile_step_bench(o);
                                 o.reference = !no_reference;
                                 return tools::run_step_bench(o, std::cout);
                               });
@@ -225,6 +386,8 @@ void register_bench_step(CLI::App& app) {
   cmd->add_option("--dtype", dtype, "with --device cuda: bf16 (autocast, default) | fp32; with --bitwise: bf16 | fp32 "
                                     "(default) for both modes");
   cmd->add_flag("--bitwise", bitwise, "time bitwise mode against fast mode on --mesh (ranks as threads)");
+  cmd->add_flag("--compile", compile,
+                "time compile mode (RunOptions::compile) against eager in the same run, one device (docs/compile.md)");
   cmd->add_option("--mesh", meshes,
                   "layouts to time against one device (repeatable: --mesh dp=2 --mesh tp=2,pp=2); with --bitwise "
                   "the mesh (default dp=2,tp=2)");
