@@ -700,7 +700,6 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   std::vector<Tensor> losses;
   std::unique_ptr<capture::Program> program;
   std::vector<int> outputs;
-  std::vector<std::pair<Tensor, Tensor>> grads;
   StepLoss out;
   {
     capture::Recorder rec(fmt::format(FMT_STRING("{}'s forward_backward at step {}"), s.model_type, s.step + 1));
@@ -711,7 +710,6 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     for (const Tensor& p : s.params) {
       Tensor g = p.grad();
       outputs.push_back(g.defined() ? rec.output(g) : -1);
-      if (g.defined()) grads.emplace_back(p, g);
     }
     try {
       program = rec.finish();
@@ -745,9 +743,15 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   c.previous.reset();
   c.program = std::move(program);
   c.outputs = std::move(outputs);
-  c.grads = std::move(grads);
+  // The losses and gradients a replay leaves: views of the recording's
+  // buffers (which may be the arena's), not the eager step's tensors.
   c.losses.clear();
   for (size_t i = 0; i < losses.size(); ++i) c.losses.push_back(c.program->output(c.outputs[i], losses[i]));
+  c.grads.clear();
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const int id = c.outputs[losses.size() + i];
+    if (id >= 0) c.grads.emplace_back(s.params[i], c.program->output(id, s.params[i].grad()));
+  }
   c.stats.replaying = true;
   c.stats.launches = c.program->launches();
   c.stats.buffer_bytes = c.program->bytes();

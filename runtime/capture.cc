@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "runtime/allocator.h"
 
@@ -135,6 +136,11 @@ int Recorder::tensor_buffer(const Tensor& t, TensorArg* arg) {
 
 void Recorder::storage_created(const StorageImpl* s) { born_.insert(s); }
 
+int holds(const StorageImpl* s) {
+  const Recorder* r = active();
+  return r && r->holds_buffer(s) ? 1 : 0;
+}
+
 void Recorder::host_access(const Tensor& t) {
   if (!t.defined() || !t.storage()) return;
   const StorageImpl* s = t.storage().get();
@@ -195,8 +201,12 @@ void Recorder::place_in_arenas(Program& p) {
   std::vector<Device> devices;
   for (size_t i = 0; i < buffers_.size(); ++i) {
     const Buffer& b = buffers_[i];
-    const bool temporary = b.born && b.used && !b.input && !b.output && !b.host_written && b.storage &&
-                           b.storage.use_count() == 1 && b.storage->data() != nullptr && !b.storage->released();
+    // Outputs (losses, gradients) join the arena too, alive from their first
+    // use to past the end (the caller reads them through Program::output);
+    // eager frees activations as gradients appear, and so does the arena.
+    const bool temporary = b.born && b.used && !b.input && !b.host_written && b.storage &&
+                           (b.output || b.storage.use_count() == 1) && b.storage->data() != nullptr &&
+                           !b.storage->released();
     if (!temporary) continue;
     const Device d = b.storage->device();
     int key = -1;
@@ -220,15 +230,16 @@ void Recorder::place_in_arenas(Program& p) {
       const Buffer& b = buffers_[ids[n]];
       const int64_t size = (int64_t(b.storage->nbytes()) + kAlign - 1) / kAlign * kAlign;
       std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of buffers alive at the same time
+      const int64_t last = b.output ? std::numeric_limits<int64_t>::max() : b.last;
       for (const Placed& q : placed)
-        if (q.first <= b.last && b.first <= q.last) busy.emplace_back(q.offset, q.offset + q.size);
+        if (q.first <= last && b.first <= q.last) busy.emplace_back(q.offset, q.offset + q.size);
       std::sort(busy.begin(), busy.end());
       int64_t at = 0;
       for (const auto& [lo, hi] : busy) {
         if (at + size <= lo) break;
         at = std::max(at, hi);
       }
-      placed.push_back({at, size, b.first, b.last});
+      placed.push_back({at, size, b.first, b.output ? std::numeric_limits<int64_t>::max() : b.last});
       offsets[n] = at;
       total = std::max(total, at + size);
     }

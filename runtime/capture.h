@@ -55,6 +55,11 @@ extern thread_local Recorder* t_recorder;
 // The recorder active on this thread (null: not capturing).
 inline Recorder* active() { return detail::t_recorder; }
 
+// 1 if the active recorder holds a reference to `s` (a buffer it recorded),
+// else 0: eager code that counts a storage's owners (the engine's "steal the
+// gradient buffer when nobody else sees it") discounts it.
+int holds(const StorageImpl* s);
+
 // ---- argument fingerprints (for comparing two captures) -------------------------------------------------
 // Overloads for argument types that are not plain values live next to the
 // type (found by argument-dependent lookup): kernels/attention.h, random.h.
@@ -167,6 +172,7 @@ class Recorder {
   // For the hooks' templates.
   int tensor_buffer(const Tensor& t, TensorArg* arg);
   int key_slot(const PhiloxKey& k) const;
+  bool holds_buffer(const StorageImpl* s) const { return buffer_ids_.count(s) > 0; }
   void refuse(std::string why);
   const std::string& label() const { return label_; }
   int64_t launches() const { return int64_t(launches_.size()); }

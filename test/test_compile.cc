@@ -108,7 +108,7 @@ TEST_CASE("compile: replayed steps give the eager run's bits (NanoGPT, LLaMA; fa
       CHECK(compiled.stats.captures == 2);
       CHECK(compiled.stats.replays == spec.steps - 3);
       CHECK(compiled.stats.eager_steps == 3);
-      CHECK(compiled.stats.launches > 100);
+      CHECK(compiled.stats.launches > 50);  // the forward and backward kernels of 2 blocks
       CHECK(!eager.stats.enabled);
     }
   }
