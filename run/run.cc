@@ -133,7 +133,7 @@ void check_parameters_set(const nn::Module& m, const char* model_type) {
     TESSEL_CHECK(bad == 0, kOp,
                  "parameter '{}' of {} ({}) holds {} non-finite value(s) of {}: never set (a new parameter is NaN "
                  "until reset_parameters or a load), or loaded with inf/NaN. Call model->reset_parameters(seed) or "
-                 "load weights before tessel::parallelize, or build the model on "
+                 "load weights (tessel::load) before the first step, or build the model on "
                  "the Meta device (nn::ConstructionScope) and let parallelize initialise it",
                  path, model_type, t.desc(), bad, t.numel());
   }
@@ -325,7 +325,6 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
     m.materialize(kCPU);
     m.reset_parameters(opts.seed);
   }
-  check_parameters_set(m, model_type);  // this rank's pieces (a pipeline: its stage's)
   if (!s->pipe && s->mesh && parallel::DataParallel::applies(*s->mesh)) {
     std::vector<nn::Module*> units;
     if (!opts.fsdp_units.empty()) {
@@ -503,9 +502,23 @@ StepReport RunBase::step_optimizer() {
                s.step + 1, s.model_type, s.options.micro_batches,
                s.micro == 0 ? " (no backward since the last step on the thread that called parallelize)" : "");
   s.check_parameters_unchanged();
+  if (s.options.compile && !s.compiled.forward_backward_this_step && !s.compiled.warned_own_loop) {
+    s.compiled.warned_own_loop = true;
+    if (!s.mesh || s.mesh->my_rank() == 0)
+      spdlog::warn("tessel::Run: RunOptions::compile records the steps of run.forward_backward(inputs, targets); step {} "
+                   "of {} ran its backward in a loop of its own, which runs eagerly (docs/compile.md)",
+                   s.step + 1, s.model_type);
+  }
+  s.compiled.forward_backward_this_step = false;
   if (!s.cp_checked) {
     s.cp_checked = true;
     check_context_parallel(s);
+  }
+  if (!s.parameters_checked) {
+    // Before the first update (not at parallelize: parallelize, then load a
+    // checkpoint, is how a run resumes): this rank's pieces.
+    s.parameters_checked = true;
+    check_parameters_set(*s.model, s.model_type.c_str());
   }
   if (s.dp && s.inputs == 0 && !s.warned_no_input && s.mesh->my_rank() == 0) {
     spdlog::warn(
@@ -795,6 +808,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
     s.last_loss = out.loss;
     return out;
   }
+  s.compiled.forward_backward_this_step = true;
   if (s.options.compile) out = compiled_forward_backward(*this, inputs, targets);
   else out = eager_forward_backward(*this, inputs, targets, nullptr);
   out.loss = out.loss_sum / double(m);

@@ -52,6 +52,7 @@ class RunState {
   int64_t inputs = 0;  // input() calls in this step (a data-parallel step without any is worth a warning)
   bool warned_no_input = false;
   bool cp_checked = false;  // the first step's context-parallel attention was checked
+  bool parameters_checked = false;  // the first step found every parameter set (finite)
   ContextParallelAttentionCount cp_at_start;  // this thread's count when the Run was made
   int observer = 0;   // backward observer handle (0: none)
   nn::ForwardContext caller_context;  // the thread's forward context before the Run set its own
@@ -70,6 +71,8 @@ class RunState {
   // RunOptions::compile (run.cc "compile mode").
   struct Compiled {
     bool warmed_up = false;  // the first step ran eagerly
+    bool forward_backward_this_step = false;
+    bool warned_own_loop = false;  // compile is set but the loop does not use forward_backward
     std::unique_ptr<capture::Program> previous;  // the first of two recordings, until the second agrees
     std::unique_ptr<capture::Program> program;   // the recording replayed
     std::vector<int> prev_outputs, outputs;      // buffers of the losses, then the gradients (-1: none)

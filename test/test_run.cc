@@ -525,9 +525,13 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
   SECTION("a model whose parameters were never set (no reset_parameters, no load)") {
     // New parameters are NaN until set; whatever the allocator held before
     // used to train silently.
+    // (The check is at the first update: parallelize, then load, is a resume.)
     for (const std::string& e : errors_on_ranks(2, [](int) {
            auto model = nn::make_model<MlpClassifier>(MlpConfig{});
-           parallelize(model, Mesh::world({{"tp", 2}}), mlp_plan(), adamw(), {});
+           auto run = parallelize(model, Mesh::world({{"tp", 2}}), mlp_plan(), adamw(), {});
+           auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+           run.model().loss(run.input(x), run.input(y)).backward();
+           run.step_optimizer();
          })) {
       INFO(e);
       CHECK(contains(e, "parameter 'embed.weight' of MlpClassifier"));
@@ -536,11 +540,19 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
     }
     auto one = nn::make_model<MlpClassifier>(MlpConfig{});
     CHECK(std::isnan(one->parameters()[0].to_vector<float>()[0]));
-    const std::string e = error_of([&] { parallelize(one, adamw(), RunOptions{}); });
-    INFO(e);
-    CHECK(contains(e, "never set"));
-    one->reset_parameters(3);
-    CHECK_NOTHROW(parallelize(one, adamw(), RunOptions{}));
+    auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+    {
+      auto run = parallelize(one, adamw(), RunOptions{});
+      run.forward_backward(x, y);
+      const std::string e = error_of([&] { run.step_optimizer(); });
+      INFO(e);
+      CHECK(contains(e, "never set"));
+    }
+    auto two = nn::make_model<MlpClassifier>(MlpConfig{});
+    two->reset_parameters(3);
+    auto run = parallelize(two, adamw(), RunOptions{});
+    run.forward_backward(x, y);
+    CHECK_NOTHROW(run.step_optimizer());
   }
   SECTION("a plan rule naming modules the model lacks") {
     for (const std::string& e : errors_on_ranks(2, [](int) {

@@ -31,9 +31,29 @@ std::string train(int ranks) {
   return hash;
 }
 
+// The same training through forward_backward, eager or compiled
+// (RunOptions::compile, docs/compile.md): the same bits.
+std::string train_forward_backward(bool compile) {
+  auto model = nn::make_model<Linear2>();
+  model->reset_parameters(1);
+  RunOptions o;
+  o.compile = compile;
+  auto run = parallelize(model, adamw({0.1}), o);
+  for (int64_t step = 0; step < 10; ++step) {
+    Tensor x = randn({16, 8}, PhiloxKey{1, stream_for("x", {uint64_t(step)})});
+    run.forward_backward(x, argmax(x.narrow(1, 0, 3), 1));
+    run.step_optimizer();
+  }
+  if (compile && run.compile_stats().replays != 7) return "not replayed: " + run.compile_stats().refused;
+  return run.param_hash();
+}
+
 int main() {
   numerics::BitwiseGuard bitwise(true);
   const std::string one = train(1), dp = train(2);
   std::printf("one device %s, dp=2 %s: %s\n", one.c_str(), dp.c_str(), one == dp ? "same bits" : "DIFFERENT");
-  return one == dp ? 0 : 1;
+  const std::string eager = train_forward_backward(false), compiled = train_forward_backward(true);
+  std::printf("forward_backward eager %s, compiled %s: %s\n", eager.c_str(), compiled.c_str(),
+              eager == compiled ? "same bits" : "DIFFERENT");
+  return one == dp && eager == compiled ? 0 : 1;
 }
