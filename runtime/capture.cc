@@ -273,11 +273,6 @@ std::unique_ptr<Program> Recorder::finish() {
     p->in_arena_.push_back(b.in_arena);
     if (b.input) p->inputs_.push_back(int(i));
   }
-  for (int id : p->inputs_) {
-    TensorArg a;
-    a.buffer = id;
-    p->input_args_.push_back(a);
-  }
   for (auto& l : p->launches_) l->bind(p->storages_);
   return p;
 }

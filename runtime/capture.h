@@ -218,7 +218,8 @@ class Program {
   Tensor output(int buffer, const Tensor& like) const;
   // Runs every launch; keys re-made by their producers first.
   void replay();
-  // Every buffer is allocated separately (v1: no arena): the bytes held.
+  // The bytes the program holds for the step: its arenas and the buffers
+  // of its own outside them (not the tensors from before the step).
   int64_t bytes() const;
   int64_t launches() const { return int64_t(launches_.size()); }
   const std::string& label() const { return label_; }
@@ -230,7 +231,6 @@ class Program {
   std::vector<std::shared_ptr<StorageImpl>> storages_;
   std::vector<std::shared_ptr<StorageImpl>> arenas_;  // the temporaries' memory (one per device)
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
-  std::vector<TensorArg> input_args_;
   std::vector<std::string> constants_;  // per buffer ("" if none)
   std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object
   std::vector<char> in_arena_;          // per buffer: a view of an arena
@@ -320,7 +320,7 @@ constexpr bool is_tensor_arg_v = std::is_same_v<std::decay_t<T>, Tensor>;
 template <class Fn, class... A>
 class KernelLaunch final : public Launch {
  public:
-  KernelLaunch(Fn fn) : fn_(fn) {}
+  explicit KernelLaunch(Fn fn) : fn_(fn) {}
   template <class... Args>
   void record(Recorder& r, const Args&... args) {
     record_each(r, std::index_sequence_for<A...>{}, args...);
