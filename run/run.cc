@@ -755,14 +755,13 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   }
   c.previous.reset();
   c.program = std::move(program);
-  c.outputs = std::move(outputs);
   // The losses and gradients a replay leaves: views of the recording's
   // buffers (which may be the arena's), not the eager step's tensors.
   c.losses.clear();
-  for (size_t i = 0; i < losses.size(); ++i) c.losses.push_back(c.program->output(c.outputs[i], losses[i]));
+  for (size_t i = 0; i < losses.size(); ++i) c.losses.push_back(c.program->output(outputs[i], losses[i]));
   c.grads.clear();
   for (size_t i = 0; i < s.params.size(); ++i) {
-    const int id = c.outputs[losses.size() + i];
+    const int id = outputs[losses.size() + i];
     if (id >= 0) c.grads.emplace_back(s.params[i], c.program->output(id, s.params[i].grad()));
   }
   c.stats.replaying = true;

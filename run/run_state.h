@@ -75,7 +75,7 @@ class RunState {
     bool warned_own_loop = false;  // compile is set but the loop does not use forward_backward
     std::unique_ptr<capture::Program> previous;  // the first of two recordings, until the second agrees
     std::unique_ptr<capture::Program> program;   // the recording replayed
-    std::vector<int> prev_outputs, outputs;      // buffers of the losses, then the gradients (-1: none)
+    std::vector<int> prev_outputs;               // the first recording's buffers of the losses, then the gradients (-1: none)
     std::vector<Tensor> losses;                  // the recorded losses (views to read after a replay)
     std::vector<std::pair<Tensor, Tensor>> grads;  // (parameter, its recorded gradient)
     std::vector<const StorageImpl*> param_storages;  // the parameters recorded

@@ -142,21 +142,12 @@ int holds(const StorageImpl* s) {
 }
 
 void Recorder::host_access(const Tensor& t) {
-  if (!t.defined() || !t.storage()) return;
-  const StorageImpl* s = t.storage().get();
-  auto it = buffer_ids_.find(s);
-  const bool born = born_.count(s) > 0;
-  if (allow_reads_ > 0) return;
-  if (it == buffer_ids_.end() && born) {
-    // A tensor the step made and filled on the host (positions, a mask):
-    // a constant of the program if the next capture gives the same bytes.
+  if (allow_reads_ > 0 || !t.defined() || !t.storage()) return;
+  if (born_.count(t.storage().get()) > 0) {
     Buffer& b = buffers_[size_t(buffer_of(t.storage()))];
-    b.host_written = true;
-    return;
-  }
-  if (it != buffer_ids_.end()) {
-    Buffer& b = buffers_[size_t(it->second)];
-    if (b.born && !b.used) {
+    if (!b.used) {
+      // A tensor the step made and filled on the host (positions, a mask):
+      // a constant of the program if the next capture gives the same bytes.
       b.host_written = true;
       return;
     }
