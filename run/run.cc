@@ -239,6 +239,8 @@ void RunState::check_parameters_unchanged() const {
 
 void RunState::check_same_on_every_rank(const Tensor& full) const {
   if (!options.check_inputs || !comm::has_world() || comm::world()->size() == 1) return;
+  // Not part of a compiled step: a replay runs the check itself (accept_input).
+  capture::Recorder::Unrecorded guard(capture::active());
   // max(h) == -max(-h) iff every rank has the same h (as signed 64-bit values).
   // trace::tensor_hash covers the dtype and the values; the shape is mixed in too.
   uint64_t hash = trace::tensor_hash(full);
@@ -348,15 +350,17 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   if (opts.loss_scaling) s->scaler.emplace(*opts.loss_scaling);
   if (opts.detect_anomaly) s->anomaly.emplace(true);
   if (opts.compile) {
-    // What this version records: one device's kernels (docs/compile.md).
-    const char* unsupported = s->mesh && s->mesh->num_devices() > 1 ? "a mesh (collectives are not recorded yet)"
-                              : opts.loss_scaling                   ? "loss scaling (its scale is a per-step host value)"
-                              : opts.detect_anomaly                 ? "anomaly detection (it reads every op's output on the host)"
-                              : !nn::moe_layers(m).empty()          ? "MoE layers (routing sizes buffers from the data)"
-                                                                    : nullptr;
+    // What this version records (docs/compile.md): kernels and collectives
+    // of forward, backward and the data-parallel gradient reduction.
+    const char* unsupported = s->pipe                          ? "pipeline parallelism (its schedule runs the step)"
+                              : opts.zero >= 3 && s->dp        ? "FSDP (zero = 3 frees and refills the parameters inside the step)"
+                              : opts.loss_scaling              ? "loss scaling (its scale is a per-step host value)"
+                              : opts.detect_anomaly            ? "anomaly detection (it reads every op's output on the host)"
+                              : !nn::moe_layers(m).empty()     ? "MoE layers (routing sizes buffers from the data)"
+                                                               : nullptr;
     TESSEL_CHECK(unsupported == nullptr, kOp,
-                 "RunOptions::compile with {} on {}{}: compile mode records one device's steps in this version; run "
-                 "eagerly (compile = false)",
+                 "RunOptions::compile with {} on {}{}: compile mode does not record it in this version; run eagerly "
+                 "(compile = false)",
                  unsupported, model_type, s->mesh ? " (mesh " + s->mesh->str() + ")" : std::string());
     s->compiled.stats.enabled = true;
   }
@@ -527,7 +531,7 @@ StepReport RunBase::step_optimizer() {
         s.step + 1, s.model_type, s.mesh->str());
     s.warned_no_input = true;
   }
-  if (s.dp) {
+  if (s.dp && !std::exchange(s.dp_finished, false)) {  // (compile mode finished it in forward_backward)
     profile::Timer timer("dp.finish", nullptr, "step");
     s.dp->finish();
   }
@@ -609,7 +613,7 @@ namespace {
 
 // The micro-batches' forwards and backwards; the losses' sum in out.loss_sum.
 // Under a capture (compile mode), the losses are marked as outputs (read
-// again after each replay) and their reads are allowed.
+// again after each replay) and their reads are not recorded.
 StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor& targets,
                                 std::vector<Tensor>* losses) {
   RunState& s = run.state();
@@ -627,7 +631,7 @@ StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor
     Tensor loss = s.loss(*s.model, x, y);
     {
       profile::Timer timer("loss.item", nullptr, "step");
-      capture::Recorder::AllowReads value_only(capture::active());  // a value for the log, read again after a replay
+      capture::Recorder::Unrecorded value_only(capture::active());  // a value for the log, read again after a replay
       out.loss_sum += loss.item<double>();
     }
     if (losses) losses->push_back(loss);
@@ -635,6 +639,14 @@ StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor
     run.scale_loss(m == 1 ? loss : loss / double(m)).backward();
   }
   if (moe) out.moe_dropped_tokens = dropped;
+  if (s.options.compile && s.dp) {
+    // Compile mode finishes the data-parallel reduction here, inside the
+    // step it records (step_optimizer would otherwise): the same work,
+    // earlier, so that a replay leaves the reduced gradients.
+    profile::Timer timer("dp.finish", nullptr, "step");
+    s.dp->finish();
+    s.dp_finished = true;
+  }
   return out;
 }
 
@@ -644,7 +656,12 @@ StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor
 // the gradients (the recorded tensors, installed again on their
 // parameters) and the losses' values. The guard before each replay: the
 // same input shapes and dtypes, the same parameter tensors.
-void stop_compiling(RunState& s, const std::string& why) {
+//
+// On a mesh every rank records and replays its own program; the programs
+// issue the collectives eager issued, in the same order. Each decision
+// (use a recording, replay this step, stop) is agreed by all ranks first
+// (agree), so that no rank replays while another runs eagerly.
+void stop_compiling(RunState& s, const std::string& why, bool own_reason) {
   RunState::Compiled& c = s.compiled;
   c.stats.refused = why;
   c.stats.replaying = false;
@@ -652,10 +669,19 @@ void stop_compiling(RunState& s, const std::string& why) {
   c.program.reset();
   c.grads.clear();
   c.losses.clear();
-  if (!s.mesh || s.mesh->my_rank() == 0)
+  if (own_reason || !s.mesh || s.mesh->my_rank() == 0)
     spdlog::warn("tessel::Run: compile mode stopped; {} runs eagerly from step {} on (the same results, without "
                  "the replay's speed): {}",
                  s.model_type, s.step + 1, why);
+}
+
+// Whether `ok` holds on every rank of the job (one all-reduce; true at once on one device).
+bool agree(const RunState& s, bool ok) {
+  if (!s.mesh || !comm::has_world() || comm::world()->size() == 1) return ok;
+  Tensor v = raw::empty({1}, DType::Int32);
+  v.data<int32_t>()[0] = ok ? 1 : 0;
+  comm::world()->all_reduce(v, comm::ReduceOp::Min)->wait();
+  return v.data<int32_t>()[0] == 1;
 }
 
 bool same_parameters(const RunState& s) {
@@ -664,6 +690,13 @@ bool same_parameters(const RunState& s) {
   for (size_t i = 0; i < s.params.size(); ++i)
     if (s.params[i].storage().get() != c.param_storages[i]) return false;
   return true;
+}
+
+// The recorded `t` as the replay leaves it: a view of the program's buffer,
+// distributed like `t` where t is.
+Tensor recorded(const capture::Program& p, int buffer, const Tensor& t) {
+  const Tensor local = p.output(buffer, raw::local_of(t));
+  return t.is_distributed() ? raw::make_distributed(local, t.mesh(), t.placements(), t.shape()) : local;
 }
 
 StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Tensor& targets) {
@@ -680,7 +713,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     const bool same = inputs.shape() == c.input_shape && targets.shape() == c.target_shape &&
                       inputs.dtype() == c.input_dtype && targets.dtype() == c.target_dtype && same_parameters(s) &&
                       numerics::current_settings() == c.numerics;
-    if (!same) {  // record again for the new shapes (or the parameters a load replaced)
+    if (!agree(s, same)) {  // record again for the new shapes (or the parameters a load replaced)
       ++c.stats.recaptures;
       c.previous.reset();
       c.program.reset();
@@ -688,17 +721,30 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     }
   }
   if (c.program) {
+    // What run.input does eagerly: the batch must be the same on every rank.
+    if (s.mesh) {
+      s.accept_input(inputs);
+      s.accept_input(targets);
+    }
     profile::Timer timer("compile.replay", nullptr, "step");
     c.program->set_input(0, inputs.contiguous());
     c.program->set_input(1, targets.contiguous());
-    {
+    try {
       nn::ForwardScope scope(run.forward_context(0, inputs.size(0)));  // the keys' producers read it
       c.program->replay();
+    } catch (const capture::ReplayDiverged& e) {
+      // Nothing after the check ran, and the parameters are untouched: the
+      // step runs eagerly instead (every rank read the same values, so every
+      // rank is here).
+      stop_compiling(s, e.what(), false);
+      ++c.stats.eager_steps;
+      return eager_forward_backward(run, inputs, targets, nullptr);
     }
     for (const auto& [param, grad] : c.grads) param.set_grad(grad);
     StepLoss out;
     for (const Tensor& loss : c.losses) out.loss_sum += loss.item<double>();
     s.micro = s.options.micro_batches;
+    s.dp_finished = s.dp != nullptr;
     ++c.stats.replays;
     return out;
   }
@@ -714,25 +760,29 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   std::unique_ptr<capture::Program> program;
   std::vector<int> outputs;
   StepLoss out;
+  std::string refused;
   {
     capture::Recorder rec(fmt::format(FMT_STRING("{}'s forward_backward at step {}"), s.model_type, s.step + 1));
     rec.input(x);
     rec.input(y);
     out = eager_forward_backward(run, x, y, &losses);
-    for (const Tensor& loss : losses) outputs.push_back(rec.output(loss));
+    for (const Tensor& loss : losses) outputs.push_back(rec.output(raw::local_of(loss)));
     for (const Tensor& p : s.params) {
       Tensor g = p.grad();
-      outputs.push_back(g.defined() ? rec.output(g) : -1);
+      outputs.push_back(g.defined() ? rec.output(raw::local_of(g)) : -1);
     }
     try {
       program = rec.finish();
     } catch (const capture::NotCapturable& e) {
-      ++c.stats.eager_steps;
-      stop_compiling(s, e.what());
-      return out;
+      refused = e.what();
     }
   }
   ++c.stats.eager_steps;
+  if (!agree(s, refused.empty())) {
+    stop_compiling(s, refused.empty() ? std::string("another rank's recording was refused (its warning says why)") : refused,
+                   !refused.empty());
+    return out;
+  }
   ++c.stats.captures;
   if (!c.previous) {
     c.previous = std::move(program);
@@ -749,8 +799,11 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   std::string diff = c.previous->difference(*program);
   if (diff.empty() && outputs != c.prev_outputs)
     diff = "the losses or gradients came out in other buffers (another control flow)";
-  if (!diff.empty()) {
-    stop_compiling(s, fmt::format(FMT_STRING("steps {} and {} recorded differently: {}"), s.step, s.step + 1, diff));
+  if (!agree(s, diff.empty())) {
+    stop_compiling(s,
+                   diff.empty() ? std::string("another rank's two recordings differ (its warning says how)")
+                                : fmt::format(FMT_STRING("steps {} and {} recorded differently: {}"), s.step, s.step + 1, diff),
+                   !diff.empty());
     return out;
   }
   c.previous.reset();
@@ -758,11 +811,11 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   // The losses and gradients a replay leaves: views of the recording's
   // buffers (which may be the arena's), not the eager step's tensors.
   c.losses.clear();
-  for (size_t i = 0; i < losses.size(); ++i) c.losses.push_back(c.program->output(outputs[i], losses[i]));
+  for (size_t i = 0; i < losses.size(); ++i) c.losses.push_back(recorded(*c.program, outputs[i], losses[i]));
   c.grads.clear();
   for (size_t i = 0; i < s.params.size(); ++i) {
     const int id = outputs[losses.size() + i];
-    if (id >= 0) c.grads.emplace_back(s.params[i], c.program->output(id, s.params[i].grad()));
+    if (id >= 0) c.grads.emplace_back(s.params[i], recorded(*c.program, id, s.params[i].grad()));
   }
   c.stats.replaying = true;
   c.stats.launches = c.program->launches();

@@ -59,6 +59,7 @@
 #include "nn/parallel/plan.h"
 #include "nn/recompute.h"
 #include "nn/schedule.h"
+#include "run/compile_stats.h"
 
 namespace tessel {
 
@@ -142,22 +143,10 @@ struct RunOptions {
   // recorded faithfully (a host read of a computed value, a per-step value
   // with no producer, data-dependent work) runs eagerly from then on, with
   // a warning and the reason in compile_stats(); new input shapes or
-  // replaced parameters record again. One device (no mesh), no loss scaling,
-  // no MoE, no anomaly detection, in this version.
+  // replaced parameters record again. On a mesh every rank records and
+  // replays its collectives too. Not in this version: pipeline parallelism,
+  // FSDP (zero = 3), loss scaling, MoE, anomaly detection.
   bool compile = false;
-};
-
-// What compile mode did (RunBase::compile_stats).
-struct CompileStats {
-  bool enabled = false;    // RunOptions::compile
-  bool replaying = false;  // a recording is in use
-  int64_t eager_steps = 0;  // forward_backward calls run eagerly (warm-up, recordings, after a refusal)
-  int64_t captures = 0;     // recordings made
-  int64_t replays = 0;      // steps replayed
-  int64_t recaptures = 0;   // recordings dropped for new input shapes or replaced parameters
-  int64_t launches = 0;     // kernels in the recording in use
-  int64_t buffer_bytes = 0;  // bytes the recording's buffers hold
-  std::string refused;       // why compile mode stopped (empty: it did not)
 };
 
 // What step_optimizer did.

@@ -51,6 +51,7 @@ class RunState {
   int64_t micro = 0;  // backward passes begun in this step
   int64_t inputs = 0;  // input() calls in this step (a data-parallel step without any is worth a warning)
   bool warned_no_input = false;
+  bool dp_finished = false;  // compile mode: forward_backward ran dp->finish() already
   bool cp_checked = false;  // the first step's context-parallel attention was checked
   bool parameters_checked = false;  // the first step found every parameter set (finite)
   ContextParallelAttentionCount cp_at_start;  // this thread's count when the Run was made

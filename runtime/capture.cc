@@ -1,6 +1,7 @@
 #include "runtime/capture.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 
@@ -69,6 +70,8 @@ void check_host_outputs(const char* kernel, const std::vector<int64_t>& values) 
 
 // ---- recorder -------------------------------------------------------------------------------------------
 Recorder::Recorder(std::string label) : label_(std::move(label)), prev_(detail::t_recorder) {
+  static std::atomic<uint64_t> count{0};
+  serial_ = ++count;
   TESSEL_CHECK(prev_ == nullptr, kOp, "capturing '{}' while '{}' is being captured on the same thread", label_,
                prev_->label_);
   detail::t_recorder = this;
@@ -118,6 +121,10 @@ int Recorder::tensor_buffer(const Tensor& t, TensorArg* arg) {
     arg->buffer = -1;
     return -1;
   }
+  if (!born_unrecorded_.empty() && born_unrecorded_.count(t.storage().get()) > 0)
+    refuse(fmt::format(FMT_STRING("{} was made by work the recording skipped (an Unrecorded scope) and then used by "
+                                  "a recorded launch: a replay would not make it"),
+                       t.desc()));
   const int id = buffer_of(t.storage());
   Buffer& b = buffers_[size_t(id)];
   const int64_t at = int64_t(launches_.size());
@@ -134,7 +141,15 @@ int Recorder::tensor_buffer(const Tensor& t, TensorArg* arg) {
   return id;
 }
 
-void Recorder::storage_created(const StorageImpl* s) { born_.insert(s); }
+void Recorder::storage_created(const StorageImpl* s) {
+  born_.insert(s);
+  if (unrecorded_ > 0) born_unrecorded_.insert(s);
+}
+
+void Recorder::storage_destroyed(const StorageImpl* s) {
+  born_.erase(s);
+  born_unrecorded_.erase(s);
+}
 
 int holds(const StorageImpl* s) {
   const Recorder* r = active();
@@ -142,7 +157,8 @@ int holds(const StorageImpl* s) {
 }
 
 void Recorder::host_access(const Tensor& t) {
-  if (allow_reads_ > 0 || !t.defined() || !t.storage()) return;
+  if (unrecorded_ > 0 || !t.defined() || !t.storage()) return;
+  if (checked_.count(t.storage().get()) > 0) return;  // checked at every replay
   if (born_.count(t.storage().get()) > 0) {
     Buffer& b = buffers_[size_t(buffer_of(t.storage()))];
     if (!b.used) {
@@ -158,10 +174,54 @@ void Recorder::host_access(const Tensor& t) {
                      t.desc(), launches_.size(), launches_.empty() ? "none" : std::string("the last: ") + launches_.back()->name));
 }
 
-void Recorder::collective(const char* op, const std::string& communicator) {
-  refuse(fmt::format(FMT_STRING("collective {} on '{}': compile mode does not capture collectives yet (one device "
-                                "only)"),
-                     op, communicator));
+void Recorder::add(std::unique_ptr<Launch> launch) { launches_.push_back(std::move(launch)); }
+
+void Recorder::touch(int buffer) {
+  if (buffer >= 0) buffers_[size_t(buffer)].last = int64_t(launches_.size());
+}
+
+void Recorder::async_started(const char* what) {
+  if (in_flight_++ == 0) in_flight_what_ = what;
+}
+
+void Recorder::async_waited() { --in_flight_; }
+
+namespace {
+// A checked read (Recorder::checked_read), replayed: the bytes the recording saw.
+class CheckLaunch final : public Launch {
+ public:
+  void run() override {
+    const Tensor& t = view.get();
+    const char* now = static_cast<const char*>(t.storage()->data()) + t.offset() * int64_t(t.itemsize());
+    if (std::memcmp(now, expected.data(), expected.size()) != 0)
+      throw ReplayDiverged(fmt::format(FMT_STRING("{}: the replayed step read other values of {} than the recorded "
+                                                  "step did (it takes another path)"),
+                                       kOp, t.desc()));
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) override { view.bind(buffers); }
+  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+  Stored<Tensor> view;
+  std::string expected;
+};
+}  // namespace
+
+void Recorder::checked_read(const Tensor& t) {
+  if (depth > 0 || !t.defined()) return;
+  if (t.is_distributed() || !t.device().is_cpu() || !t.is_contiguous() || !t.storage()) {
+    refuse(fmt::format(FMT_STRING("a checked read of {} (only local, contiguous CPU tensors)"), t.desc()));
+    return;
+  }
+  auto check = std::make_unique<CheckLaunch>();
+  check->name = "checked_read";
+  check->fingerprint = "checked_read";
+  check->fingerprint.push_back('\0');
+  check->view.record(*this, check->fingerprint, t);
+  const char* at = static_cast<const char*>(t.storage()->data()) + t.offset() * int64_t(t.itemsize());
+  check->expected.assign(at, t.nbytes());
+  // The values themselves are not part of the fingerprint: two recordings
+  // may read other flags only if their launches differ elsewhere too.
+  checked_.insert(t.storage().get());
+  launches_.push_back(std::move(check));
 }
 
 void Recorder::key(const PhiloxKey& k, std::function<PhiloxKey()> producer) {
@@ -249,6 +309,10 @@ void Recorder::place_in_arenas(Program& p) {
 
 std::unique_ptr<Program> Recorder::finish() {
   if (detail::t_recorder == this) detail::t_recorder = prev_;
+  if (refused_.empty() && in_flight_ > 0)
+    refused_ = fmt::format(FMT_STRING("{} asynchronous collective(s) started in the step (the first: {}) were waited "
+                                      "for after it, where a replay cannot wait for them"),
+                           in_flight_, in_flight_what_);
   if (!refused_.empty()) throw NotCapturable(fmt::format(FMT_STRING("{}: cannot capture {}: {}"), kOp, label_, refused_));
   auto p = std::make_unique<Program>();
   p->label_ = label_;

@@ -17,9 +17,18 @@
 //   - host writes into a buffer the step allocated (a tensor built from host
 //     values) are kept as constants: a second capture must give the same
 //     contents, else the step is refused (the values are data-dependent);
-//   - a collective (not captured yet);
 //   - a kernel with a host pointer argument, unless it has a replay check
-//     (index_bounds).
+//     (index_bounds);
+//   - an asynchronous collective whose wait comes after the recording ends.
+// Collectives (runtime/comm) are recorded like kernels: the communicator,
+// the call's arguments, tensors as buffer views; an asynchronous one's
+// wait() is a launch of its own. Every rank records its own program, and
+// the ranks' programs issue the same collectives in the same order, as
+// eager did.
+// A host read whose value every rank holds alike and which only selects
+// host work (DDP's "did any rank have a gradient" flags) can be a checked
+// read (checked_read): the replay compares the bytes with the recorded
+// ones and throws ReplayDiverged, before any later launch, if they differ.
 // Random keys are per-step values: the code that makes one (nn::random_key)
 // registers a producer with note_key; a launch argument equal to a noted key
 // is re-made by its producer at every replay.
@@ -150,18 +159,52 @@ class Recorder {
   template <class... A, class... Args>
   void kernel(const char* name, void (*fn)(A...), Args&&... args);
   void storage_created(const StorageImpl* s);
+  void storage_destroyed(const StorageImpl* s);
   void host_access(const Tensor& t);
-  void collective(const char* op, const std::string& communicator);
   void key(const PhiloxKey& k, std::function<PhiloxKey()> producer);
-  // Depth of kernel calls on this thread: only depth 0 is recorded.
+  // Depth of kernel and collective calls on this thread: only depth 0 is
+  // recorded (what a kernel or a collective does inside runs again inside it).
   int depth = 0;
 
-  // Reads of computed values inside this scope are allowed (value-only
-  // reads the caller redoes after a replay, e.g. a loss for the log).
-  class AllowReads {
+  // A launch another layer made (a collective, runtime/comm), at depth 0,
+  // after registering its tensors with tensor_buffer. Replayed in order.
+  void add(std::unique_ptr<Launch> launch);
+  // Keeps `buffer` alive (unshared in the arena) up to the next launch: an
+  // asynchronous collective's tensors, up to its wait.
+  void touch(int buffer);
+  // Asynchronous launches started and not yet waited for. finish() refuses
+  // a recording that ends with one in flight: its wait would not be replayed.
+  void async_started(const char* what);
+  void async_waited();
+  // This recorder among all made in the process (a wait that arrives after
+  // a recorder ended must not reach the next one at the same address).
+  uint64_t serial() const { return serial_; }
+  // The host reads `t`, whose value is the same on every rank (an
+  // all-reduced flag) and only chooses host work: recorded as a check (the
+  // replay compares the bytes; ReplayDiverged if they differ). Call before
+  // reading. CPU, contiguous tensors.
+  void checked_read(const Tensor& t);
+
+  // Work inside this scope is not recorded and may read any value: what the
+  // caller does itself again after every replay (a loss read for the log, a
+  // guard on the inputs). A tensor made inside it and used by a recorded
+  // launch later refuses the recording (the replay would not make it).
+  class Unrecorded {
    public:
-    explicit AllowReads(Recorder* r) : r_(r) { if (r_) ++r_->allow_reads_; }
-    ~AllowReads() { if (r_) --r_->allow_reads_; }
+    explicit Unrecorded(Recorder* r) : r_(r) {
+      if (r_) {
+        ++r_->depth;
+        ++r_->unrecorded_;
+      }
+    }
+    ~Unrecorded() {
+      if (r_) {
+        --r_->depth;
+        --r_->unrecorded_;
+      }
+    }
+    Unrecorded(const Unrecorded&) = delete;
+    Unrecorded& operator=(const Unrecorded&) = delete;
    private:
     Recorder* r_;
   };
@@ -201,8 +244,20 @@ class Recorder {
   std::unordered_set<const StorageImpl*> born_;
   std::vector<PhiloxKey> keys_;
   std::vector<std::function<PhiloxKey()>> producers_;
+  std::unordered_set<const StorageImpl*> born_unrecorded_;  // made inside an Unrecorded scope
+  std::unordered_set<const StorageImpl*> checked_;           // read through checked_read
   std::string refused_;
-  int allow_reads_ = 0;
+  int unrecorded_ = 0;
+  int in_flight_ = 0;
+  std::string in_flight_what_;
+  uint64_t serial_ = 0;
+};
+
+// Thrown by Program::replay when a checked read sees other bytes than the
+// recording did: the step took another path. Nothing after the check ran;
+// the caller runs the step eagerly instead.
+struct ReplayDiverged : Error {
+  using Error::Error;
 };
 
 // A recorded step, ready to replay.

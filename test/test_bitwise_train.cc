@@ -135,6 +135,51 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
                             {"dp=2", false, 3}});
 }
 
+// Compile mode (docs/compile.md): from step 4 on every rank replays its
+// recorded step -- kernels, collectives, the dp gradient reduction -- and
+// the run keeps the one-device eager bits. The replays are counted: a run
+// that fell back to eager would pass the bit comparison without testing it.
+TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2 and cp replays with the one-device bits every step",
+          "[bitwise][train][compile]") {
+  for (std::string model : {"nanogpt", "llama"}) {
+    for (const int64_t micro_batches : {int64_t(2), int64_t(1)}) {
+      TrainConfig r = base(model);
+      r.micro_batches = micro_batches;
+      const Trace ref = run(r);
+      std::vector<Layout> layouts = {{"dp=2"}, {"tp=2"}, {"tp=2", true}, {"dp=2,tp=2", true}, {"dp=2", false, 1},
+                                     {"dp=2", false, 2}};
+      for (const Layout& l : layouts) {
+        TrainConfig c = r;
+        c.mesh = l.mesh;
+        c.sequence_parallel = l.sp;
+        c.zero = l.zero;
+        c.compile = true;
+        const Trace got = run(c);
+        INFO(model << ", " << micro_batches << " micro-batch(es), compiled on " << l.mesh << (l.sp ? " + sp" : "")
+                   << (l.zero ? " zero=" + std::to_string(l.zero) : ""));
+        INFO(got.compile.refused);
+        CHECK(first_difference(ref, got) == "");
+        CHECK(got.compile.refused.empty());
+        CHECK(got.compile.replays == steps() - 3);
+      }
+    }
+    TrainConfig one_sequence = base(model);  // cp: one sequence per rank and micro-batch
+    one_sequence.batch_size = 2;
+    const Trace ref = run(one_sequence);
+    for (const char* mesh : {"cp=2", "tp=2,cp=2"}) {
+      TrainConfig c = one_sequence;
+      c.mesh = mesh;
+      c.sequence_parallel = std::string(mesh) != "cp=2";
+      c.compile = true;
+      const Trace got = run(c);
+      INFO(model << ", compiled on " << mesh);
+      INFO(got.compile.refused);
+      CHECK(first_difference(ref, got) == "");
+      CHECK(got.compile.replays == steps() - 3);
+    }
+  }
+}
+
 // Context parallelism: sequences cut along time over "cp" (docs/distributed.md),
 // alone and with every other dim; attention keeps its queries local.
 // Micro-batches of one sequence per rank keep every piece local (attention

@@ -169,7 +169,7 @@ TEST_CASE("compile: a tensor built on the host from the data is caught by compar
     Tensor logits = lm.forward(x);
     std::vector<float> w(size_t(y.numel()));
     {
-      capture::Recorder::AllowReads host(capture::active());  // reading the inputs is not the point here
+      capture::Recorder::Unrecorded host(capture::active());  // reading the inputs is not the point here
       const int64_t* t = y.contiguous().data<int64_t>();
       for (size_t i = 0; i < w.size(); ++i) w[i] = t[i] % 2 == 0 ? 1.0f : 0.5f;
     }
@@ -192,10 +192,12 @@ TEST_CASE("compile: what this version does not record is refused at parallelize,
          auto m = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
          RunOptions o;
          o.compile = true;
+         o.zero = 3;
          parallelize(m, Mesh::world({{"dp", 2}}), parallel::ParallelPlan{}, adamw(), o);
        })) {
     INFO(e);
-    CHECK(contains(e, "RunOptions::compile with a mesh (collectives are not recorded yet)"));
+    CHECK(contains(e, "RunOptions::compile with FSDP"));
+    CHECK(contains(e, "(mesh (dp=2))"));
   }
   RunOptions o;
   o.compile = true;
@@ -205,4 +207,85 @@ TEST_CASE("compile: what this version does not record is refused at parallelize,
   auto moe = models::make_language_model(models::model_config("mixtral", "tiny"), kSeed);
   o.detect_anomaly = false;
   CHECK(contains(error_of([&] { parallelize(moe, adamw(), o); }), "MoE layers"));
+}
+
+// ---- the recorder itself -------------------------------------------------------------------------------------------
+
+TEST_CASE("capture: collectives are recorded and replayed, an async one with its wait", "[compile][comm]") {
+  // Each rank records y = x * 2, an asynchronous all-reduce of y and its
+  // wait; a replay with new x gives the new sum.
+  std::vector<std::vector<float>> replayed(2);
+
+  comm::run_local(2, [&](int rank) {
+    Tensor x = tensor(std::vector<float>{1.0f + float(rank), 2.0f}, Dims{2});
+    std::unique_ptr<capture::Program> p;
+    Tensor y;
+    int out = -1;
+    {
+      capture::Recorder rec("all-reduce test");
+      rec.input(x);
+      y = x * Scalar(2.0);
+      comm::world()->all_reduce(y, comm::ReduceOp::Sum, /*async=*/true)->wait();
+      out = rec.output(y);
+      p = rec.finish();
+    }
+    Tensor next = tensor(std::vector<float>{10.0f * float(rank + 1), 1.0f}, Dims{2});
+    p->set_input(0, next);
+    p->replay();
+    replayed[size_t(rank)] = p->output(out, y).to_vector<float>();
+  });
+  for (int r = 0; r < 2; ++r) CHECK(replayed[size_t(r)] == std::vector<float>{60.0f, 4.0f});  // 2 * (10 + 20), 2 * (1 + 1)
+}
+
+TEST_CASE("capture: an async collective waited for after the recording refuses it", "[compile][comm][errors]") {
+  std::vector<std::string> errors = errors_on_ranks(2, [](int) {
+    Tensor x = tensor(std::vector<float>{1.0f, 2.0f}, Dims{2});
+    comm::WorkPtr w;
+    std::string e;
+    {
+      capture::Recorder rec("late wait");
+      Tensor y = x * Scalar(2.0);
+      w = comm::world()->all_reduce(y, comm::ReduceOp::Sum, /*async=*/true);
+      e = error_of([&] { rec.finish(); });
+    }
+    w->wait();
+    throw Error(e);
+  });
+  for (const std::string& e : errors) {
+    INFO(e);
+    CHECK(contains(e, "1 asynchronous collective(s) started in the step (the first: all_reduce) were waited for after it"));
+  }
+}
+
+TEST_CASE("capture: a checked read that sees other values at replay throws ReplayDiverged", "[compile][errors]") {
+  Tensor flag = tensor(std::vector<float>{1.0f}, Dims{1});  // from before the step
+  Tensor x = tensor(std::vector<float>{1.0f, 2.0f}, Dims{2});
+  std::unique_ptr<capture::Program> p;
+  {
+    capture::Recorder rec("checked read");
+    Tensor y = x * Scalar(3.0);
+    rec.output(y);
+    rec.checked_read(flag);
+    CHECK(flag.data<float>()[0] == 1.0f);  // allowed: checked at every replay
+    p = rec.finish();
+  }
+  p->replay();  // the same value: fine
+  flag.data<float>()[0] = 0.0f;
+  const std::string e = error_of([&] { p->replay(); });
+  CHECK(contains(e, "the replayed step read other values of Tensor(float32, cpu, shape=[1])"));
+  CHECK_THROWS_AS(p->replay(), capture::ReplayDiverged);
+}
+
+TEST_CASE("capture: a tensor made in an Unrecorded scope and used by a recorded launch refuses the recording",
+          "[compile][errors]") {
+  Tensor x = tensor(std::vector<float>{1.0f, 2.0f}, Dims{2});
+  capture::Recorder rec("unrecorded");
+  Tensor z;
+  {
+    capture::Recorder::Unrecorded skip(&rec);
+    z = x * Scalar(2.0);  // not in the program
+  }
+  Tensor w = z + x;  // would read a buffer a replay never fills
+  const std::string e = error_of([&] { rec.finish(); });
+  CHECK(contains(e, "was made by work the recording skipped"));
 }

@@ -37,50 +37,50 @@ class TracingComm final : public comm::Communicator {
   const char* backend() const override { return inner_->backend(); }
   std::string name() const override { return inner_->name(); }
   const std::vector<int>& world_ranks() const override { return inner_->world_ranks(); }
-  comm::WorkPtr all_reduce(const Tensor& t, comm::ReduceOp op, bool async) override {
+  comm::WorkPtr do_all_reduce(const Tensor& t, comm::ReduceOp op, bool async) override {
     note("all_reduce", async);
     return inner_->all_reduce(t, op, async);
   }
-  comm::WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async) override {
+  comm::WorkPtr do_all_gather(const Tensor& in, const Tensor& out, bool async) override {
     note("all_gather", async);
     return inner_->all_gather(in, out, async);
   }
-  comm::WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+  comm::WorkPtr do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                              bool async) override {
     note("all_gather_v", async);
     return inner_->all_gather_v(in, out, counts, async);
   }
-  comm::WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, comm::ReduceOp op, bool async) override {
+  comm::WorkPtr do_reduce_scatter(const Tensor& in, const Tensor& out, comm::ReduceOp op, bool async) override {
     note("reduce_scatter", async);
     return inner_->reduce_scatter(in, out, op, async);
   }
-  comm::WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+  comm::WorkPtr do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                  comm::ReduceOp op, bool async) override {
     note("reduce_scatter_v", async);
     return inner_->reduce_scatter_v(in, out, counts, op, async);
   }
-  comm::WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async) override {
+  comm::WorkPtr do_all_to_all(const Tensor& in, const Tensor& out, bool async) override {
     note("all_to_all", async);
     return inner_->all_to_all(in, out, async);
   }
-  comm::WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& sc, const Tensor& out,
+  comm::WorkPtr do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& sc, const Tensor& out,
                              const std::vector<int64_t>& rc, bool async) override {
     note("all_to_all_v", async);
     return inner_->all_to_all_v(in, sc, out, rc, async);
   }
-  comm::WorkPtr broadcast(const Tensor& t, int root, bool async) override {
+  comm::WorkPtr do_broadcast(const Tensor& t, int root, bool async) override {
     note("broadcast", async);
     return inner_->broadcast(t, root, async);
   }
-  comm::WorkPtr send(const Tensor& t, int dst, int tag, bool async) override {
+  comm::WorkPtr do_send(const Tensor& t, int dst, int tag, bool async) override {
     note("send", async);
     return inner_->send(t, dst, tag, async);
   }
-  comm::WorkPtr recv(const Tensor& t, int src, int tag, bool async) override {
+  comm::WorkPtr do_recv(const Tensor& t, int src, int tag, bool async) override {
     note("recv", async);
     return inner_->recv(t, src, tag, async);
   }
-  void barrier() override {
+  void do_barrier() override {
     note("barrier", false);
     inner_->barrier();
   }

@@ -20,9 +20,10 @@ namespace {
 struct Run {
   std::vector<double> losses;
   std::vector<std::pair<std::string, Tensor>> params;
+  CompileStats compile;
 };
 
-Run run(const std::string& model, const std::string& mesh, bool sp) {
+Run run(const std::string& model, const std::string& mesh, bool sp, bool compile = false, int zero = 0) {
   comm::init_mpi();
   TrainConfig c;
   c.model = model;
@@ -37,15 +38,19 @@ Run run(const std::string& model, const std::string& mesh, bool sp) {
   c.dropout = model == "nanogpt" ? 0.1 : -1;
   c.mesh = mesh;
   c.sequence_parallel = sp;
+  c.compile = compile;
+  c.zero = zero;
   // One scratch folder per rank (scratch_dir empties it; only rank 0 writes into it).
   const std::string dir = testing::scratch_dir("parallel_mpi_" + std::to_string(comm::world()->rank()));
-  c.out_dir = (std::filesystem::path(dir) / (model + mesh)).string();
+  c.out_dir = (std::filesystem::path(dir) / (model + mesh + (compile ? "-compiled" : ""))).string();
   Run r;
   TrainHooks h;
   h.quiet = true;
   h.keep_params = true;
   h.on_step = [&](const StepMetrics& m) { r.losses.push_back(*m.loss); };
-  r.params = run_training(c, h).final_params;
+  TrainResult result = run_training(c, h);
+  r.params = std::move(result.final_params);
+  r.compile = result.compile;
   return r;
 }
 
@@ -65,5 +70,25 @@ TEST_CASE("mpi: dp2 x tp2 (+sp) training matches one device", "[parallel][mpi]")
       for (size_t i = 0; i < ref.params.size(); ++i)
         CHECK(testing::allclose(got.params[i].second, ref.params[i].second, 1e-4, 2e-5));
     }
+  }
+}
+
+// Compile mode with ranks as processes (docs/compile.md): every rank replays
+// its recorded step, MPI collectives included, from step 4 on, and gives
+// the eager run's bits on the same layout (fast mode).
+TEST_CASE("mpi: compile mode on dp2 x tp2 + sp (DDP, ZeRO-2) replays with the eager bits", "[parallel][mpi][compile]") {
+  for (const int zero : {0, 2}) {
+    const Run eager = run("nanogpt", "dp=2,tp=2", true, false, zero);
+    const Run compiled = run("nanogpt", "dp=2,tp=2", true, true, zero);
+    // Every rank replayed (a rank that ran eagerly would still match the bits).
+    INFO("zero=" << zero << ", rank " << comm::world()->rank() << ": " << compiled.compile.refused);
+    CHECK(compiled.compile.refused.empty());
+    CHECK(compiled.compile.replays == 7);
+    if (comm::world()->rank() != 0) continue;
+    REQUIRE(compiled.losses.size() == eager.losses.size());
+    for (size_t i = 0; i < eager.losses.size(); ++i) CHECK(compiled.losses[i] == eager.losses[i]);
+    REQUIRE(compiled.params.size() == eager.params.size());
+    for (size_t i = 0; i < eager.params.size(); ++i)
+      CHECK(testing::allclose(compiled.params[i].second, eager.params[i].second, 0.0, 0.0));
   }
 }

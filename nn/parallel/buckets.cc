@@ -1,6 +1,7 @@
 #include "nn/parallel/buckets.h"
 
 #include "kernels/elementwise.h"
+#include "runtime/capture.h"
 
 namespace tessel::parallel {
 
@@ -110,6 +111,8 @@ bool ReduceScatterBucket::used(size_t k) const {
   const int64_t me = layout_.member(0).dp_rank;
   Tensor flag = raw::narrow(accumulated_, 0, layout_.extras_offset(me) + int64_t(k), 1);
   if (flag.device() != kCPU) flag = flag.to(kCPU);
+  // Reduce-scattered over every rank's flag, so alike on every rank; it only picks host work.
+  if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->checked_read(flag);
   return flag.data<float>()[0] > 0;
 }
 

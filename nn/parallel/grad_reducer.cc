@@ -5,6 +5,7 @@
 #include "autograd/api.h"
 #include "dtensor/ops.h"
 #include "kernels/elementwise.h"
+#include "runtime/capture.h"
 #include "runtime/numerics.h"
 
 namespace tessel::parallel {
@@ -194,6 +195,8 @@ void GradReducer::install_all_reduced() {
     for (size_t k = 0; k < b.members.size(); ++k) {
       DpParam& p = *params_[b.members[k]];
       Tensor flag = b.flags[k].device() == kCPU ? b.flags[k] : b.flags[k].to(kCPU);
+      // All-reduced, so alike on every rank; it only picks host work below.
+      if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->checked_read(flag);
       if (!(flag.data<float>()[0] > 0)) {  // no rank had a gradient: like one device, none
         p.param.zero_grad();
         if (!p.shard.is_same(p.param)) p.shard.zero_grad();

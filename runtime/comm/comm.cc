@@ -285,4 +285,282 @@ BackendHooks& hooks() {
 }
 
 }  // namespace detail
+
+// ---- the public calls, and compile mode's record of them -----------------------------------------------------
+//
+// Outside a recording (nearly always) each call is the backend's do_*. Under
+// a capture::Recorder at depth 0 the call becomes a launch of the program
+// (CollectiveLaunch) and then runs as usual, one level deeper: what the
+// backend does inside (kernels, nested calls such as reduce_scatter ->
+// reduce_scatter_v) runs again inside it at replay. An asynchronous call's
+// wait() becomes a launch of its own (WaitLaunch), so a replay waits where
+// the eager step waited; its tensors stay whole in the arena until then.
+
+struct Communicator::Call {
+  enum class Kind { AllReduce, AllGather, AllGatherV, ReduceScatter, ReduceScatterV, AllToAll, AllToAllV, Broadcast,
+                    Send, Recv, Barrier };
+  Kind kind = Kind::Barrier;
+  const char* name = "";
+  Tensor a, b;  // in (or the in-place tensor), out
+  ReduceOp op = ReduceOp::Sum;
+  std::vector<int64_t> counts, counts2;  // *_v counts (all_to_all_v: send, then receive)
+  int peer = -1, tag = 0;                // broadcast root; send/recv peer and tag
+  bool async = false;
+};
+
+WorkPtr Communicator::issue(const Call& c) {
+  using K = Call::Kind;
+  switch (c.kind) {
+    case K::AllReduce: return do_all_reduce(c.a, c.op, c.async);
+    case K::AllGather: return do_all_gather(c.a, c.b, c.async);
+    case K::AllGatherV: return do_all_gather_v(c.a, c.b, c.counts, c.async);
+    case K::ReduceScatter: return do_reduce_scatter(c.a, c.b, c.op, c.async);
+    case K::ReduceScatterV: return do_reduce_scatter_v(c.a, c.b, c.counts, c.op, c.async);
+    case K::AllToAll: return do_all_to_all(c.a, c.b, c.async);
+    case K::AllToAllV: return do_all_to_all_v(c.a, c.counts, c.b, c.counts2, c.async);
+    case K::Broadcast: return do_broadcast(c.a, c.peer, c.async);
+    case K::Send: return do_send(c.a, c.peer, c.tag, c.async);
+    case K::Recv: return do_recv(c.a, c.peer, c.tag, c.async);
+    case K::Barrier: do_barrier(); return detail::done_work();
+  }
+  return detail::done_work();
+}
+
+class CollectiveLaunch final : public capture::Launch {
+ public:
+  CollectiveLaunch(Communicator* comm, Communicator::Call call) : comm_(comm), call_(std::move(call)) {}
+  void record(capture::Recorder& r) {
+    // The communicator by identity (the same object in both recordings and
+    // at replay: the mesh that owns it outlives the Run's program).
+    capture::fingerprint(fingerprint, comm_->name().data(), comm_->name().size());
+    const Communicator* self = comm_;
+    capture::fingerprint(fingerprint, &self, sizeof self);
+    capture::fingerprint(fingerprint, int(call_.kind));
+    capture::fingerprint(fingerprint, int(call_.op));
+    capture::fingerprint(fingerprint, call_.peer);
+    capture::fingerprint(fingerprint, call_.tag);
+    capture::fingerprint(fingerprint, call_.async);
+    for (const auto* v : {&call_.counts, &call_.counts2}) {
+      capture::fingerprint(fingerprint, int64_t(v->size()));
+      for (int64_t x : *v) capture::fingerprint(fingerprint, x);
+    }
+    a_.record(r, fingerprint, call_.a);
+    b_.record(r, fingerprint, call_.b);
+    call_.a = Tensor();  // the program refers to buffers, it does not hold the eager tensors
+    call_.b = Tensor();
+  }
+  void run() override {
+    Communicator::Call c = call_;
+    c.a = a_.get();
+    c.b = b_.get();
+    WorkPtr w = comm_->issue(c);
+    if (c.async) pending = std::move(w);
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) override {
+    a_.bind(buffers);
+    b_.bind(buffers);
+  }
+  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+  int buffer_a() const { return a_.arg.buffer; }
+  int buffer_b() const { return b_.arg.buffer; }
+  WorkPtr pending;  // a replayed asynchronous call, until its WaitLaunch
+
+ private:
+  Communicator* comm_;
+  Communicator::Call call_;
+  capture::Stored<Tensor> a_, b_;
+};
+
+namespace {
+
+class WaitLaunch final : public capture::Launch {
+ public:
+  explicit WaitLaunch(CollectiveLaunch* of) : of_(of) {}
+  void run() override {
+    if (WorkPtr w = std::move(of_->pending)) w->wait();
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>&) override {}
+  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+
+ private:
+  CollectiveLaunch* of_;  // owned by the same program, before this launch
+};
+
+// The eager handle of a recorded asynchronous call: its first wait() while
+// the same recorder is active is recorded.
+class RecordedWork final : public Work {
+ public:
+  RecordedWork(WorkPtr inner, CollectiveLaunch* launch, uint64_t recorder)
+      : inner_(std::move(inner)), launch_(launch), recorder_(recorder) {}
+  void wait() override {
+    capture::Recorder* r = capture::active();
+    const bool mine = r != nullptr && r->serial() == recorder_;
+    {
+      // The backend's own work in the wait (MPI's later stages read and
+      // write the tensors on the host) runs again inside the replayed wait.
+      Deeper deeper(mine ? r : nullptr);
+      inner_->wait();
+    }
+    if (launch_ == nullptr) return;
+    if (mine) {
+      r->touch(launch_->buffer_a());
+      r->touch(launch_->buffer_b());
+      auto w = std::make_unique<WaitLaunch>(launch_);
+      w->name = "wait";
+      w->fingerprint = std::string("wait") + '\0';
+      capture::fingerprint(w->fingerprint, int64_t(r->launches()));
+      r->add(std::move(w));
+      r->async_waited();
+    }
+    launch_ = nullptr;  // (a recorder that ended refused the recording already: finish() saw it in flight)
+  }
+  bool is_completed() override {
+    capture::Recorder* r = capture::active();
+    Deeper deeper(r != nullptr && r->serial() == recorder_ ? r : nullptr);
+    return inner_->is_completed();
+  }
+
+ private:
+  // One level deeper on `r` (if any) for a scope: what runs inside is not recorded.
+  struct Deeper {
+    explicit Deeper(capture::Recorder* r) : r_(r) {
+      if (r_) ++r_->depth;
+    }
+    ~Deeper() {
+      if (r_) --r_->depth;
+    }
+    capture::Recorder* r_;
+  };
+  WorkPtr inner_;
+  CollectiveLaunch* launch_;
+  uint64_t recorder_;
+};
+
+}  // namespace
+
+WorkPtr Communicator::record(Call call) {
+  capture::Recorder& r = *capture::active();
+  auto launch = std::make_unique<CollectiveLaunch>(this, call);
+  launch->name = call.name;
+  launch->fingerprint = std::string(call.name) + '\0';
+  launch->record(r);
+  CollectiveLaunch* raw = launch.get();
+  r.add(std::move(launch));
+  WorkPtr w;
+  {
+    struct Depth {
+      int& d;
+      ~Depth() { --d; }
+    } depth{++r.depth};
+    w = issue(call);
+  }
+  if (!call.async) return w;
+  r.async_started(call.name);
+  return std::make_shared<RecordedWork>(std::move(w), raw, r.serial());
+}
+
+namespace {
+inline bool recording() {
+  capture::Recorder* r = capture::active();
+  return TESSEL_UNLIKELY(r != nullptr) && r->depth == 0;
+}
+}  // namespace
+
+using K = Communicator::Call::Kind;
+
+WorkPtr Communicator::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::AllReduce, c.name = "all_reduce", c.a = t, c.op = op, c.async = async;
+    return record(std::move(c));
+  }
+  return do_all_reduce(t, op, async);
+}
+WorkPtr Communicator::all_gather(const Tensor& in, const Tensor& out, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::AllGather, c.name = "all_gather", c.a = in, c.b = out, c.async = async;
+    return record(std::move(c));
+  }
+  return do_all_gather(in, out, async);
+}
+WorkPtr Communicator::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+                                   bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::AllGatherV, c.name = "all_gather_v", c.a = in, c.b = out, c.counts = counts, c.async = async;
+    return record(std::move(c));
+  }
+  return do_all_gather_v(in, out, counts, async);
+}
+WorkPtr Communicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::ReduceScatter, c.name = "reduce_scatter", c.a = in, c.b = out, c.op = op, c.async = async;
+    return record(std::move(c));
+  }
+  return do_reduce_scatter(in, out, op, async);
+}
+WorkPtr Communicator::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+                                       ReduceOp op, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::ReduceScatterV, c.name = "reduce_scatter_v", c.a = in, c.b = out, c.counts = counts, c.op = op,
+    c.async = async;
+    return record(std::move(c));
+  }
+  return do_reduce_scatter_v(in, out, counts, op, async);
+}
+WorkPtr Communicator::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::AllToAll, c.name = "all_to_all", c.a = in, c.b = out, c.async = async;
+    return record(std::move(c));
+  }
+  return do_all_to_all(in, out, async);
+}
+WorkPtr Communicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                                   const std::vector<int64_t>& recv_counts, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::AllToAllV, c.name = "all_to_all_v", c.a = in, c.b = out, c.counts = send_counts,
+    c.counts2 = recv_counts, c.async = async;
+    return record(std::move(c));
+  }
+  return do_all_to_all_v(in, send_counts, out, recv_counts, async);
+}
+WorkPtr Communicator::broadcast(const Tensor& t, int root, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::Broadcast, c.name = "broadcast", c.a = t, c.peer = root, c.async = async;
+    return record(std::move(c));
+  }
+  return do_broadcast(t, root, async);
+}
+WorkPtr Communicator::send(const Tensor& t, int dst, int tag, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::Send, c.name = "send", c.a = t, c.peer = dst, c.tag = tag, c.async = async;
+    return record(std::move(c));
+  }
+  return do_send(t, dst, tag, async);
+}
+WorkPtr Communicator::recv(const Tensor& t, int src, int tag, bool async) {
+  if (recording()) {
+    Call c;
+    c.kind = K::Recv, c.name = "recv", c.a = t, c.peer = src, c.tag = tag, c.async = async;
+    return record(std::move(c));
+  }
+  return do_recv(t, src, tag, async);
+}
+void Communicator::barrier() {
+  if (recording()) {
+    Call c;
+    c.name = "barrier";
+    record(std::move(c));
+    return;
+  }
+  do_barrier();
+}
+
 }  // namespace tessel::comm

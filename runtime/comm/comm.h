@@ -103,35 +103,61 @@ class Communicator {
   // World ranks of the members, in this communicator's rank order.
   virtual const std::vector<int>& world_ranks() const = 0;
 
+  // The collectives. Each is one non-virtual call in front of the
+  // backend's do_* (below): in compile mode (runtime/capture.h) it is
+  // recorded too, so a replay issues it again with the same arguments.
+  //
   // In place on `t` (every rank passes the same shape/dtype).
-  virtual WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async = false) = 0;
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async = false);
   // out (size() * in.numel() elements) = the ranks' `in` concatenated in rank order.
-  virtual WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async = false) = 0;
+  WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async = false);
   // Uneven: rank r contributes counts[r] elements (in.numel() == counts[rank()]);
   // out holds sum(counts) elements in rank order.
-  virtual WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
-                               bool async = false) = 0;
+  WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async = false);
   // in = size() equal blocks; out (in.numel() / size() elements) = reduction of block rank().
-  virtual WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async = false) = 0;
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async = false);
   // Uneven: block r of `in` has counts[r] elements; out has counts[rank()].
-  virtual WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
-                                   ReduceOp op, bool async = false) = 0;
+  WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
+                           bool async = false);
   // in = size() equal blocks; block r goes to rank r; out block s came from rank s.
-  virtual WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async = false) = 0;
+  WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async = false);
   // send_counts[r] elements (consecutive in `in`, in rank order) go to rank r;
   // recv_counts[s] elements arrive from rank s (consecutive in `out`).
-  virtual WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
-                               const std::vector<int64_t>& recv_counts, bool async = false) = 0;
-  virtual WorkPtr broadcast(const Tensor& t, int root, bool async = false) = 0;
-  virtual WorkPtr send(const Tensor& t, int dst, int tag = 0, bool async = false) = 0;
-  virtual WorkPtr recv(const Tensor& t, int src, int tag = 0, bool async = false) = 0;
-  virtual void barrier() = 0;
+  WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                       const std::vector<int64_t>& recv_counts, bool async = false);
+  WorkPtr broadcast(const Tensor& t, int root, bool async = false);
+  WorkPtr send(const Tensor& t, int dst, int tag = 0, bool async = false);
+  WorkPtr recv(const Tensor& t, int src, int tag = 0, bool async = false);
+  void barrier();
   // MPI_Comm_split semantics: collective over this communicator; ranks with the
   // same color form a new communicator ordered by (key, old rank), named
   // "<parent>/split(<color>)". A negative color joins no group: returns null.
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 
+  // One collective call, as compile mode records it (comm.cc).
+  struct Call;
+
+ protected:
+  // The backend's collectives (the public calls above forward here).
+  virtual WorkPtr do_all_reduce(const Tensor& t, ReduceOp op, bool async) = 0;
+  virtual WorkPtr do_all_gather(const Tensor& in, const Tensor& out, bool async) = 0;
+  virtual WorkPtr do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+                                  bool async) = 0;
+  virtual WorkPtr do_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) = 0;
+  virtual WorkPtr do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+                                      ReduceOp op, bool async) = 0;
+  virtual WorkPtr do_all_to_all(const Tensor& in, const Tensor& out, bool async) = 0;
+  virtual WorkPtr do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                                  const std::vector<int64_t>& recv_counts, bool async) = 0;
+  virtual WorkPtr do_broadcast(const Tensor& t, int root, bool async) = 0;
+  virtual WorkPtr do_send(const Tensor& t, int dst, int tag, bool async) = 0;
+  virtual WorkPtr do_recv(const Tensor& t, int src, int tag, bool async) = 0;
+  virtual void do_barrier() = 0;
+
  private:
+  friend class CollectiveLaunch;
+  WorkPtr issue(const Call& call);
+  WorkPtr record(Call call);
   std::string label_;
 };
 using CommPtr = std::shared_ptr<Communicator>;
@@ -144,7 +170,6 @@ class TraceComm {
  public:
   TraceComm(const char* what, const Communicator& c, int64_t bytes, int peer = -1, bool async = false)
       : r_(timeline::current()) {
-    if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->collective(what, c.name());
     if (r_) begin(what, c, bytes, peer, async);
   }
   ~TraceComm() {

@@ -115,19 +115,19 @@ class LocalComm final : public Communicator, public std::enable_shared_from_this
   std::string name() const override { return g_->name; }
   const std::vector<int>& world_ranks() const override { return g_->world_ranks; }
 
-  WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async) override;
-  WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async) override;
-  WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) override;
-  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
-  WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
+  WorkPtr do_all_reduce(const Tensor& t, ReduceOp op, bool async) override;
+  WorkPtr do_all_gather(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) override;
+  WorkPtr do_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
+  WorkPtr do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
                            bool async) override;
-  WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async) override;
-  WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+  WorkPtr do_all_to_all(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                        const std::vector<int64_t>& recv_counts, bool async) override;
-  WorkPtr broadcast(const Tensor& t, int root, bool async) override;
-  WorkPtr send(const Tensor& t, int dst, int tag, bool async) override;
-  WorkPtr recv(const Tensor& t, int src, int tag, bool async) override;
-  void barrier() override;
+  WorkPtr do_broadcast(const Tensor& t, int root, bool async) override;
+  WorkPtr do_send(const Tensor& t, int dst, int tag, bool async) override;
+  WorkPtr do_recv(const Tensor& t, int src, int tag, bool async) override;
+  void do_barrier() override;
   std::shared_ptr<Communicator> split(int color, int key) override;
 
   // Waits for a posted receive (used by RecvWork).
@@ -254,7 +254,7 @@ void LocalComm::enter(const std::string& where, Posted& p, const std::function<v
 
 // ---- reductions --------------------------------------------------------------
 
-WorkPtr LocalComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+WorkPtr LocalComm::do_all_reduce(const Tensor& t, ReduceOp op, bool async) {
   detail::TraceComm trace("all_reduce", *this, int64_t(t.nbytes()), -1, async);
   (void)async;  // completes eagerly
   const std::string w = detail::where(*this, "all_reduce", op);
@@ -284,7 +284,7 @@ WorkPtr LocalComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
   return detail::done_work();
 }
 
-WorkPtr LocalComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+WorkPtr LocalComm::do_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
   detail::TraceComm trace("reduce_scatter", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "reduce_scatter", op);
   detail::check_tensor(w, in, "input", DeviceType::CPU);
@@ -297,7 +297,7 @@ WorkPtr LocalComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp 
   return reduce_scatter_v(in, out, counts, op, async);
 }
 
-WorkPtr LocalComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+WorkPtr LocalComm::do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                     ReduceOp op, bool async) {
   detail::TraceComm trace("reduce_scatter_v", *this, int64_t(in.nbytes()), -1, async);
   (void)async;
@@ -329,7 +329,7 @@ WorkPtr LocalComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const s
 
 // ---- data movement -------------------------------------------------------------
 
-WorkPtr LocalComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
+WorkPtr LocalComm::do_all_gather(const Tensor& in, const Tensor& out, bool async) {
   detail::TraceComm trace("all_gather", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_gather");
   detail::check_tensor(w, in, "input", DeviceType::CPU);
@@ -342,7 +342,7 @@ WorkPtr LocalComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
   return all_gather_v(in, out, counts, async);
 }
 
-WorkPtr LocalComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
+WorkPtr LocalComm::do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
   detail::TraceComm trace("all_gather_v", *this, int64_t(in.nbytes()), -1, async);
   (void)async;
   const std::string w = detail::where(*this, "all_gather_v");
@@ -369,7 +369,7 @@ WorkPtr LocalComm::all_gather_v(const Tensor& in, const Tensor& out, const std::
   return detail::done_work();
 }
 
-WorkPtr LocalComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+WorkPtr LocalComm::do_all_to_all(const Tensor& in, const Tensor& out, bool async) {
   detail::TraceComm trace("all_to_all", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_to_all");
   detail::check_tensor(w, in, "input", DeviceType::CPU);
@@ -382,7 +382,7 @@ WorkPtr LocalComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
   return all_to_all_v(in, counts, out, counts, async);
 }
 
-WorkPtr LocalComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+WorkPtr LocalComm::do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                                 const std::vector<int64_t>& recv_counts, bool async) {
   detail::TraceComm trace("all_to_all_v", *this, int64_t(in.nbytes()), -1, async);
   (void)async;
@@ -428,7 +428,7 @@ WorkPtr LocalComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& se
   return detail::done_work();
 }
 
-WorkPtr LocalComm::broadcast(const Tensor& t, int root, bool async) {
+WorkPtr LocalComm::do_broadcast(const Tensor& t, int root, bool async) {
   detail::TraceComm trace("broadcast", *this, int64_t(t.nbytes()), -1, async);
   (void)async;
   const std::string w = detail::where(*this, "broadcast");
@@ -443,7 +443,7 @@ WorkPtr LocalComm::broadcast(const Tensor& t, int root, bool async) {
   return detail::done_work();
 }
 
-void LocalComm::barrier() {
+void LocalComm::do_barrier() {
   detail::TraceComm trace("barrier", *this, 0);
   const std::string w = detail::where(*this, "barrier");
   Posted p;
@@ -490,7 +490,7 @@ std::shared_ptr<Communicator> LocalComm::split(int color, int key) {
 
 // ---- point to point ------------------------------------------------------------
 
-WorkPtr LocalComm::send(const Tensor& t, int dst, int tag, bool async) {
+WorkPtr LocalComm::do_send(const Tensor& t, int dst, int tag, bool async) {
   detail::TraceComm trace("send", *this, int64_t(t.nbytes()), dst, async);
   (void)async;  // buffered: the sender never waits for the receiver
   const std::string w = detail::where(*this, "send");
@@ -549,7 +549,7 @@ WorkPtr LocalComm::send(const Tensor& t, int dst, int tag, bool async) {
   return detail::done_work();
 }
 
-WorkPtr LocalComm::recv(const Tensor& t, int src, int tag, bool async) {
+WorkPtr LocalComm::do_recv(const Tensor& t, int src, int tag, bool async) {
   detail::TraceComm trace("recv", *this, int64_t(t.nbytes()), src, async);
   const std::string w = detail::where(*this, "recv");
   detail::check_tensor(w, t, "tensor", DeviceType::CPU);

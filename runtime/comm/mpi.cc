@@ -120,19 +120,19 @@ class MpiComm final : public Communicator, public std::enable_shared_from_this<M
   std::string name() const override { return name_; }
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
 
-  WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async) override;
-  WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async) override;
-  WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) override;
-  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
-  WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
+  WorkPtr do_all_reduce(const Tensor& t, ReduceOp op, bool async) override;
+  WorkPtr do_all_gather(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) override;
+  WorkPtr do_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
+  WorkPtr do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
                            bool async) override;
-  WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async) override;
-  WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+  WorkPtr do_all_to_all(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                        const std::vector<int64_t>& recv_counts, bool async) override;
-  WorkPtr broadcast(const Tensor& t, int root, bool async) override;
-  WorkPtr send(const Tensor& t, int dst, int tag, bool async) override;
-  WorkPtr recv(const Tensor& t, int src, int tag, bool async) override;
-  void barrier() override;
+  WorkPtr do_broadcast(const Tensor& t, int root, bool async) override;
+  WorkPtr do_send(const Tensor& t, int dst, int tag, bool async) override;
+  WorkPtr do_recv(const Tensor& t, int src, int tag, bool async) override;
+  void do_barrier() override;
   std::shared_ptr<Communicator> split(int color, int key) override;
 
  private:
@@ -277,7 +277,7 @@ void MpiComm::post_exchange(MpiWork& w, const void* sbuf, void* rbuf, DType dt, 
   }
 }
 
-WorkPtr MpiComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+WorkPtr MpiComm::do_all_reduce(const Tensor& t, ReduceOp op, bool async) {
   detail::TraceComm trace("all_reduce", *this, int64_t(t.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "all_reduce", op));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
@@ -319,7 +319,7 @@ WorkPtr MpiComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
   return finish(w, async);
 }
 
-WorkPtr MpiComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+WorkPtr MpiComm::do_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
   detail::TraceComm trace("reduce_scatter", *this, int64_t(in.nbytes()), -1, async);
   const std::string wh = detail::where(*this, "reduce_scatter", op);
   detail::check_tensor(wh, in, "input", DeviceType::CPU);
@@ -331,7 +331,7 @@ WorkPtr MpiComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op
   return reduce_scatter_v(in, out, std::vector<int64_t>(size_t(size_), out.numel()), op, async);
 }
 
-WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+WorkPtr MpiComm::do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                   ReduceOp op, bool async) {
   detail::TraceComm trace("reduce_scatter_v", *this, int64_t(in.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "reduce_scatter_v", op));
@@ -372,7 +372,7 @@ WorkPtr MpiComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std
   return finish(w, async);
 }
 
-WorkPtr MpiComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
+WorkPtr MpiComm::do_all_gather(const Tensor& in, const Tensor& out, bool async) {
   detail::TraceComm trace("all_gather", *this, int64_t(in.nbytes()), -1, async);
   const std::string wh = detail::where(*this, "all_gather");
   detail::check_tensor(wh, in, "input", DeviceType::CPU);
@@ -384,7 +384,7 @@ WorkPtr MpiComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
   return all_gather_v(in, out, std::vector<int64_t>(size_t(size_), in.numel()), async);
 }
 
-WorkPtr MpiComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
+WorkPtr MpiComm::do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
   detail::TraceComm trace("all_gather_v", *this, int64_t(in.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "all_gather_v"));
   detail::check_tensor(w->where, in, "input", DeviceType::CPU);
@@ -419,7 +419,7 @@ WorkPtr MpiComm::all_gather_v(const Tensor& in, const Tensor& out, const std::ve
   return finish(w, async);
 }
 
-WorkPtr MpiComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+WorkPtr MpiComm::do_all_to_all(const Tensor& in, const Tensor& out, bool async) {
   detail::TraceComm trace("all_to_all", *this, int64_t(in.nbytes()), -1, async);
   const std::string wh = detail::where(*this, "all_to_all");
   detail::check_tensor(wh, in, "input", DeviceType::CPU);
@@ -432,7 +432,7 @@ WorkPtr MpiComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
   return all_to_all_v(in, counts, out, counts, async);
 }
 
-WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+WorkPtr MpiComm::do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                               const std::vector<int64_t>& recv_counts, bool async) {
   detail::TraceComm trace("all_to_all_v", *this, int64_t(in.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "all_to_all_v"));
@@ -481,7 +481,7 @@ WorkPtr MpiComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send
   return finish(w, async);
 }
 
-WorkPtr MpiComm::broadcast(const Tensor& t, int root, bool async) {
+WorkPtr MpiComm::do_broadcast(const Tensor& t, int root, bool async) {
   detail::TraceComm trace("broadcast", *this, int64_t(t.nbytes()), -1, async);
   auto w = collective(detail::where(*this, "broadcast"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
@@ -495,7 +495,7 @@ WorkPtr MpiComm::broadcast(const Tensor& t, int root, bool async) {
   return finish(w, async);
 }
 
-WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
+WorkPtr MpiComm::do_send(const Tensor& t, int dst, int tag, bool async) {
   detail::TraceComm trace("send", *this, int64_t(t.nbytes()), dst, async);
   auto w = p2p(detail::where(*this, "send"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
@@ -510,7 +510,7 @@ WorkPtr MpiComm::send(const Tensor& t, int dst, int tag, bool async) {
   return finish(w, async);
 }
 
-WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
+WorkPtr MpiComm::do_recv(const Tensor& t, int src, int tag, bool async) {
   detail::TraceComm trace("recv", *this, int64_t(t.nbytes()), src, async);
   auto w = p2p(detail::where(*this, "recv"));
   detail::check_tensor(w->where, t, "tensor", DeviceType::CPU);
@@ -540,7 +540,7 @@ WorkPtr MpiComm::recv(const Tensor& t, int src, int tag, bool async) {
   return finish(w, async);
 }
 
-void MpiComm::barrier() {
+void MpiComm::do_barrier() {
   detail::TraceComm trace("barrier", *this, 0);
   auto w = collective(detail::where(*this, "barrier"));
   if (meta_check_enabled()) {

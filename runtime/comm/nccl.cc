@@ -141,19 +141,19 @@ class NcclComm final : public Communicator, public std::enable_shared_from_this<
   std::string name() const override { return name_; }
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
 
-  WorkPtr all_reduce(const Tensor& t, ReduceOp op, bool async) override;
-  WorkPtr all_gather(const Tensor& in, const Tensor& out, bool async) override;
-  WorkPtr all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) override;
-  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
-  WorkPtr reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
+  WorkPtr do_all_reduce(const Tensor& t, ReduceOp op, bool async) override;
+  WorkPtr do_all_gather(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) override;
+  WorkPtr do_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
+  WorkPtr do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, ReduceOp op,
                            bool async) override;
-  WorkPtr all_to_all(const Tensor& in, const Tensor& out, bool async) override;
-  WorkPtr all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+  WorkPtr do_all_to_all(const Tensor& in, const Tensor& out, bool async) override;
+  WorkPtr do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                        const std::vector<int64_t>& recv_counts, bool async) override;
-  WorkPtr broadcast(const Tensor& t, int root, bool async) override;
-  WorkPtr send(const Tensor& t, int dst, int tag, bool async) override;
-  WorkPtr recv(const Tensor& t, int src, int tag, bool async) override;
-  void barrier() override;
+  WorkPtr do_broadcast(const Tensor& t, int root, bool async) override;
+  WorkPtr do_send(const Tensor& t, int dst, int tag, bool async) override;
+  WorkPtr do_recv(const Tensor& t, int src, int tag, bool async) override;
+  void do_barrier() override;
   std::shared_ptr<Communicator> split(int color, int key) override;
 
  private:
@@ -242,7 +242,7 @@ void NcclComm::exchange(const std::string& where, DType dt, const void* sbuf, co
   check_nccl(ncclGroupEnd(), where, "ncclGroupEnd");
 }
 
-WorkPtr NcclComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+WorkPtr NcclComm::do_all_reduce(const Tensor& t, ReduceOp op, bool async) {
   detail::TraceComm trace("all_reduce", *this, int64_t(t.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_reduce", op);
   check_gpu_tensor(w, t, "tensor");
@@ -280,7 +280,7 @@ WorkPtr NcclComm::all_reduce(const Tensor& t, ReduceOp op, bool async) {
   return finish(w, async);
 }
 
-WorkPtr NcclComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+WorkPtr NcclComm::do_reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
   detail::TraceComm trace("reduce_scatter", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "reduce_scatter", op);
   if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype()) {
@@ -290,7 +290,7 @@ WorkPtr NcclComm::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp o
   return reduce_scatter_v(in, out, std::vector<int64_t>(static_cast<size_t>(size_), out.numel()), op, async);
 }
 
-WorkPtr NcclComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
+WorkPtr NcclComm::do_reduce_scatter_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts,
                                    ReduceOp op, bool async) {
   detail::TraceComm trace("reduce_scatter_v", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "reduce_scatter_v", op);
@@ -323,7 +323,7 @@ WorkPtr NcclComm::reduce_scatter_v(const Tensor& in, const Tensor& out, const st
   return finish(w, async);
 }
 
-WorkPtr NcclComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
+WorkPtr NcclComm::do_all_gather(const Tensor& in, const Tensor& out, bool async) {
   detail::TraceComm trace("all_gather", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_gather");
   if (out.numel() != in.numel() * size_ || in.dtype() != out.dtype()) {
@@ -333,7 +333,7 @@ WorkPtr NcclComm::all_gather(const Tensor& in, const Tensor& out, bool async) {
   return all_gather_v(in, out, std::vector<int64_t>(static_cast<size_t>(size_), in.numel()), async);
 }
 
-WorkPtr NcclComm::all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
+WorkPtr NcclComm::do_all_gather_v(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, bool async) {
   detail::TraceComm trace("all_gather_v", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_gather_v");
   check_gpu_tensor(w, in, "input");
@@ -368,7 +368,7 @@ WorkPtr NcclComm::all_gather_v(const Tensor& in, const Tensor& out, const std::v
   return finish(w, async);
 }
 
-WorkPtr NcclComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
+WorkPtr NcclComm::do_all_to_all(const Tensor& in, const Tensor& out, bool async) {
   detail::TraceComm trace("all_to_all", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_to_all");
   if (in.numel() % size_ != 0 || out.numel() != in.numel() || in.dtype() != out.dtype()) {
@@ -379,7 +379,7 @@ WorkPtr NcclComm::all_to_all(const Tensor& in, const Tensor& out, bool async) {
   return all_to_all_v(in, counts, out, counts, async);
 }
 
-WorkPtr NcclComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+WorkPtr NcclComm::do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                                const std::vector<int64_t>& recv_counts, bool async) {
   detail::TraceComm trace("all_to_all_v", *this, int64_t(in.nbytes()), -1, async);
   const std::string w = detail::where(*this, "all_to_all_v");
@@ -420,7 +420,7 @@ WorkPtr NcclComm::all_to_all_v(const Tensor& in, const std::vector<int64_t>& sen
   return finish(w, async);
 }
 
-WorkPtr NcclComm::broadcast(const Tensor& t, int root, bool async) {
+WorkPtr NcclComm::do_broadcast(const Tensor& t, int root, bool async) {
   detail::TraceComm trace("broadcast", *this, int64_t(t.nbytes()), -1, async);
   const std::string w = detail::where(*this, "broadcast");
   check_gpu_tensor(w, t, "tensor");
@@ -434,7 +434,7 @@ WorkPtr NcclComm::broadcast(const Tensor& t, int root, bool async) {
 
 // Point to point: a small MPI header (element count) travels first, so a size
 // mismatch is an error on the receiver instead of a hang or a corruption.
-WorkPtr NcclComm::send(const Tensor& t, int dst, int tag, bool async) {
+WorkPtr NcclComm::do_send(const Tensor& t, int dst, int tag, bool async) {
   detail::TraceComm trace("send", *this, int64_t(t.nbytes()), dst, async);
   const std::string w = detail::where(*this, "send") + fmt::format(FMT_STRING(" to rank {} (tag {})"), dst, tag);
   check_gpu_tensor(w, t, "tensor");
@@ -446,7 +446,7 @@ WorkPtr NcclComm::send(const Tensor& t, int dst, int tag, bool async) {
   return finish(w, async);
 }
 
-WorkPtr NcclComm::recv(const Tensor& t, int src, int tag, bool async) {
+WorkPtr NcclComm::do_recv(const Tensor& t, int src, int tag, bool async) {
   detail::TraceComm trace("recv", *this, int64_t(t.nbytes()), src, async);
   const std::string w = detail::where(*this, "recv") + fmt::format(FMT_STRING(" from rank {} (tag {})"), src, tag);
   check_gpu_tensor(w, t, "tensor");
@@ -467,7 +467,7 @@ WorkPtr NcclComm::recv(const Tensor& t, int src, int tag, bool async) {
   return finish(w, async);
 }
 
-void NcclComm::barrier() {
+void NcclComm::do_barrier() {
   detail::TraceComm trace("barrier", *this, 0);
   const std::string w = detail::where(*this, "barrier");
   check_meta(w, detail::make_meta(OpKind::Barrier, nullptr, nullptr), nullptr);

@@ -33,7 +33,7 @@ StepTrace run_traced(const train::TrainConfig& c) {
     t.loss_bits.push_back(bits);
     t.hashes.push_back(m.param_hash);
   };
-  train::run_training(c, h);
+  t.compile = train::run_training(c, h).compile;
   return t;
 }
 

@@ -13,6 +13,7 @@ struct StepTrace {
   std::vector<int64_t> steps;
   std::vector<uint64_t> loss_bits;
   std::vector<std::string> hashes;
+  CompileStats compile;  // TrainConfig::compile: what compile mode did
 };
 
 // The small run the training tests start from: `model`'s tiny config, 20

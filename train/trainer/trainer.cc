@@ -572,10 +572,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   bar.reset();
   const std::string trace_path = run.write_trace();  // when the run ended inside the trace's steps
   if (!trace_path.empty() && !hooks.quiet) std::printf("  wrote the timeline %s\n", trace_path.c_str());
+  result.compile = run.compile_stats();
   if (cfg.compile && main_rank && !hooks.quiet) {
-    const CompileStats c = run.compile_stats();
+    const CompileStats& c = result.compile;
     if (c.refused.empty())
-      std::printf("  compile: %lld step(s) replayed (%lld kernels each, %.1f MiB of buffers), %lld eager, %lld recording(s)\n",
+      std::printf("  compile: %lld step(s) replayed (%lld launches each, %.1f MiB of buffers), %lld eager, %lld recording(s)\n",
                   (long long)c.replays, (long long)c.launches, double(c.buffer_bytes) / (1 << 20),
                   (long long)c.eager_steps, (long long)c.captures);
     else

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "models/language_model.h"
+#include "run/compile_stats.h"
 #include "train/config.h"
 #include "train/sample.h"
 #include "train/metrics.h"
@@ -50,6 +51,8 @@ struct TrainResult {
   // threads of one process both are the process's.
   int64_t allocator_peak_bytes = 0;
   int64_t allocator_peak_bytes_max = 0;
+  // With TrainConfig::compile: what compile mode did (this rank's).
+  CompileStats compile;
 };
 
 struct TrainHooks {

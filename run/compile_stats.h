@@ -1,0 +1,22 @@
+#pragma once
+// What compile mode did (RunOptions::compile; docs/compile.md). Its own
+// header so that reports (the trainer's TrainResult) carry it without the Run.
+#include <cstdint>
+#include <string>
+
+namespace tessel {
+
+// What compile mode did (RunBase::compile_stats).
+struct CompileStats {
+  bool enabled = false;    // RunOptions::compile
+  bool replaying = false;  // a recording is in use
+  int64_t eager_steps = 0;  // forward_backward calls run eagerly (warm-up, recordings, after a refusal)
+  int64_t captures = 0;     // recordings made
+  int64_t replays = 0;      // steps replayed
+  int64_t recaptures = 0;   // recordings dropped for new input shapes or replaced parameters
+  int64_t launches = 0;     // launches in the recording in use (kernels, collectives, waits, checks)
+  int64_t buffer_bytes = 0;  // bytes the recording's buffers hold
+  std::string refused;       // why compile mode stopped (empty: it did not)
+};
+
+}  // namespace tessel
