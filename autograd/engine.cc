@@ -14,7 +14,6 @@
 #include "autograd/ops/factory.h"
 #include "dtensor/ops.h"
 #include "dtensor/sharding.h"
-#include "runtime/capture.h"
 #include "runtime/cost.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
@@ -124,9 +123,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     // Take the incoming buffer when nobody else can see it; copy otherwise.
     // (A distributed tensor and its local piece share one storage.)
     const Tensor& piece = raw::local_of(g);
-    // (Compile mode's recorder holds the storages it has seen: not an owner
-    // that can see the values, and eager's choice must not change under it.)
-    const long owners = (g.is_distributed() ? 2 : 1) + capture::holds(g.storage().get());
+    const long owners = g.is_distributed() ? 2 : 1;
     bool sole = g.impl_ptr().use_count() == 1 && g.storage().use_count() == owners && piece.is_contiguous() &&
                 g.shape() == leaf->shape && (!g.is_distributed() || piece.impl_ptr().use_count() == 1);
     m.grad = sole ? g : g.clone();

@@ -772,7 +772,9 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
       outputs.push_back(g.defined() ? rec.output(raw::local_of(g)) : -1);
     }
     try {
-      program = rec.finish();
+      // The first of two recordings is only compared with the second: it
+      // holds no memory (the step's peak stays eager's).
+      program = rec.finish(c.previous ? capture::Recorder::Use::Replay : capture::Recorder::Use::CompareOnly);
     } catch (const capture::NotCapturable& e) {
       refused = e.what();
     }

@@ -87,11 +87,24 @@ void Recorder::refuse(std::string why) {
 
 int Recorder::buffer_of(const std::shared_ptr<StorageImpl>& s) {
   auto it = buffer_ids_.find(s.get());
-  if (it != buffer_ids_.end()) return it->second;
+  if (it != buffer_ids_.end()) {
+    Buffer& old = buffers_[size_t(it->second)];
+    if (old.storage == s || old.weak.lock() == s) return it->second;
+    // The address of a buffer that died (freed on another thread, where
+    // storage_destroyed did not see it) now names a new storage.
+    old.died = true;
+    buffer_ids_.erase(it);
+  }
   const int id = int(buffers_.size());
   Buffer b;
-  b.storage = s;  // held: its address names it for the rest of the recording
   b.born = born_.count(s.get()) > 0;
+  // A tensor from before the step is held (the program keeps using it); the
+  // step's own buffers are not: eager frees them as it goes, and so does the
+  // recording (storage_destroyed retires the number).
+  if (!b.born) b.storage = s;
+  b.weak = s;
+  b.nbytes = s->nbytes();
+  b.device = s->device();
   buffers_.push_back(std::move(b));
   buffer_ids_.emplace(s.get(), id);
   return id;
@@ -101,6 +114,7 @@ int Recorder::input(const Tensor& t) {
   TESSEL_CHECK(t.defined() && !t.is_distributed(), kOp, "input {}: a defined, local tensor", t.desc());
   const int id = buffer_of(t.storage());
   buffers_[size_t(id)].input = true;
+  buffers_[size_t(id)].storage = t.storage();
   return id;
 }
 
@@ -108,6 +122,7 @@ int Recorder::output(const Tensor& t) {
   TESSEL_CHECK(t.defined() && !t.is_distributed(), kOp, "output {}: a defined, local tensor", t.desc());
   const int id = buffer_of(t.storage());
   buffers_[size_t(id)].output = true;
+  buffers_[size_t(id)].storage = t.storage();
   return id;
 }
 
@@ -149,12 +164,14 @@ void Recorder::storage_created(const StorageImpl* s) {
 void Recorder::storage_destroyed(const StorageImpl* s) {
   born_.erase(s);
   born_unrecorded_.erase(s);
+  checked_.erase(s);
+  auto it = buffer_ids_.find(s);
+  if (it != buffer_ids_.end()) {
+    buffers_[size_t(it->second)].died = true;  // a temporary of the step: the arena will hold its bytes
+    buffer_ids_.erase(it);
+  }
 }
 
-int holds(const StorageImpl* s) {
-  const Recorder* r = active();
-  return r && r->holds_buffer(s) ? 1 : 0;
-}
 
 void Recorder::host_access(const Tensor& t) {
   if (unrecorded_ > 0 || !t.defined() || !t.storage()) return;
@@ -165,6 +182,7 @@ void Recorder::host_access(const Tensor& t) {
       // A tensor the step made and filled on the host (positions, a mask):
       // a constant of the program if the next capture gives the same bytes.
       b.host_written = true;
+      b.storage = t.storage();  // kept: the replay reads it
       return;
     }
   }
@@ -251,15 +269,16 @@ void Recorder::place_in_arenas(Program& p) {
   std::unordered_map<int, std::vector<size_t>> by_device;  // device index -> buffers
   std::vector<Device> devices;
   for (size_t i = 0; i < buffers_.size(); ++i) {
-    const Buffer& b = buffers_[i];
+    Buffer& b = buffers_[i];
     // Outputs (losses, gradients) join the arena too, alive from their first
     // use to past the end (the caller reads them through Program::output);
     // eager frees activations as gradients appear, and so does the arena.
-    const bool temporary = b.born && b.used && !b.input && !b.host_written && b.storage &&
-                           (b.output || b.storage.use_count() == 1) && b.storage->data() != nullptr &&
-                           !b.storage->released();
+    // (A born buffer still alive at the end and not an output is held
+    // elsewhere -- a cache, a tensor the step hands out -- and keeps its own.)
+    if (!b.storage && b.weak.expired()) b.died = true;
+    const bool temporary = b.born && b.used && !b.input && !b.host_written && (b.output || b.died);
     if (!temporary) continue;
-    const Device d = b.storage->device();
+    const Device d = b.device;
     int key = -1;
     for (size_t k = 0; k < devices.size(); ++k)
       if (devices[k] == d) key = int(k);
@@ -272,14 +291,14 @@ void Recorder::place_in_arenas(Program& p) {
   for (auto& [key, ids] : by_device) {
     // Largest first, each at the lowest offset free for its whole lifetime.
     std::sort(ids.begin(), ids.end(), [&](size_t a, size_t b) {
-      return buffers_[a].storage->nbytes() > buffers_[b].storage->nbytes() || (buffers_[a].storage->nbytes() == buffers_[b].storage->nbytes() && a < b);
+      return buffers_[a].nbytes > buffers_[b].nbytes || (buffers_[a].nbytes == buffers_[b].nbytes && a < b);
     });
     std::vector<Placed> placed;
     std::vector<int64_t> offsets(ids.size());
     int64_t total = 0;
     for (size_t n = 0; n < ids.size(); ++n) {
       const Buffer& b = buffers_[ids[n]];
-      const int64_t size = (int64_t(b.storage->nbytes()) + kAlign - 1) / kAlign * kAlign;
+      const int64_t size = (int64_t(b.nbytes) + kAlign - 1) / kAlign * kAlign;
       std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of buffers alive at the same time
       const int64_t last = b.output ? std::numeric_limits<int64_t>::max() : b.last;
       for (const Placed& q : placed)
@@ -300,14 +319,14 @@ void Recorder::place_in_arenas(Program& p) {
     for (size_t n = 0; n < ids.size(); ++n) {
       Buffer& b = buffers_[ids[n]];
       // A view of the arena; the program holds the arena itself.
-      b.storage = std::make_shared<StorageImpl>(base + offsets[n], b.storage->nbytes(), b.storage->device(),
+      b.storage = std::make_shared<StorageImpl>(base + offsets[n], b.nbytes, b.device,
                                                 std::function<void(void*)>());
       b.in_arena = true;
     }
   }
 }
 
-std::unique_ptr<Program> Recorder::finish() {
+std::unique_ptr<Program> Recorder::finish(Use use) {
   if (detail::t_recorder == this) detail::t_recorder = prev_;
   if (refused_.empty() && in_flight_ > 0)
     refused_ = fmt::format(FMT_STRING("{} asynchronous collective(s) started in the step (the first: {}) were waited "
@@ -319,16 +338,32 @@ std::unique_ptr<Program> Recorder::finish() {
   p->launches_ = std::move(launches_);
   p->producers_ = std::move(producers_);
   p->keys_ = std::move(keys_);
-  place_in_arenas(*p);
+  const bool replay = use == Use::Replay;
+  if (replay) place_in_arenas(*p);
   for (size_t i = 0; i < buffers_.size(); ++i) {
     Buffer& b = buffers_[i];
+    p->sizes_.push_back(int64_t(b.nbytes));
+    if (!replay) {
+      // Only compared: tensors from outside the step are compared by
+      // identity; nothing else needs memory.
+      p->storages_.push_back(!b.born && !b.input ? std::move(b.storage) : nullptr);
+      p->constants_.push_back(std::move(b.constant));
+      p->outside_.push_back(!b.born && !b.input);
+      p->in_arena_.push_back(0);
+      continue;
+    }
+    if (!b.storage) b.storage = b.weak.lock();  // alive at the end, held elsewhere (escaping)
+    TESSEL_CHECK(b.storage != nullptr, kOp, "capturing {}: buffer {} ({} bytes) was freed during the step but is not "
+                 "a temporary of it (an internal error of the recorder)", label_, i, b.nbytes);
     p->storages_.push_back(std::move(b.storage));
     p->constants_.push_back(std::move(b.constant));
     p->outside_.push_back(!b.born && !b.input);
     p->in_arena_.push_back(b.in_arena);
     if (b.input) p->inputs_.push_back(int(i));
   }
-  for (auto& l : p->launches_) l->bind(p->storages_);
+  if (replay)
+    for (auto& l : p->launches_) l->bind(p->storages_);
+  p->replayable_ = replay;
   return p;
 }
 
@@ -343,19 +378,19 @@ std::string Program::difference(const Program& o) const {
                          i, launches_[i]->name, o.launches_[i]->name);
   }
   if (storages_.size() != o.storages_.size())
-    return fmt::format(FMT_STRING("{} buffers, then {}"), storages_.size(), o.storages_.size());
+    return fmt::format(FMT_STRING("{} buffers, then {}"), sizes_.size(), o.sizes_.size());
   for (size_t i = 0; i < storages_.size(); ++i) {
     if (constants_[i] != o.constants_[i])
       return fmt::format(FMT_STRING("buffer {} ({} bytes) was filled on the host with other values (data-dependent "
                                     "host work)"),
-                         i, storages_[i] ? storages_[i]->nbytes() : 0);
+                         i, sizes_[i]);
     // Buffers from outside the step (parameters, state) must be the same
     // objects in both: the replay keeps using them. (The step's own buffers
     // and its inputs are new every step by nature.)
     if (outside_[i] != o.outside_[i] || (outside_[i] && storages_[i] != o.storages_[i]))
       return fmt::format(FMT_STRING("buffer {} ({} bytes) is a tensor from outside the step that was replaced "
                                     "between the two steps (a parameter or a state the step reads, made anew)"),
-                         i, storages_[i] ? storages_[i]->nbytes() : 0);
+                         i, sizes_[i]);
   }
   return std::string();
 }
@@ -383,6 +418,7 @@ Tensor Program::output(int buffer, const Tensor& like) const {
 }
 
 void Program::replay() {
+  TESSEL_CHECK(replayable_, kOp, "{} was recorded to be compared only (Recorder::finish(Use::CompareOnly))", label_);
   if (!producers_.empty()) {
     for (size_t i = 0; i < producers_.size(); ++i) keys_[i] = producers_[i]();
     for (auto& l : launches_) l->refresh_keys(keys_);

@@ -64,11 +64,6 @@ extern thread_local Recorder* t_recorder;
 // The recorder active on this thread (null: not capturing).
 inline Recorder* active() { return detail::t_recorder; }
 
-// 1 if the active recorder holds a reference to `s` (a buffer it recorded),
-// else 0: eager code that counts a storage's owners (the engine's "steal the
-// gradient buffer when nobody else sees it") discounts it.
-int holds(const StorageImpl* s);
-
 // ---- argument fingerprints (for comparing two captures) -------------------------------------------------
 // Overloads for argument types that are not plain values live next to the
 // type (found by argument-dependent lookup): kernels/attention.h, random.h.
@@ -210,12 +205,15 @@ class Recorder {
   };
 
   // Ends the recording; throws NotCapturable if anything seen was refused.
-  std::unique_ptr<Program> finish();
+  // CompareOnly: a program to compare with the next recording (difference)
+  // but never replay -- it holds no memory of the step (no arena, no
+  // buffers but the tensors from outside the step).
+  enum class Use { Replay, CompareOnly };
+  std::unique_ptr<Program> finish(Use use = Use::Replay);
 
   // For the hooks' templates.
   int tensor_buffer(const Tensor& t, TensorArg* arg);
   int key_slot(const PhiloxKey& k) const;
-  bool holds_buffer(const StorageImpl* s) const { return buffer_ids_.count(s) > 0; }
   void refuse(std::string why);
   const std::string& label() const { return label_; }
   int64_t launches() const { return int64_t(launches_.size()); }
@@ -223,7 +221,15 @@ class Recorder {
  private:
   friend class Program;
   struct Buffer {
+    // Held for tensors from before the step, inputs, outputs and host
+    // constants; the step's own buffers only by weak reference, so the
+    // recording frees memory when eager does (and eager's "is this buffer
+    // shared?" decisions come out the same).
     std::shared_ptr<StorageImpl> storage;
+    std::weak_ptr<StorageImpl> weak;
+    size_t nbytes = 0;
+    Device device;
+    bool died = false;        // freed during the recording
     bool born = false;        // allocated during the recording
     bool input = false;
     bool output = false;
@@ -284,6 +290,8 @@ class Program {
   std::string label_;
   std::vector<std::unique_ptr<Launch>> launches_;
   std::vector<std::shared_ptr<StorageImpl>> storages_;
+  std::vector<int64_t> sizes_;         // per buffer, bytes
+  bool replayable_ = false;
   std::vector<std::shared_ptr<StorageImpl>> arenas_;  // the temporaries' memory (one per device)
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
   std::vector<std::string> constants_;  // per buffer ("" if none)

@@ -23,9 +23,9 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function
 
 StorageImpl::~StorageImpl() {
   if (meta_memory_ && !released_) meta_memory_->sub(meta_bytes_);
+  // (Its address may name a new storage next: the recorder forgets it.)
+  if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->storage_destroyed(this);
   if (allocator_) {
-    // (Its address may name a new storage next: the recorder forgets it.)
-    if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->storage_destroyed(this);
     allocator_->deallocate(data_, nbytes_, Stream{device_, nullptr});
   } else if (deleter_) {
     deleter_(data_);

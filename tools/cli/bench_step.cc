@@ -347,6 +347,70 @@ static CLI::App*& step_cmd() {
   return cmd;
 }
 
+// `bench step --compile --mesh M`: the same training steps on a mesh (ranks
+// as threads) eager and compiled (RunOptions::compile), rounds interleaved so
+// drift hits both; medians of the per-step times from the first replayed
+// step on (step 4), and whether both gave the same parameters.
+int run_compile_mesh_step_bench(const tools::StepBenchOptions& o, const std::string& mesh, int64_t micro_batches,
+                                int rounds) {
+  const std::string out = (std::filesystem::temp_directory_path() / "tessel_bench_compile_mesh").string();
+  const int64_t warmup = std::max<int64_t>(o.warmup, 3);  // steps 1-3 run eagerly in compile mode (2 and 3 recorded)
+  tools::StepBenchOptions timed = o;
+  timed.warmup = warmup;
+  tools::BenchMachine machine = tools::begin_bench(std::cout);
+  std::vector<double> times[2];  // [eager, compiled]
+  std::string hash[2];
+  int64_t peak[2] = {0, 0};
+  CompileStats stats;
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const int mode = r % 2 == 0 ? k : 1 - k;  // who goes first alternates
+      train::TrainConfig c = bench_config(timed, mesh, micro_batches, out);
+      c.compile = mode == 1;
+      train::TrainHooks h;
+      h.quiet = true;
+      int64_t step = 0;
+      h.on_step = [&](const train::StepMetrics& m) {
+        if (++step <= warmup || !m.tokens_per_s) return;
+        times[mode].push_back(1.0 / *m.tokens_per_s);  // seconds per token
+      };
+      const train::TrainResult result = train::run_training(c, h);
+      hash[mode] = result.param_hash;
+      peak[mode] = std::max(peak[mode], result.allocator_peak_bytes);
+      if (mode == 1) stats = result.compile;
+    }
+  }
+  const double eager = tools::median(times[0]), compiled = tools::median(times[1]);
+  tools::end_bench(machine);
+  std::printf("bench step --compile: %s %s, batch %lld, %lld micro-batches, mesh %s (ranks as threads), %d rounds x "
+              "%d timed steps (from step %lld)\n",
+              o.model.c_str(), o.config.c_str(), (long long)o.batch, (long long)micro_batches, mesh.c_str(), rounds,
+              o.steps, (long long)warmup + 1);
+  std::printf("  eager:    %.3f ms per 1k tokens, allocator peak %.1f MiB\n", eager * 1e6, double(peak[0]) / (1 << 20));
+  std::printf("  compiled: %.3f ms per 1k tokens, allocator peak %.1f MiB; rank 0: %lld replays of %lld launches%s%s\n",
+              compiled * 1e6, double(peak[1]) / (1 << 20), (long long)stats.replays, (long long)stats.launches,
+              stats.refused.empty() ? "" : "; stopped: ", stats.refused.c_str());
+  std::printf("  speedup %.3fx; the same parameters: %s\n", eager / compiled, hash[0] == hash[1] ? "yes" : "NO");
+  std::printf("%s", tools::machine_summary(machine).c_str());
+  nlohmann::ordered_json j = {{"bench", "step_compile_mesh"},
+                              {"model", o.model},
+                              {"config", o.config},
+                              {"mesh", mesh},
+                              {"micro_batches", micro_batches},
+                              {"ours_s", compiled},
+                              {"reference", "tessel eager (same mesh, same run)"},
+                              {"reference_s", eager},
+                              {"speedup", eager / compiled},
+                              {"unit", "seconds per token"},
+                              {"replays", stats.replays},
+                              {"refused", stats.refused},
+                              {"allocator_peak_mib", {{"ours", double(peak[1]) / (1 << 20)}, {"reference", double(peak[0]) / (1 << 20)}}},
+                              {"same_bits", hash[0] == hash[1]}};
+  tools::add_machine(j, machine);
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 void register_bench_step(CLI::App& app) {
   static tools::StepBenchOptions o;
   static bool no_reference = false, bitwise = false, compile = false;
@@ -374,6 +438,8 @@ void register_bench_step(CLI::App& app) {
                                 if (bitwise)
                                   return run_bitwise_step_bench(o, meshes.empty() ? "dp=2,tp=2" : meshes[0],
                                                                 micro_batches, rounds, dtype);
+                                if (compile && !meshes.empty())
+                                  return run_compile_mesh_step_bench(o, meshes[0], micro_batches, rounds);
                                 if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
                                 if (compile) return run_compile_step_bench(o);
                                 o.reference = !no_reference;
@@ -387,14 +453,17 @@ void register_bench_step(CLI::App& app) {
                                     "(default) for both modes");
   cmd->add_flag("--bitwise", bitwise, "time bitwise mode against fast mode on --mesh (ranks as threads)");
   cmd->add_flag("--compile", compile,
-                "time compile mode (RunOptions::compile) against eager in the same run, one device (docs/compile.md)");
+                "time compile mode (RunOptions::compile) against eager in the same run: one device, or --mesh "
+                "(ranks as threads, --rounds interleaved runs; docs/compile.md)");
   cmd->add_option("--mesh", meshes,
                   "layouts to time against one device (repeatable: --mesh dp=2 --mesh tp=2,pp=2); with --bitwise "
                   "the mesh (default dp=2,tp=2)");
   cmd->add_option("--pipeline-schedule", schedule, "with --mesh ...,pp=N: gpipe | 1f1b | interleaved")
       ->capture_default_str();
-  cmd->add_option("--micro-batches", micro_batches, "with --bitwise: micro-batches per step")->capture_default_str();
-  cmd->add_option("--rounds", rounds, "with --bitwise: interleaved fast/bitwise runs")->capture_default_str();
+  cmd->add_option("--micro-batches", micro_batches, "with --bitwise or --compile --mesh: micro-batches per step")
+      ->capture_default_str();
+  cmd->add_option("--rounds", rounds, "with --bitwise or --compile --mesh: interleaved runs of each side")
+      ->capture_default_str();
   cmd->add_option("--model", o.model, "nanogpt | llama | mixtral")->capture_default_str();
   cmd->add_option("--config", o.config, "named model config")->capture_default_str();
   cmd->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
