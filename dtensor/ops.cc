@@ -139,7 +139,9 @@ Tensor full_tensor(const Tensor& t) {
 void set_grad_placements(const Tensor& t, const std::optional<Placements>& placements) {
   const char* op = "set_grad_placements";
   TESSEL_CHECK(t.is_distributed(), op, "{} is not distributed", t.desc());
-  TESSEL_CHECK(t.is_leaf() && t.requires_grad(), op, "needs a leaf that requires grad, got {}", t.desc());
+  // (Clearing needs no gradient: a parameter frozen since it was set is cleared too.)
+  TESSEL_CHECK(t.is_leaf() && (t.requires_grad() || !placements), op, "needs a leaf that requires grad, got {}",
+               t.desc());
   if (placements) {
     dtensor::check_placements(op, *t.mesh(), *placements, t.dim());
     for (int m = 0; m < placements->size(); ++m) {

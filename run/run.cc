@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <regex>
 #include <set>
 #include <unordered_set>
@@ -349,6 +350,17 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
 
   if (opts.loss_scaling) s->scaler.emplace(*opts.loss_scaling);
   if (opts.detect_anomaly) s->anomaly.emplace(true);
+  if (s->mesh && comm::has_world() && comm::world()->size() > 1) {
+    // Compile mode agrees with the other ranks at every decision (a
+    // collective): every rank must be in it, or none.
+    Tensor v = raw::empty({2}, DType::Int32);
+    v.data<int32_t>()[0] = opts.compile ? 1 : 0;
+    v.data<int32_t>()[1] = opts.compile ? -1 : 0;
+    comm::world()->all_reduce(v, comm::ReduceOp::Max)->wait();
+    TESSEL_CHECK(v.data<int32_t>()[0] == -v.data<int32_t>()[1], kOp,
+                 "RunOptions::compile is {} here (rank {}) but not on every rank of mesh {}: set it alike on every rank",
+                 opts.compile, comm::world()->rank(), s->mesh->str());
+  }
   if (opts.compile) {
     // What this version records (docs/compile.md): kernels and collectives
     // of forward, backward and the data-parallel gradient reduction.
@@ -508,10 +520,12 @@ StepReport RunBase::step_optimizer() {
   s.check_parameters_unchanged();
   if (s.options.compile && !s.compiled.forward_backward_this_step && !s.compiled.warned_own_loop) {
     s.compiled.warned_own_loop = true;
-    if (!s.mesh || s.mesh->my_rank() == 0)
-      spdlog::warn("tessel::Run: RunOptions::compile records the steps of run.forward_backward(inputs, targets); step {} "
-                   "of {} ran its backward in a loop of its own, which runs eagerly (docs/compile.md)",
-                   s.step + 1, s.model_type);
+    const std::string why = fmt::format(
+        FMT_STRING("RunOptions::compile records the steps of run.forward_backward(inputs, targets); step {} of {} ran "
+                   "its backward in a loop of its own, which runs eagerly (docs/compile.md)"),
+        s.step + 1, s.model_type);
+    if (s.compiled.stats.refused.empty()) s.compiled.stats.refused = why;  // compile_stats() says so too
+    if (!s.mesh || s.mesh->my_rank() == 0) spdlog::warn("tessel::Run: {}", why);
   }
   s.compiled.forward_backward_this_step = false;
   if (!s.cp_checked) {
@@ -661,7 +675,9 @@ StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor
 // issue the collectives eager issued, in the same order. Each decision
 // (use a recording, replay this step, stop) is agreed by all ranks first
 // (agree), so that no rank replays while another runs eagerly.
-void stop_compiling(RunState& s, const std::string& why, bool own_reason) {
+// `reporter`: this rank prints the warning (one rank per reason: the
+// lowest that had one of its own).
+void stop_compiling(RunState& s, const std::string& why, bool reporter) {
   RunState::Compiled& c = s.compiled;
   c.stats.refused = why;
   c.stats.replaying = false;
@@ -669,19 +685,34 @@ void stop_compiling(RunState& s, const std::string& why, bool own_reason) {
   c.program.reset();
   c.grads.clear();
   c.losses.clear();
-  if (own_reason || !s.mesh || s.mesh->my_rank() == 0)
+  if (reporter)
     spdlog::warn("tessel::Run: compile mode stopped; {} runs eagerly from step {} on (the same results, without "
                  "the replay's speed): {}",
                  s.model_type, s.step + 1, why);
 }
 
-// Whether `ok` holds on every rank of the job (one all-reduce; true at once on one device).
-bool agree(const RunState& s, bool ok) {
-  if (!s.mesh || !comm::has_world() || comm::world()->size() == 1) return ok;
+// The lowest world rank where `ok` is false, or -1 if it holds on every
+// rank of the job (one all-reduce; none on one device).
+int first_failing_rank(const RunState& s, bool ok) {
+  if (!s.mesh || !comm::has_world() || comm::world()->size() == 1) return ok ? -1 : 0;
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
   Tensor v = raw::empty({1}, DType::Int32);
-  v.data<int32_t>()[0] = ok ? 1 : 0;
+  v.data<int32_t>()[0] = ok ? kNone : int32_t(comm::world()->rank());
   comm::world()->all_reduce(v, comm::ReduceOp::Min)->wait();
-  return v.data<int32_t>()[0] == 1;
+  const int32_t r = v.data<int32_t>()[0];
+  return r == kNone ? -1 : int(r);
+}
+bool agree(const RunState& s, bool ok) { return first_failing_rank(s, ok) < 0; }
+int world_rank() { return comm::has_world() ? comm::world()->rank() : 0; }
+
+// What the step depends on that no tensor carries and a replay would not
+// see: each module's train()/eval() (dropout) and each parameter's
+// requires_grad (frozen parameters get no gradient).
+std::vector<char> module_state(const RunState& s) {
+  std::vector<char> v;
+  for (const auto& [path, m] : s.model->named_modules()) v.push_back(char(m->is_training()));
+  for (const Tensor& p : s.model->parameters()) v.push_back(char(p.requires_grad()));
+  return v;
 }
 
 bool same_parameters(const RunState& s) {
@@ -710,9 +741,10 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     return eager_forward_backward(run, inputs, targets, nullptr);
   }
   if (c.program || c.previous) {
-    const bool same = inputs.shape() == c.input_shape && targets.shape() == c.target_shape &&
+    const bool asked = std::exchange(c.record_again, false);
+    const bool same = !asked && inputs.shape() == c.input_shape && targets.shape() == c.target_shape &&
                       inputs.dtype() == c.input_dtype && targets.dtype() == c.target_dtype && same_parameters(s) &&
-                      numerics::current_settings() == c.numerics;
+                      numerics::current_settings() == c.numerics && module_state(s) == c.module_state;
     if (!agree(s, same)) {  // record again for the new shapes (or the parameters a load replaced)
       ++c.stats.recaptures;
       c.previous.reset();
@@ -736,7 +768,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
       // Nothing after the check ran, and the parameters are untouched: the
       // step runs eagerly instead (every rank read the same values, so every
       // rank is here).
-      stop_compiling(s, e.what(), false);
+      stop_compiling(s, e.what(), !s.mesh || s.mesh->my_rank() == 0);
       ++c.stats.eager_steps;
       return eager_forward_backward(run, inputs, targets, nullptr);
     }
@@ -780,9 +812,11 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     }
   }
   ++c.stats.eager_steps;
-  if (!agree(s, refused.empty())) {
-    stop_compiling(s, refused.empty() ? std::string("another rank's recording was refused (its warning says why)") : refused,
-                   !refused.empty());
+  if (const int failed = first_failing_rank(s, refused.empty()); failed >= 0) {
+    stop_compiling(s,
+                   refused.empty() ? fmt::format(FMT_STRING("rank {}'s recording was refused (its warning says why)"), failed)
+                                   : refused,
+                   failed == world_rank());
     return out;
   }
   ++c.stats.captures;
@@ -796,16 +830,17 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     c.numerics = numerics::current_settings();
     c.param_storages.clear();
     for (const Tensor& p : s.params) c.param_storages.push_back(p.storage().get());
+    c.module_state = module_state(s);
     return out;
   }
   std::string diff = c.previous->difference(*program);
   if (diff.empty() && outputs != c.prev_outputs)
     diff = "the losses or gradients came out in other buffers (another control flow)";
-  if (!agree(s, diff.empty())) {
+  if (const int failed = first_failing_rank(s, diff.empty()); failed >= 0) {
     stop_compiling(s,
-                   diff.empty() ? std::string("another rank's two recordings differ (its warning says how)")
+                   diff.empty() ? fmt::format(FMT_STRING("rank {}'s two recordings differ (its warning says how)"), failed)
                                 : fmt::format(FMT_STRING("steps {} and {} recorded differently: {}"), s.step, s.step + 1, diff),
-                   !diff.empty());
+                   failed == world_rank());
     return out;
   }
   c.previous.reset();
@@ -871,6 +906,8 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
 }
 
 CompileStats RunBase::compile_stats() const { return state_->compiled.stats; }
+
+void RunBase::record_again() { state_->compiled.record_again = true; }
 
 Tensor RunBase::forward(const Tensor& inputs) {
   RunState& s = *state_;

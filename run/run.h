@@ -233,6 +233,13 @@ class RunBase {
   StepLoss forward_backward(const Tensor& inputs, const Tensor& targets);
   // RunOptions::compile: what it did so far.
   CompileStats compile_stats() const;
+  // RunOptions::compile: the next forward_backward records again (steps N
+  // and N+1), then replays the new recording. Call it after changing host
+  // state the step depends on that no tensor carries -- a flag your loss
+  // reads, a schedule of your own: a replay runs the recorded kernels and
+  // cannot see such a change. (Modules' train()/eval() and parameters'
+  // requires_grad are checked before every replay; no call needed.)
+  void record_again();
 
   // The model's output for `inputs` (global, plain) without grad, on every
   // rank: an nn::StagedModel's head(blocks(embed(x))), through the pipeline

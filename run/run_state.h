@@ -80,6 +80,8 @@ class RunState {
     std::vector<Tensor> losses;                  // the recorded losses (views to read after a replay)
     std::vector<std::pair<Tensor, Tensor>> grads;  // (parameter, its recorded gradient)
     std::vector<const StorageImpl*> param_storages;  // the parameters recorded
+    std::vector<char> module_state;  // train()/eval() of each module, requires_grad of each parameter
+    bool record_again = false;       // RunBase::record_again()
     Dims input_shape, target_shape;
     DType input_dtype = DType::Float32, target_dtype = DType::Float32;
     numerics::Settings numerics;  // bitwise mode, V, GEMM mode: the kernels' arguments depend on them

@@ -55,6 +55,8 @@ struct Spec {
   // The sequence length from this step on (a new shape mid-run); 0: never.
   int64_t change_seq_at = 0, changed_seq = 16;
   RunLossFn loss;  // null: the model's
+  // Called before each step (0-based): host changes between steps.
+  std::function<void(RunBase&, int64_t step)> before_step;
 };
 
 Result train(const Spec& spec) {
@@ -72,6 +74,7 @@ Result train(const Spec& spec) {
     const int64_t t = spec.change_seq_at > 0 && step >= spec.change_seq_at ? spec.changed_seq : spec.seq;
     Tensor tokens = randint({spec.batch, t + 1}, kSeed * 1000 + uint64_t(step), 0, cfg.vocab_size);
     Tensor x = tokens.narrow(1, 0, t).contiguous(), y = tokens.narrow(1, 1, t).contiguous();
+    if (spec.before_step) spec.before_step(run, step);
     r.loss.push_back(bits(run.forward_backward(x, y).loss_sum));
     r.grad_norm.push_back(bits(run.step_optimizer().grad_norm));
   }
@@ -139,6 +142,62 @@ TEST_CASE("compile: a new sequence length records again; the bits stay the eager
   CHECK(compiled.stats.replays == 12 - 3 - 2);
 }
 
+TEST_CASE("compile: eval(), frozen parameters and record_again() between steps record again, never a stale replay",
+          "[compile]") {
+  SECTION("eval() then train(): dropout off and on again") {
+    Spec spec;
+    spec.steps = 14;
+    spec.before_step = [](RunBase& run, int64_t step) {
+      if (step == 7) run.module().eval();
+      if (step == 10) run.module().train();
+    };
+    const Result eager = train(spec);
+    spec.compile = true;
+    const Result compiled = train(spec);
+    check_same(eager, compiled);
+    CHECK(compiled.stats.refused.empty());
+    CHECK(compiled.stats.recaptures == 2);
+    CHECK(compiled.stats.replays == 14 - 3 - 2 - 2);
+  }
+  SECTION("a parameter frozen mid-run gets no more gradient") {
+    Spec spec;
+    spec.steps = 10;
+    spec.before_step = [](RunBase& run, int64_t step) {
+      if (step == 6)
+        for (auto& [path, p] : run.module().named_parameters())
+          if (path.find("wte") != std::string::npos) p.requires_grad_(false);
+    };
+    const Result eager = train(spec);
+    spec.compile = true;
+    const Result compiled = train(spec);
+    check_same(eager, compiled);
+    CHECK(compiled.stats.recaptures == 1);
+  }
+  SECTION("host state of the loss's own, announced with record_again()") {
+    auto doubled = std::make_shared<bool>(false);
+    Spec spec;
+    spec.steps = 10;
+    spec.loss = [doubled](nn::Module& m, const Tensor& x, const Tensor& y) {
+      auto& lm = static_cast<models::LanguageModel&>(m);
+      Tensor loss = lm.token_loss(lm.forward(x), y);
+      return *doubled ? loss * Scalar(2.0) : loss;
+    };
+    spec.before_step = [doubled](RunBase& run, int64_t step) {
+      if (step == 6) {
+        *doubled = true;
+        run.record_again();
+      }
+    };
+    const Result eager = train(spec);
+    *doubled = false;
+    spec.compile = true;
+    const Result compiled = train(spec);
+    check_same(eager, compiled);
+    CHECK(compiled.stats.recaptures == 1);
+    CHECK(compiled.stats.replays == 10 - 3 - 2);
+  }
+}
+
 TEST_CASE("compile: a step that reads a computed value on the host runs eagerly, with the reason", "[compile][errors]") {
   Spec spec;
   spec.steps = 6;
@@ -198,6 +257,15 @@ TEST_CASE("compile: what this version does not record is refused at parallelize,
     INFO(e);
     CHECK(contains(e, "RunOptions::compile with FSDP"));
     CHECK(contains(e, "(mesh (dp=2))"));
+  }
+  for (const std::string& e : errors_on_ranks(2, [](int rank) {
+         auto m = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
+         RunOptions o;
+         o.compile = rank == 0;
+         parallelize(m, Mesh::world({{"dp", 2}}), parallel::ParallelPlan{}, adamw(), o);
+       })) {
+    INFO(e);
+    CHECK(contains(e, "but not on every rank of mesh"));
   }
   RunOptions o;
   o.compile = true;
@@ -288,4 +356,40 @@ TEST_CASE("capture: a tensor made in an Unrecorded scope and used by a recorded 
   Tensor w = z + x;  // would read a buffer a replay never fills
   const std::string e = error_of([&] { rec.finish(); });
   CHECK(contains(e, "was made by work the recording skipped"));
+}
+
+TEST_CASE("compile on dp=2: a parameter frozen mid-run records again, same bits; the Run ends cleanly", "[compile][comm]") {
+  // Each rank: eager and compiled DDP runs, wte frozen before step 7 (the
+  // data-parallel reducer then has a parameter that stopped wanting
+  // gradients, which its destructor must survive).
+  std::vector<std::string> hashes(4), refused(2);
+  std::vector<int64_t> recaptures(2, -1);
+  comm::run_local(2, [&](int rank) {
+    for (const bool compile : {false, true}) {
+      auto model = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
+      RunOptions o;
+      o.seed = kSeed;
+      o.compile = compile;
+      auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::ParallelPlan{}, adamw({1e-3}), o);
+      for (int64_t step = 0; step < 10; ++step) {
+        if (step == 6)
+          for (auto& [path, p] : run.module().named_parameters())
+            if (path.find("wte") != std::string::npos) p.requires_grad_(false);
+        Tensor tokens = randint({4, 17}, kSeed * 1000 + uint64_t(step), 0, 256);
+        run.forward_backward(tokens.narrow(1, 0, 16).contiguous(), tokens.narrow(1, 1, 16).contiguous());
+        run.step_optimizer();
+      }
+      hashes[size_t(rank * 2 + (compile ? 1 : 0))] = run.param_hash();
+      if (compile) {
+        refused[size_t(rank)] = run.compile_stats().refused;
+        recaptures[size_t(rank)] = run.compile_stats().recaptures;
+      }
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << refused[size_t(r)]);
+    CHECK(hashes[size_t(2 * r)] == hashes[size_t(2 * r + 1)]);
+    CHECK(refused[size_t(r)].empty());
+    CHECK(recaptures[size_t(r)] == 1);
+  }
 }

@@ -88,8 +88,11 @@ GradReducer::~GradReducer() {
   for (Bucket& b : buckets_) {
     for (size_t i : b.members) {
       DpParam& p = *params_[i];
-      p.param.remove_hook(hook_handles_[h++]);
-      set_grad_placements(p.param, std::nullopt);
+      try {
+        p.param.remove_hook(hook_handles_[h++]);
+        set_grad_placements(p.param, std::nullopt);
+      } catch (const std::exception&) {  // a destructor must not throw
+      }
     }
   }
 }
