@@ -685,6 +685,7 @@ void stop_compiling(RunState& s, const std::string& why, bool reporter) {
   c.program.reset();
   c.grads.clear();
   c.losses.clear();
+  c.output_layouts.clear();
   if (reporter)
     spdlog::warn("tessel::Run: compile mode stopped; {} runs eagerly from step {} on (the same results, without "
                  "the replay's speed): {}",
@@ -723,11 +724,38 @@ bool same_parameters(const RunState& s) {
   return true;
 }
 
-// The recorded `t` as the replay leaves it: a view of the program's buffer,
-// distributed like `t` where t is.
-Tensor recorded(const capture::Program& p, int buffer, const Tensor& t) {
-  const Tensor local = p.output(buffer, raw::local_of(t));
-  return t.is_distributed() ? raw::make_distributed(local, t.mesh(), t.placements(), t.shape()) : local;
+// Where the recorded `t` (a loss or a gradient) lies in buffer `buffer`.
+RunState::Compiled::OutputLayout output_layout(int buffer, const Tensor& t, int param) {
+  RunState::Compiled::OutputLayout o;
+  const Tensor& local = raw::local_of(t);
+  o.local.buffer = buffer;
+  o.local.shape = local.shape();
+  o.local.strides = local.strides();
+  o.local.offset = local.offset();
+  o.local.dtype = local.dtype();
+  o.local.device = local.device();
+  if (t.is_distributed()) {
+    o.mesh = t.mesh();
+    o.placements = t.placements();
+    o.global_shape = t.shape();
+  }
+  o.param = param;
+  return o;
+}
+
+// The losses and gradients a replay leaves: views of the program's buffers
+// (the arena's, made by the first replay), distributed where eager's were.
+void make_output_views(RunState& s) {
+  RunState::Compiled& c = s.compiled;
+  c.losses.clear();
+  c.grads.clear();
+  for (const RunState::Compiled::OutputLayout& o : c.output_layouts) {
+    const Tensor local = c.program->output(o.local);
+    const Tensor t = o.mesh ? raw::make_distributed(local, o.mesh, o.placements, o.global_shape) : local;
+    if (o.param < 0) c.losses.push_back(t);
+    else c.grads.emplace_back(s.params[size_t(o.param)], t);
+  }
+  c.output_layouts.clear();
 }
 
 StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Tensor& targets) {
@@ -749,6 +777,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
       ++c.stats.recaptures;
       c.previous.reset();
       c.program.reset();
+      c.output_layouts.clear();
       c.stats.replaying = false;
     }
   }
@@ -764,6 +793,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     try {
       nn::ForwardScope scope(run.forward_context(0, inputs.size(0)));  // the keys' producers read it
       c.program->replay();
+      if (!c.output_layouts.empty()) make_output_views(s);
     } catch (const capture::ReplayDiverged& e) {
       // Nothing after the check ran, and the parameters are untouched: the
       // step runs eagerly instead (every rank read the same values, so every
@@ -845,14 +875,16 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   }
   c.previous.reset();
   c.program = std::move(program);
-  // The losses and gradients a replay leaves: views of the recording's
-  // buffers (which may be the arena's), not the eager step's tensors.
+  // Where the losses and gradients lie: the first replay makes views of
+  // them (the arena does not exist before; this step's eager tensors are
+  // the ones step_optimizer uses now).
   c.losses.clear();
-  for (size_t i = 0; i < losses.size(); ++i) c.losses.push_back(recorded(*c.program, outputs[i], losses[i]));
   c.grads.clear();
+  c.output_layouts.clear();
+  for (size_t i = 0; i < losses.size(); ++i) c.output_layouts.push_back(output_layout(outputs[i], losses[i], -1));
   for (size_t i = 0; i < s.params.size(); ++i) {
     const int id = outputs[losses.size() + i];
-    if (id >= 0) c.grads.emplace_back(s.params[i], recorded(*c.program, id, s.params[i].grad()));
+    if (id >= 0) c.output_layouts.push_back(output_layout(id, s.params[i].grad(), int(i)));
   }
   c.stats.replaying = true;
   c.stats.launches = c.program->launches();

@@ -79,6 +79,16 @@ class RunState {
     std::vector<int> prev_outputs;               // the first recording's buffers of the losses, then the gradients (-1: none)
     std::vector<Tensor> losses;                  // the recorded losses (views to read after a replay)
     std::vector<std::pair<Tensor, Tensor>> grads;  // (parameter, its recorded gradient)
+    // How the losses and gradients lie in the program's buffers, until the
+    // first replay makes the views above (the arena exists from then on).
+    struct OutputLayout {
+      capture::TensorArg local;  // buffer, shape, strides, offset, dtype of the local piece
+      MeshPtr mesh;              // distributed outputs: how to wrap the piece
+      Placements placements;
+      Dims global_shape;
+      int param = -1;            // a gradient's parameter (index into params), -1: a loss
+    };
+    std::vector<OutputLayout> output_layouts;
     std::vector<const StorageImpl*> param_storages;  // the parameters recorded
     std::vector<char> module_state;  // train()/eval() of each module, requires_grad of each parameter
     bool record_again = false;       // RunBase::record_again()

@@ -313,16 +313,19 @@ void Recorder::place_in_arenas(Program& p) {
       offsets[n] = at;
       total = std::max(total, at + size);
     }
-    auto arena = std::make_shared<StorageImpl>(size_t(total), devices[size_t(key)]);
-    p.arenas_.push_back(arena);
-    char* base = static_cast<char*>(arena->data());
+    // The arena itself is allocated at the first replay (Program::materialize):
+    // until then the eager step's outputs (its gradients) are alive, and
+    // both at once would be a peak eager never has.
+    Program::ArenaPlan plan;
+    plan.device = devices[size_t(key)];
+    plan.bytes = total;
     for (size_t n = 0; n < ids.size(); ++n) {
       Buffer& b = buffers_[ids[n]];
-      // A view of the arena; the program holds the arena itself.
-      b.storage = std::make_shared<StorageImpl>(base + offsets[n], b.nbytes, b.device,
-                                                std::function<void(void*)>());
+      plan.buffers.emplace_back(int(ids[n]), offsets[n]);
+      b.storage.reset();  // (an output's eager tensor is no longer held)
       b.in_arena = true;
     }
+    p.arena_plans_.push_back(std::move(plan));
   }
 }
 
@@ -352,8 +355,8 @@ std::unique_ptr<Program> Recorder::finish(Use use) {
       p->in_arena_.push_back(0);
       continue;
     }
-    if (!b.storage) b.storage = b.weak.lock();  // alive at the end, held elsewhere (escaping)
-    TESSEL_CHECK(b.storage != nullptr, kOp, "capturing {}: buffer {} ({} bytes) was freed during the step but is not "
+    if (!b.storage && !b.in_arena) b.storage = b.weak.lock();  // alive at the end, held elsewhere (escaping)
+    TESSEL_CHECK(b.storage != nullptr || b.in_arena, kOp, "capturing {}: buffer {} ({} bytes) was freed during the step but is not "
                  "a temporary of it (an internal error of the recorder)", label_, i, b.nbytes);
     p->storages_.push_back(std::move(b.storage));
     p->constants_.push_back(std::move(b.constant));
@@ -361,9 +364,7 @@ std::unique_ptr<Program> Recorder::finish(Use use) {
     p->in_arena_.push_back(b.in_arena);
     if (b.input) p->inputs_.push_back(int(i));
   }
-  if (replay)
-    for (auto& l : p->launches_) l->bind(p->storages_);
-  p->replayable_ = replay;
+  p->replayable_ = replay;  // (bound to the buffers at the first replay: materialize)
   return p;
 }
 
@@ -406,19 +407,46 @@ void Program::set_input(int i, const Tensor& value) {
   std::memcpy(s->data(), value.raw_data(), s->nbytes());  // CPU only (v1)
 }
 
-Tensor Program::output(int buffer, const Tensor& like) const {
+void Program::materialize() {
+  TESSEL_CHECK(replayable_, kOp, "{} was recorded to be compared only (Recorder::finish(Use::CompareOnly))", label_);
+  if (materialized_) return;
+  for (const ArenaPlan& plan : arena_plans_) {
+    auto arena = std::make_shared<StorageImpl>(size_t(plan.bytes), plan.device);
+    arenas_.push_back(arena);
+    char* base = static_cast<char*>(arena->data());
+    for (const auto& [id, offset] : plan.buffers)  // views of the arena; the program holds the arena itself
+      storages_[size_t(id)] = std::make_shared<StorageImpl>(base + offset, size_t(sizes_[size_t(id)]), plan.device,
+                                                            std::function<void(void*)>());
+  }
+  for (auto& l : launches_) l->bind(storages_);
+  materialized_ = true;
+}
+
+Tensor Program::output(const TensorArg& a) {
+  materialize();
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = storages_[size_t(buffer)];
-  impl->shape = like.shape();
-  impl->strides = like.strides();
-  impl->offset = like.offset();
-  impl->dtype = like.dtype();
-  impl->device = like.device();
+  impl->storage = storages_[size_t(a.buffer)];
+  impl->shape = a.shape;
+  impl->strides = a.strides;
+  impl->offset = a.offset;
+  impl->dtype = a.dtype;
+  impl->device = a.device;
   return Tensor(std::move(impl));
 }
 
+Tensor Program::output(int buffer, const Tensor& like) {
+  TensorArg a;
+  a.buffer = buffer;
+  a.shape = like.shape();
+  a.strides = like.strides();
+  a.offset = like.offset();
+  a.dtype = like.dtype();
+  a.device = like.device();
+  return output(a);
+}
+
 void Program::replay() {
-  TESSEL_CHECK(replayable_, kOp, "{} was recorded to be compared only (Recorder::finish(Use::CompareOnly))", label_);
+  materialize();
   if (!producers_.empty()) {
     for (size_t i = 0; i < producers_.size(); ++i) keys_[i] = producers_[i]();
     for (auto& l : launches_) l->refresh_keys(keys_);
@@ -428,7 +456,7 @@ void Program::replay() {
 
 int64_t Program::bytes() const {
   int64_t n = 0;
-  for (const auto& a : arenas_) n += int64_t(a->nbytes());
+  for (const ArenaPlan& a : arena_plans_) n += a.bytes;
   for (size_t i = 0; i < storages_.size(); ++i)
     if (storages_[i] && !in_arena_[i] && !outside_[i]) n += int64_t(storages_[i]->nbytes());
   return n;

@@ -275,9 +275,13 @@ class Program {
   // Copies `value` into input buffer i (shape, dtype and strides must match
   // the recorded one; else throws NotCapturable).
   void set_input(int i, const Tensor& value);
-  // The buffer view of a recorded output (Recorder::output's number).
-  Tensor output(int buffer, const Tensor& like) const;
-  // Runs every launch; keys re-made by their producers first.
+  // A view of a recorded output's buffer (layout.buffer: Recorder::output's
+  // number) with layout's shape, strides, offset and dtype.
+  Tensor output(const TensorArg& layout);
+  // The same, laid out like `like` (its metadata only).
+  Tensor output(int buffer, const Tensor& like);
+  // Runs every launch; keys re-made by their producers first. The first
+  // replay (or output) allocates the arena.
   void replay();
   // The bytes the program holds for the step: its arenas and the buffers
   // of its own outside them (not the tensors from before the step).
@@ -289,9 +293,18 @@ class Program {
   friend class Recorder;
   std::string label_;
   std::vector<std::unique_ptr<Launch>> launches_;
-  std::vector<std::shared_ptr<StorageImpl>> storages_;
+  // Where the step's temporaries and outputs go in a device's arena.
+  struct ArenaPlan {
+    Device device;
+    int64_t bytes = 0;
+    std::vector<std::pair<int, int64_t>> buffers;  // (buffer, offset)
+  };
+  void materialize();  // allocates the arenas, binds the launches (once)
+  std::vector<std::shared_ptr<StorageImpl>> storages_;  // (arena buffers: null until materialize)
   std::vector<int64_t> sizes_;         // per buffer, bytes
+  std::vector<ArenaPlan> arena_plans_;
   bool replayable_ = false;
+  bool materialized_ = false;
   std::vector<std::shared_ptr<StorageImpl>> arenas_;  // the temporaries' memory (one per device)
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
   std::vector<std::string> constants_;  // per buffer ("" if none)
