@@ -648,7 +648,7 @@ StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor
       capture::Recorder::Unrecorded value_only(capture::active());  // a value for the log, read again after a replay
       out.loss_sum += loss.item<double>();
     }
-    if (losses) losses->push_back(loss);
+    if (losses) losses->push_back(loss.detach());  // (not its graph: the micro-batch's activations go at its backward)
     if (moe) dropped += nn::dropped_tokens(*s.model);
     run.scale_loss(m == 1 ? loss : loss / double(m)).backward();
   }
