@@ -25,19 +25,22 @@ std::string bytes_of(const StorageImpl& s) {
 }
 }  // namespace
 
-void Stored<Tensor>::bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) {
-  if (arg.buffer < 0) {
-    arg.view = Tensor();
-    return;
-  }
+namespace {
+// `a`'s layout over `storage` (a buffer of the program).
+Tensor view_of(const TensorArg& a, std::shared_ptr<StorageImpl> storage) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = buffers[size_t(arg.buffer)];
-  impl->shape = arg.shape;
-  impl->strides = arg.strides;
-  impl->offset = arg.offset;
-  impl->dtype = arg.dtype;
-  impl->device = arg.device;
-  arg.view = Tensor(std::move(impl));
+  impl->storage = std::move(storage);
+  impl->shape = a.shape;
+  impl->strides = a.strides;
+  impl->offset = a.offset;
+  impl->dtype = a.dtype;
+  impl->device = a.device;
+  return Tensor(std::move(impl));
+}
+}  // namespace
+
+void Stored<Tensor>::bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) {
+  arg.view = arg.buffer < 0 ? Tensor() : view_of(arg, buffers[size_t(arg.buffer)]);
 }
 
 // ---- host output checks -----------------------------------------------------------------------------
@@ -424,14 +427,7 @@ void Program::materialize() {
 
 Tensor Program::output(const TensorArg& a) {
   materialize();
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = storages_[size_t(a.buffer)];
-  impl->shape = a.shape;
-  impl->strides = a.strides;
-  impl->offset = a.offset;
-  impl->dtype = a.dtype;
-  impl->device = a.device;
-  return Tensor(std::move(impl));
+  return view_of(a, storages_[size_t(a.buffer)]);
 }
 
 Tensor Program::output(int buffer, const Tensor& like) {

@@ -373,6 +373,19 @@ class CollectiveLaunch final : public capture::Launch {
 
 namespace {
 
+// One level deeper on `r` (if any) for a scope: what runs inside is not recorded.
+struct Deeper {
+  explicit Deeper(capture::Recorder* r) : r_(r) {
+    if (r_) ++r_->depth;
+  }
+  ~Deeper() {
+    if (r_) --r_->depth;
+  }
+  Deeper(const Deeper&) = delete;
+  Deeper& operator=(const Deeper&) = delete;
+  capture::Recorder* r_;
+};
+
 class WaitLaunch final : public capture::Launch {
  public:
   explicit WaitLaunch(CollectiveLaunch* of) : of_(of) {}
@@ -421,16 +434,6 @@ class RecordedWork final : public Work {
   }
 
  private:
-  // One level deeper on `r` (if any) for a scope: what runs inside is not recorded.
-  struct Deeper {
-    explicit Deeper(capture::Recorder* r) : r_(r) {
-      if (r_) ++r_->depth;
-    }
-    ~Deeper() {
-      if (r_) --r_->depth;
-    }
-    capture::Recorder* r_;
-  };
   WorkPtr inner_;
   CollectiveLaunch* launch_;
   uint64_t recorder_;
@@ -448,10 +451,7 @@ WorkPtr Communicator::record(Call call) {
   r.add(std::move(launch));
   WorkPtr w;
   {
-    struct Depth {
-      int& d;
-      ~Depth() { --d; }
-    } depth{++r.depth};
+    Deeper deeper(&r);  // the backend's own work inside the call runs again inside it at replay
     w = issue(call);
   }
   if (!call.async) return w;
