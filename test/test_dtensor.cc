@@ -4,6 +4,7 @@
 // placements of their parameters, and the errors.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <random>
 
 #include "autograd/api.h"
@@ -11,6 +12,7 @@
 #include "autograd/ops/common.h"
 #include "dtensor/ops.h"
 #include "dtensor/redistribute.h"
+#include "runtime/allocator.h"
 #include "test/util/dist.h"
 #include "test/util/util.h"
 
@@ -485,5 +487,55 @@ TEST_CASE("context parallel attention in fast mode: balanced or contiguous piece
       return "";
     });
     CHECK(first_failure(reports) == "");
+  }
+}
+
+// What a balanced cp layer keeps for its backward is its own piece of k and
+// v: the whole k and v are gathered one group of heads at a time, in the
+// forward and again in the backward, and dropped. So the bytes alive after
+// the forward stay below the gathered k and v alone (they were above it
+// while the gathered k and v were saved), in both modes, and the backward
+// still gives the one-device gradients.
+TEST_CASE("context parallel attention saves its piece of k and v, not the gathered whole", "[dtensor][cp]") {
+  for (bool bitwise : {false, true}) {
+    INFO("bitwise=" << bitwise);
+    const int64_t B = 1, H = 4, T = 512, D = 32;
+    const int64_t gathered_kv = 2 * B * H * T * D * int64_t(sizeof(float));  // k and v whole, per rank
+    auto inputs = [&] {
+      return std::vector<Tensor>{uniform({B, H, T, D}, 1, -2, 2), uniform({B, H, T, D}, 2, -2, 2),
+                                 uniform({B, H, T, D}, 3), uniform({B, H, T, D}, 4)};
+    };
+    std::vector<Tensor> ref;
+    {
+      numerics::BitwiseGuard guard(bitwise);
+      std::vector<Tensor> in = inputs();
+      for (int i = 0; i < 3; ++i) in[i] = in[i].detach().requires_grad_();
+      sum(scaled_dot_product_attention(in[0], in[1], in[2]) * in[3]).backward();
+      ref = {in[0].grad(), in[1].grad(), in[2].grad()};
+    }
+    std::atomic<int64_t> before{0}, after{0};
+    auto reports = on_ranks(2, [&](int rank) -> std::string {
+      numerics::BitwiseGuard guard(bitwise);
+      MeshPtr mesh = Mesh::world({{"cp", 2}});
+      std::vector<Tensor> in = inputs();
+      for (int i = 0; i < 4; ++i) in[i] = distribute_tensor(in[i], mesh, {Shard(2)});
+      for (int i = 0; i < 3; ++i) in[i] = in[i].detach().requires_grad_();
+      mesh->comm(0)->barrier();
+      if (rank == 0) before = cpu_allocator()->stats().current_bytes;
+      mesh->comm(0)->barrier();
+      Tensor y = scaled_dot_product_attention(in[0], in[1], in[2]);
+      mesh->comm(0)->barrier();
+      if (rank == 0) after = cpu_allocator()->stats().current_bytes;
+      mesh->comm(0)->barrier();
+      sum(y * in[3]).backward();
+      for (int i = 0; i < 3; ++i)
+        if (bitwise ? !bitwise_equal(full_tensor(in[i].grad()).contiguous(), ref[size_t(i)].contiguous())
+                    : !allclose(full_tensor(in[i].grad()), ref[size_t(i)], 1e-5, 1e-6))
+          return "gradient " + std::to_string(i) + " differs from one device";
+      return "";
+    });
+    CHECK(first_failure(reports) == "");
+    // Both ranks' forwards: each keeps its output, its query rows and stats.
+    CHECK(after - before < 2 * gathered_kv);
   }
 }

@@ -242,14 +242,10 @@ kernels::AttentionParams fused_params(const AttentionOptions& o, double scale) {
 // rank r computes segments r and 2W - 1 - r (the same work on every rank):
 // its own piece holds segments 2r and 2r + 1, and an exchange of query rows
 // (all_to_all_v over the cp group) brings the two it computes; the output
-// rows go back the same way. k and v are gathered whole, once, and given to
-// the kernels twice -- once per segment -- so that each segment's dk, dv is a
-// pending sum of its own: over the ranks, the first segments (0 .. W-1, in
-// rank order) and the second ones (2W-1 .. W, in reverse rank order, whose
-// balanced tree is the mirror of the in-order one: the same bits, since a
-// + b == b + a) each finish a half of the one-device tree, and adding the two
-// halves is its root (bitwise mode: when every segment is a whole run of the
-// canonical chunks).
+// rows go back the same way. k and v stay in their pieces: the op
+// (ContextParallelAttentionOp) gathers them whole one group of heads at a
+// time, for the kernels of both segments, and reduce-scatters each segment's
+// dk, dv back.
 
 // The rank that computes segment s of 2W.
 int64_t segment_worker(int64_t s, int64_t w) { return s < w ? s : 2 * w - 1 - s; }
@@ -290,43 +286,245 @@ Tensor exchange_segments(const Tensor& rows, const comm::CommPtr& group, int64_t
   return cat(ordered, 0);
 }
 
-// Fused attention over a rank's two segments (plain local tensors): rows
-// [0, S) of q are global rows a*S .., rows [S, 2S) global rows b*S ..; k_a,
-// v_a serve the first and k_b, v_b the second (the same values, separate
-// gradients). The order of operations is the fused kernels' (kernels/attention.h).
-struct BalancedAttentionOp {
-  static constexpr const char* kName = "scaled_dot_product_attention";
-  kernels::AttentionParams pa, pb;
-  int64_t S = 0;
-  SavedTensor q, ka, va, kb, vb, sta, stb;
+// k and v of one group of kv heads, gathered whole along time over the cp
+// group: [B, nh, T, D] views of time-major [T, B, nh, D] buffers. Started
+// asynchronously (the transfer of the next group overlaps the kernels of this
+// one where the backend progresses on its own); wait() before use.
+struct GatheredKv {
+  Tensor k, v;         // [B, nh, T, D]
+  Tensor send_k, send_v;  // this rank's time-major pieces, alive until the wait
+  comm::WorkPtr wk, wv;
+  void wait() {
+    if (wk) wk->wait();
+    if (wv) wv->wait();
+    wk.reset(), wv.reset();
+    send_k = send_v = Tensor();
+  }
+  // Lets a backend that advances only when asked (MPI's stages) move the
+  // transfer along between two kernels.
+  void poll() const {
+    if (wk) (void)wk->is_completed();
+    if (wv) (void)wv->is_completed();
+  }
+  GatheredKv() = default;
+  GatheredKv(GatheredKv&&) = default;
+  GatheredKv& operator=(GatheredKv&&) = default;
+  // Unwinding past a transfer in flight (an error elsewhere): its buffers
+  // must outlive it.
+  ~GatheredKv() {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+};
 
-  Tensor forward(const Tensor& q_, const Tensor& ka_, const Tensor& va_, const Tensor& kb_, const Tensor& vb_) {
+// Heads [h0, h0 + nh) of x ([B, H, L, D]) as a contiguous time-major copy [L, B, nh, D].
+Tensor time_major(const Tensor& x, int64_t h0, int64_t nh) {
+  const Tensor view = raw::permute(raw::narrow(x, 1, h0, nh), {2, 0, 1, 3});
+  Tensor out = raw::empty(view.shape(), x.dtype(), x.device());
+  kernels::copy(x.device(), view, out);
+  return out;
+}
+
+GatheredKv gather_kv(const Tensor& kl, const Tensor& vl, int64_t h0, int64_t nh, const comm::CommPtr& group,
+                     int64_t w) {
+  GatheredKv g;
+  const Dims whole{kl.size(2) * w, kl.size(0), nh, kl.size(3)};
+  const Tensor bk = raw::empty(whole, kl.dtype(), kl.device()), bv = raw::empty(whole, vl.dtype(), vl.device());
+  cost::add_comm("all_gather", int64_t(bk.nbytes() + bv.nbytes()));  // the planner's counts (runtime/cost.h)
+  if (!kl.device().is_meta()) {  // a step simulated on Meta moves nothing
+    g.send_k = time_major(kl, h0, nh), g.send_v = time_major(vl, h0, nh);
+    g.wk = group->all_gather(g.send_k, bk, /*async=*/true);
+    g.wv = group->all_gather(g.send_v, bv, /*async=*/true);
+  }
+  g.k = raw::permute(bk, {1, 2, 0, 3}), g.v = raw::permute(bv, {1, 2, 0, 3});
+  return g;
+}
+
+// [B, nh, T, D] -> [B, nh * r, T, D] (a contiguous copy), each head repeated r times.
+Tensor repeat_heads(const Tensor& x, int64_t r) {
+  if (r == 1) return x;
+  const Dims& s = x.shape();
+  Tensor out = raw::empty({s[0], s[1], r, s[2], s[3]}, x.dtype(), x.device());
+  kernels::copy(x.device(), raw::expand(raw::unsqueeze(x, 2), {s[0], s[1], r, s[2], s[3]}), out);
+  return raw::try_view(out, {s[0], s[1] * r, s[2], s[3]});
+}
+
+// An uninitialised [B, H, T, D] tensor laid out time-major ([T, B, H, D]
+// memory), so that its reduce-scatter over time needs no copy.
+Tensor empty_time_major(const Dims& bhtd, DType dtype, Device device) {
+  return raw::permute(raw::empty({bhtd[2], bhtd[0], bhtd[1], bhtd[3]}, dtype, device), {1, 2, 0, 3});
+}
+
+// Fused attention over a rank's two segments: rows [0, S) of q are global rows
+// a*S .., rows [S, 2S) global rows b*S ..; k and v are this rank's own time
+// piece (segments 2r and 2r + 1, [B, Hkv, 2S, D]). The kernels' order of
+// operations is kernels/attention.h's; what this op adds is where k and v
+// live. They are gathered whole along time one group of kv heads at a time
+// (the next group's transfer started before this one's kernels), in the
+// forward and again in the backward, and never saved: what a layer keeps for
+// its backward is its own piece of k and v, so the saved activations fall
+// with cp. The backward's dk and dv of each segment are reduce-scattered
+// back to the pieces, one group at a time.
+//
+// Bitwise mode: each segment's dk/dv is a pending sum of its own over the
+// ranks -- the first segments (0 .. W-1, in rank order) and the second ones
+// (2W-1 .. W, in reverse rank order, whose balanced tree is the mirror of the
+// in-order one: the same bits, since a + b == b + a) each finish a half of
+// the one-device tree, and adding the two halves is its root (when every
+// segment is a whole run of the canonical chunks). With grouped-query
+// attention (bitwise), the kernels' backward sees k and v repeated per
+// query head (g = 1), and the group sum of the finished per-head gradients
+// comes last, as one device's repeat does. Fast mode adds the two segments'
+// gradients first and reduce-scatters once, with the kernels' own group sum.
+struct ContextParallelAttentionOp {
+  static constexpr const char* kName = "scaled_dot_product_attention";
+  kernels::AttentionParams pa, pb;  // segment a's and b's (whole heads; a group moves the dropout block's head)
+  int64_t S = 0, w = 1;
+  bool bitwise = false;
+  comm::CommPtr group;
+  SavedTensor q, k, v;
+  std::vector<SavedTensor> sta, stb;  // per head group: [B, nh * g, S, 2]
+
+  int64_t groups(int64_t Hkv) const { return std::min<int64_t>(Hkv, 4); }
+  static std::pair<int64_t, int64_t> group_heads(int64_t i, int64_t n, int64_t Hkv) {  // [h0, h0 + nh)
+    const int64_t h0 = i * Hkv / n;
+    return {h0, (i + 1) * Hkv / n - h0};
+  }
+  static kernels::AttentionParams at_heads(kernels::AttentionParams p, int64_t qh0) {
+    if (p.dropout) p.block.offset[1] += qh0;
+    return p;
+  }
+
+  Tensor forward(const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(Hkv);
     Tensor out = empty_like_layout(q_);
     const DType acc = accumulate_dtype(q_.dtype());
-    Tensor a = raw::empty({q_.size(0), q_.size(1), S, 2}, acc, q_.device());
-    Tensor b = raw::empty({q_.size(0), q_.size(1), S, 2}, acc, q_.device());
-    count_attention(raw::narrow(q_, 2, 0, S), ka_, pa.q_begin, 4);
-    count_attention(raw::narrow(q_, 2, S, S), kb_, pb.q_begin, 4);
-    kernels::attention_forward(q_.device(), raw::narrow(q_, 2, 0, S), ka_, va_, pa, raw::narrow(out, 2, 0, S), a);
-    kernels::attention_forward(q_.device(), raw::narrow(q_, 2, S, S), kb_, vb_, pb, raw::narrow(out, 2, S, S), b);
-    q = q_, ka = ka_, va = va_, kb = kb_, vb = vb_, sta = a, stb = b;
+    GatheredKv cur = gather_kv(k_, v_, 0, group_heads(0, n, Hkv).second, group, w);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto [h0, nh] = group_heads(i, n, Hkv);
+      GatheredKv next;
+      if (i + 1 < n) {
+        const auto [h1, nh1] = group_heads(i + 1, n, Hkv);
+        next = gather_kv(k_, v_, h1, nh1, group, w);
+      }
+      cur.wait();
+      const Tensor qg = raw::narrow(q_, 1, h0 * g, nh * g), og = raw::narrow(out, 1, h0 * g, nh * g);
+      Tensor a = raw::empty({q_.size(0), nh * g, S, 2}, acc, q_.device());
+      Tensor b = raw::empty({q_.size(0), nh * g, S, 2}, acc, q_.device());
+      count_attention(raw::narrow(qg, 2, 0, S), cur.k, pa.q_begin, 4);
+      count_attention(raw::narrow(qg, 2, S, S), cur.k, pb.q_begin, 4);
+      kernels::attention_forward(q_.device(), raw::narrow(qg, 2, 0, S), cur.k, cur.v, at_heads(pa, h0 * g),
+                                 raw::narrow(og, 2, 0, S), a);
+      next.poll();
+      kernels::attention_forward(q_.device(), raw::narrow(qg, 2, S, S), cur.k, cur.v, at_heads(pb, h0 * g),
+                                 raw::narrow(og, 2, S, S), b);
+      sta.emplace_back(a), stb.emplace_back(b);
+      cur = std::move(next);
+    }
+    q = q_, k = k_, v = v_;
     return out;
   }
 
+  // One group's dk and dv on their way back to the pieces: the reduce-scatters
+  // in flight, and where the finished values go.
+  struct Returning {
+    std::vector<Tensor> sums;  // bitwise: dka, dkb, dva, dvb pieces; fast: dk, dv pieces
+    std::vector<Tensor> inputs;  // kept alive until the wait
+    std::vector<comm::WorkPtr> works;
+    int64_t h0 = 0, nh = 0;
+    Returning() = default;
+    Returning(Returning&&) = default;
+    Returning& operator=(Returning&&) = default;
+    ~Returning() {  // as ~GatheredKv: the buffers outlive a transfer in flight
+      try {
+        for (auto& w : works) w->wait();
+      } catch (...) {
+      }
+    }
+  };
+
+  Tensor reduce_scatter_time(const Tensor& full, Returning& r) const {  // full: [B, H, T, D], time-major memory
+    const Tensor tm = raw::permute(full, {2, 0, 1, 3});
+    Tensor piece = raw::empty({tm.size(0) / w, tm.size(1), tm.size(2), tm.size(3)}, full.dtype(), full.device());
+    cost::add_comm("reduce_scatter", int64_t(tm.nbytes()));
+    if (!full.device().is_meta()) {
+      r.works.push_back(group->reduce_scatter(tm, piece, comm::ReduceOp::Sum, /*async=*/true));
+      r.inputs.push_back(tm);
+    }
+    return raw::permute(piece, {1, 2, 0, 3});
+  }
+
+  // Waits for a group's reduce-scatters and writes its dk, dv pieces.
+  void finish(Returning& r, const Tensor& dk, const Tensor& dv) const {
+    for (auto& wk : r.works) wk->wait();
+    r.works.clear(), r.inputs.clear();
+    const Device dev = dk.device();
+    Tensor pk = r.sums[0], pv = r.sums[1];
+    if (bitwise) {  // (a + b) per query head, then the group sum (one device's repeat backward)
+      pk = raw::empty(r.sums[0].shape(), dk.dtype(), dev), pv = raw::empty(r.sums[2].shape(), dv.dtype(), dev);
+      kernels::binary(dev, kernels::BinaryOp::Add, r.sums[0], r.sums[1], pk);
+      kernels::binary(dev, kernels::BinaryOp::Add, r.sums[2], r.sums[3], pv);
+      const int64_t gq = pk.size(1) / r.nh;
+      if (gq > 1) {
+        const Dims s = pk.shape();  // a copy: pk is reassigned below
+        const Dims grouped{s[0], r.nh, gq, s[2], s[3]}, summed{s[0], r.nh, 1, s[2], s[3]};
+        pk = sum_to(pk.reshape(grouped), summed).reshape({s[0], r.nh, s[2], s[3]});
+        pv = sum_to(pv.reshape(grouped), summed).reshape({s[0], r.nh, s[2], s[3]});
+      }
+    }
+    kernels::copy(dev, pk, raw::narrow(dk, 1, r.h0, r.nh));
+    kernels::copy(dev, pv, raw::narrow(dv, 1, r.h0, r.nh));
+  }
+
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
-    const Tensor& q_ = q.get();
-    Tensor g = detail::cast_raw(grads[0], q_.dtype());
-    Tensor dq = empty_like_layout(q_);
-    Tensor dka = empty_like_layout(ka.get()), dva = empty_like_layout(va.get());
-    Tensor dkb = empty_like_layout(kb.get()), dvb = empty_like_layout(vb.get());
-    count_attention(raw::narrow(q_, 2, 0, S), ka.get(), pa.q_begin, 8);
-    count_attention(raw::narrow(q_, 2, S, S), kb.get(), pb.q_begin, 8);
-    kernels::attention_backward(q_.device(), raw::narrow(q_, 2, 0, S), ka.get(), va.get(), raw::narrow(g, 2, 0, S),
-                                sta.get(), pa, raw::narrow(dq, 2, 0, S), dka, dva);
-    kernels::attention_backward(q_.device(), raw::narrow(q_, 2, S, S), kb.get(), vb.get(), raw::narrow(g, 2, S, S),
-                                stb.get(), pb, raw::narrow(dq, 2, S, S), dkb, dvb);
-    return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dka : Tensor(), ctx.needs(2) ? dva : Tensor(),
-            ctx.needs(3) ? dkb : Tensor(), ctx.needs(4) ? dvb : Tensor()};
+    const Tensor &q_ = q.get(), &k_ = k.get(), &v_ = v.get();
+    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(Hkv);
+    Tensor go = detail::cast_raw(grads[0], q_.dtype());
+    Tensor dq = empty_like_layout(q_), dk = empty_like_layout(k_), dv = empty_like_layout(v_);
+    GatheredKv cur = gather_kv(k_, v_, 0, group_heads(0, n, Hkv).second, group, w);
+    Returning pending;
+    bool have_pending = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto [h0, nh] = group_heads(i, n, Hkv);
+      GatheredKv next;
+      if (i + 1 < n) {
+        const auto [h1, nh1] = group_heads(i + 1, n, Hkv);
+        next = gather_kv(k_, v_, h1, nh1, group, w);
+      }
+      cur.wait();
+      const int64_t r = bitwise ? g : 1;  // the kernels' k, v heads per kv head
+      const Tensor kk = repeat_heads(cur.k, r), vv = repeat_heads(cur.v, r);
+      const Tensor qg = raw::narrow(q_, 1, h0 * g, nh * g), gg = raw::narrow(go, 1, h0 * g, nh * g),
+                   dqg = raw::narrow(dq, 1, h0 * g, nh * g);
+      const Tensor dka = empty_time_major(kk.shape(), k_.dtype(), k_.device());
+      const Tensor dva = empty_time_major(vv.shape(), v_.dtype(), v_.device());
+      const Tensor dkb = empty_time_major(kk.shape(), k_.dtype(), k_.device());
+      const Tensor dvb = empty_time_major(vv.shape(), v_.dtype(), v_.device());
+      count_attention(raw::narrow(qg, 2, 0, S), kk, pa.q_begin, 8);
+      count_attention(raw::narrow(qg, 2, S, S), kk, pb.q_begin, 8);
+      kernels::attention_backward(q_.device(), raw::narrow(qg, 2, 0, S), kk, vv, raw::narrow(gg, 2, 0, S),
+                                  sta[size_t(i)].get(), at_heads(pa, h0 * g), raw::narrow(dqg, 2, 0, S), dka, dva);
+      next.poll();
+      kernels::attention_backward(q_.device(), raw::narrow(qg, 2, S, S), kk, vv, raw::narrow(gg, 2, S, S),
+                                  stb[size_t(i)].get(), at_heads(pb, h0 * g), raw::narrow(dqg, 2, S, S), dkb, dvb);
+      Returning ret;
+      ret.h0 = h0, ret.nh = nh;
+      if (bitwise) {
+        for (const Tensor* x : {&dka, &dkb, &dva, &dvb}) ret.sums.push_back(reduce_scatter_time(*x, ret));
+      } else {  // fast mode: the two segments' sums first, one reduce-scatter each
+        kernels::binary(q_.device(), kernels::BinaryOp::Add, dka, dkb, dka);
+        kernels::binary(q_.device(), kernels::BinaryOp::Add, dva, dvb, dva);
+        ret.sums.push_back(reduce_scatter_time(dka, ret));
+        ret.sums.push_back(reduce_scatter_time(dva, ret));
+      }
+      if (have_pending) finish(pending, dk, dv);
+      pending = std::move(ret), have_pending = true;
+      cur = std::move(next);
+    }
+    if (have_pending) finish(pending, dk, dv);
+    return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
   }
 };
 
@@ -364,23 +562,14 @@ int balanced_dim(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   return balanced_segments_fit(q.size(2), mesh.size(m), numerics::bitwise(), chunks) ? m : -1;
 }
 
-// `repeat` > 1 (bitwise mode, grouped-query attention): k and v are gathered
-// as they are and then repeated per query head, so the kernels see g = 1 and
-// each head's dk, dv is summed across the ranks before the repeat's backward
-// sums the group (the one-device order; the gather moves g times less).
+// Bitwise mode repeats k and v per query head inside the op's backward
+// (ContextParallelAttentionOp), so the gather moves only the kv heads.
 Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, double scale,
-                          int m, int64_t repeat) {
+                          int m) {
   const MeshPtr& mesh = q.mesh();
   const Placements p = q.placements();
   const int64_t w = mesh->size(m), me = mesh->coordinate(m), T = q.size(2), S = T / (2 * w);
   const comm::CommPtr group = mesh->comm(m);
-  // k and v whole along time, used twice (one pending-sum gradient per segment).
-  Placements whole = p, pending = p;
-  whole[m] = Replicate();
-  pending[m] = Partial();
-  const Tensor kr = repeat_kv(redistribute(k, whole), repeat), vr = repeat_kv(redistribute(v, whole), repeat);
-  const Tensor ka = to_local(kr, pending), va = to_local(vr, pending), kb = to_local(kr, pending),
-               vb = to_local(vr, pending);
   // This rank's query rows [segment 2me ; 2me + 1] -> [segment me ; 2w - 1 - me], time first.
   const Tensor ql = to_local(q);
   const Tensor rows = ql.permute({2, 0, 1, 3});  // [2S, B, H, D]
@@ -389,8 +578,8 @@ Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   const Tensor mine =
       exchange_segments(rows, group, w, S, {2 * me, 2 * me + 1}, holder, worker, {me, 2 * w - 1 - me})
           .permute({1, 2, 0, 3});  // [B, H, 2S, D]
-  BalancedAttentionOp f;
-  f.S = S;
+  ContextParallelAttentionOp f;
+  f.S = S, f.w = w, f.group = group, f.bitwise = numerics::bitwise();
   const kernels::AttentionParams base = fused_params(o, scale);
   const LocalGeometry lg = local_geometry(q.shape(), mesh->shape(), p, mesh->coords());
   f.pa = f.pb = base;
@@ -405,7 +594,8 @@ Tensor balanced_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
     f.pa.block.offset[2] += f.pa.q_begin;
     f.pb.block.offset[2] += f.pb.q_begin;
   }
-  const Tensor out = call(std::move(f), mine, ka, va, kb, vb);  // [B, H, 2S, D]: segments me, 2w - 1 - me
+  // [B, H, 2S, D]: segments me, 2w - 1 - me; k and v stay this rank's pieces.
+  const Tensor out = call(std::move(f), mine, to_local(k), to_local(v));
   // The output rows back to their holders: [segment 2me ; 2me + 1].
   const Tensor back = exchange_segments(out.permute({2, 0, 1, 3}), group, w, S, {me, 2 * w - 1 - me}, worker,
                                         holder, {2 * me, 2 * me + 1})
@@ -495,7 +685,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     if (const int m = balanced_dim(q, k, v, opts, numerics::reduction_chunks()); m >= 0) {
       ++cp_count.local;
       ++cp_count.balanced;
-      return balanced_attention(q, k, v, opts, scale, m, numerics::bitwise() ? g : 1);
+      return balanced_attention(q, k, v, opts, scale, m);
     }
     if (g > 1 && numerics::bitwise() && q.is_distributed())
       for (const Placement& pl : q.placements())
