@@ -31,8 +31,13 @@ export TMPDIR="$session" OMPI_MCA_orte_tmpdir_base="$session"
 export OMPI_MCA_btl_vader_backing_directory="$session" OMPI_MCA_shmem_mmap_backing_file_base_dir="$session"
 export OMPI_MCA_osc_sm_backing_directory="$session"
 
+# Under ./tessel test --asan: the slow unwinder, which LeakSanitizer's
+# suppressions of OpenMPI's own leaks need (tools/run_tests.sh).
+[[ -n "${ASAN_OPTIONS:-}" ]] && export ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0"
+
 log="$session/out.log"
-timeout 600 mpirun -np "$np" "$bin" "$@" >"$log" 2>&1
+# TESSEL_MPI_TEST_TIMEOUT: longer under the sanitizers (tools/run_tests.sh).
+timeout "${TESSEL_MPI_TEST_TIMEOUT:-600}" mpirun -np "$np" "$bin" "$@" >"$log" 2>&1
 rc=$?
 cat "$log"
 

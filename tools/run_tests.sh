@@ -59,6 +59,8 @@ if [[ -n "$sanitizer" ]]; then
   # (test_bitwise_train, test_parallel_train, ...) overran Bazel's default
   # timeouts under --tsan. Ten times the defaults (60/300/900/3600 s).
   BAZEL_FLAGS+=("--test_timeout=600,3000,9000,36000")
+  # The same for the jobs the MPI and multihost scripts bound themselves.
+  BAZEL_FLAGS+=("--test_env=TESSEL_MPI_TEST_TIMEOUT=6000" "--test_env=MH_TIMEOUT=3000")
   BAZEL_FLAGS+=("--disk_cache=" "--config=$sanitizer" "--symlink_prefix=/"
     "--test_env=TESSEL_CPU_ALLOCATOR=system"
     "--test_env=UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
@@ -69,9 +71,11 @@ if [[ -n "$sanitizer" ]]; then
     # Suppressions match modules only in whole stacks: the slow unwinder
     # (OpenMPI is built without frame pointers, the fast one stops at its
     # first frame), and OpenMPI's plugins stay mapped after MPI_Finalize
-    # (unmapped, their frames are "<unknown module>").
+    # (unmapped, their frames are "<unknown module>"). The slow unwinder
+    # doubles a test's time, so only the processes mpirun starts use it:
+    # test/mpi_test.sh and the multihost hosts add fast_unwind_on_malloc=0.
     BAZEL_FLAGS+=("--test_env=LSAN_OPTIONS=suppressions=$ROOT/tools/sanitizers/lsan.supp:print_suppressions=0"
-      "--test_env=ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0"
+      "--test_env=ASAN_OPTIONS=detect_leaks=1"
       "--test_env=OMPI_MCA_mca_base_component_disable_dlclose=1")
   else
     query="kind(cc_test, $query)"

@@ -110,8 +110,19 @@ AGENT
 # the agent, every socket on the bridge's subnet. MH_TIMEOUT (seconds,
 # default 300) bounds the whole job, so a hang fails the test instead of CI.
 mh_mpirun() {
+  # The hosts start from an empty environment: a sanitizer run's settings
+  # reach the ranks through -x (the slow unwinder for LeakSanitizer's
+  # suppressions of OpenMPI's leaks, as test/mpi_test.sh).
+  local san=() v
+  for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS TESSEL_CPU_ALLOCATOR \
+    OMPI_MCA_mca_base_component_disable_dlclose; do
+    [[ -n "${!v:-}" ]] || continue
+    [[ $v == ASAN_OPTIONS && $ASAN_OPTIONS != *fast_unwind_on_malloc=0* ]] &&
+      export ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0"
+    san+=(-x "$v")
+  done
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR="$MH_DIR" \
-    timeout -k 5 "${MH_TIMEOUT:-300}" mpirun --hostfile "$MH_HOSTFILE" \
+    timeout -k 5 "${MH_TIMEOUT:-300}" mpirun "${san[@]}" --hostfile "$MH_HOSTFILE" \
     --mca plm rsh --mca plm_rsh_agent "$MH_AGENT" \
     --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include "$MH_SUBNET" --mca oob_tcp_if_include "$MH_SUBNET" \
