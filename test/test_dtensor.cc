@@ -404,8 +404,12 @@ TEST_CASE("context parallel attention: sequence-local queries, the one-device bi
     int64_t T;
     bool local;  // the output stays cut along time (else gathered: pieces not on chunk boundaries)
   };
+  // One group of heads (the default for small layers), and one kv head per
+  // group (k and v streamed head by head).
+  for (int64_t group_bytes : {int64_t(16) << 20, int64_t(1)})
   for (Case c : {Case{2, 64, true}, Case{4, 64, true}, Case{4, 60, false}}) {
-    INFO("cp=" << c.ranks << " T=" << c.T);
+    INFO("cp=" << c.ranks << " T=" << c.T << " group bytes " << group_bytes);
+    const int64_t previous = set_context_parallel_group_bytes(group_bytes);
     const int64_t B = 2, H = 4, Hkv = 2, D = 8;
     AttentionOptions o;
     o.causal = true;
@@ -446,8 +450,10 @@ TEST_CASE("context parallel attention: sequence-local queries, the one-device bi
           return std::string(names[i]) + " differs from one device";
       return "";
     });
+    set_context_parallel_group_bytes(previous);
     CHECK(first_failure(reports) == "");
   }
+  CHECK_THROWS_WITH(set_context_parallel_group_bytes(0), Catch::Contains("positive byte count, got 0"));
 }
 
 // Fast mode: the same layouts within float tolerance, load-balanced when the
@@ -497,8 +503,10 @@ TEST_CASE("context parallel attention in fast mode: balanced or contiguous piece
 // while the gathered k and v were saved), in both modes, and the backward
 // still gives the one-device gradients.
 TEST_CASE("context parallel attention saves its piece of k and v, not the gathered whole", "[dtensor][cp]") {
+  for (int64_t group_bytes : {int64_t(16) << 20, int64_t(1)})
   for (bool bitwise : {false, true}) {
-    INFO("bitwise=" << bitwise);
+    INFO("bitwise=" << bitwise << " group bytes " << group_bytes);
+    const int64_t previous = set_context_parallel_group_bytes(group_bytes);
     const int64_t B = 1, H = 4, T = 512, D = 32;
     const int64_t gathered_kv = 2 * B * H * T * D * int64_t(sizeof(float));  // k and v whole, per rank
     auto inputs = [&] {
@@ -534,6 +542,7 @@ TEST_CASE("context parallel attention saves its piece of k and v, not the gather
           return "gradient " + std::to_string(i) + " differs from one device";
       return "";
     });
+    set_context_parallel_group_bytes(previous);
     CHECK(first_failure(reports) == "");
     // Both ranks' forwards: each keeps its output, its query rows and stats.
     CHECK(after - before < 2 * gathered_kv);

@@ -1,6 +1,7 @@
 #include "autograd/ops/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -286,25 +287,26 @@ Tensor exchange_segments(const Tensor& rows, const comm::CommPtr& group, int64_t
   return cat(ordered, 0);
 }
 
+std::atomic<int64_t> group_bytes{int64_t(16) << 20};  // set_context_parallel_group_bytes
+
 // k and v of one group of kv heads, gathered whole along time over the cp
-// group: [B, nh, T, D] views of time-major [T, B, nh, D] buffers. Started
-// asynchronously (the transfer of the next group overlaps the kernels of this
-// one where the backend progresses on its own); wait() before use.
+// group in one all-gather: [B, nh, T, D] views of a time-major [T, B, nh, 2,
+// D] buffer (k and v side by side). Started asynchronously (the next group's
+// transfer goes on while this group's kernels run, where the backend moves
+// data by itself); wait() before use.
 struct GatheredKv {
-  Tensor k, v;         // [B, nh, T, D]
-  Tensor send_k, send_v;  // this rank's time-major pieces, alive until the wait
-  comm::WorkPtr wk, wv;
+  Tensor k, v;      // [B, nh, T, D]
+  Tensor send;      // this rank's time-major piece, alive until the wait
+  comm::WorkPtr work;
   void wait() {
-    if (wk) wk->wait();
-    if (wv) wv->wait();
-    wk.reset(), wv.reset();
-    send_k = send_v = Tensor();
+    if (work) work->wait();
+    work.reset();
+    send = Tensor();
   }
   // Lets a backend that advances only when asked (MPI's stages) move the
   // transfer along between two kernels.
   void poll() const {
-    if (wk) (void)wk->is_completed();
-    if (wv) (void)wv->is_completed();
+    if (work) (void)work->is_completed();
   }
   GatheredKv() = default;
   GatheredKv(GatheredKv&&) = default;
@@ -319,26 +321,22 @@ struct GatheredKv {
   }
 };
 
-// Heads [h0, h0 + nh) of x ([B, H, L, D]) as a contiguous time-major copy [L, B, nh, D].
-Tensor time_major(const Tensor& x, int64_t h0, int64_t nh) {
-  const Tensor view = raw::permute(raw::narrow(x, 1, h0, nh), {2, 0, 1, 3});
-  Tensor out = raw::empty(view.shape(), x.dtype(), x.device());
-  kernels::copy(x.device(), view, out);
-  return out;
-}
+// A time-major view [T, B, H, D] of slot `i` of a [T, B, H, P, D] buffer, as [B, H, T, D].
+Tensor slot(const Tensor& buf, int64_t i) { return raw::permute(raw::select(buf, 3, i), {1, 2, 0, 3}); }
 
 GatheredKv gather_kv(const Tensor& kl, const Tensor& vl, int64_t h0, int64_t nh, const comm::CommPtr& group,
                      int64_t w) {
   GatheredKv g;
-  const Dims whole{kl.size(2) * w, kl.size(0), nh, kl.size(3)};
-  const Tensor bk = raw::empty(whole, kl.dtype(), kl.device()), bv = raw::empty(whole, vl.dtype(), vl.device());
-  cost::add_comm("all_gather", int64_t(bk.nbytes() + bv.nbytes()));  // the planner's counts (runtime/cost.h)
+  const int64_t L = kl.size(2), B = kl.size(0), D = kl.size(3);
+  const Tensor whole = raw::empty({L * w, B, nh, 2, D}, kl.dtype(), kl.device());
+  cost::add_comm("all_gather", int64_t(whole.nbytes()));  // the planner's counts (runtime/cost.h)
   if (!kl.device().is_meta()) {  // a step simulated on Meta moves nothing
-    g.send_k = time_major(kl, h0, nh), g.send_v = time_major(vl, h0, nh);
-    g.wk = group->all_gather(g.send_k, bk, /*async=*/true);
-    g.wv = group->all_gather(g.send_v, bv, /*async=*/true);
+    g.send = raw::empty({L, B, nh, 2, D}, kl.dtype(), kl.device());
+    kernels::copy(kl.device(), raw::narrow(kl, 1, h0, nh), slot(g.send, 0));
+    kernels::copy(vl.device(), raw::narrow(vl, 1, h0, nh), slot(g.send, 1));
+    g.work = group->all_gather(g.send, whole, /*async=*/true);
   }
-  g.k = raw::permute(bk, {1, 2, 0, 3}), g.v = raw::permute(bv, {1, 2, 0, 3});
+  g.k = slot(whole, 0), g.v = slot(whole, 1);
   return g;
 }
 
@@ -351,12 +349,6 @@ Tensor repeat_heads(const Tensor& x, int64_t r) {
   return raw::try_view(out, {s[0], s[1] * r, s[2], s[3]});
 }
 
-// An uninitialised [B, H, T, D] tensor laid out time-major ([T, B, H, D]
-// memory), so that its reduce-scatter over time needs no copy.
-Tensor empty_time_major(const Dims& bhtd, DType dtype, Device device) {
-  return raw::permute(raw::empty({bhtd[2], bhtd[0], bhtd[1], bhtd[3]}, dtype, device), {1, 2, 0, 3});
-}
-
 // Fused attention over a rank's two segments: rows [0, S) of q are global rows
 // a*S .., rows [S, 2S) global rows b*S ..; k and v are this rank's own time
 // piece (segments 2r and 2r + 1, [B, Hkv, 2S, D]). The kernels' order of
@@ -365,8 +357,8 @@ Tensor empty_time_major(const Dims& bhtd, DType dtype, Device device) {
 // (the next group's transfer started before this one's kernels), in the
 // forward and again in the backward, and never saved: what a layer keeps for
 // its backward is its own piece of k and v, so the saved activations fall
-// with cp. The backward's dk and dv of each segment are reduce-scattered
-// back to the pieces, one group at a time.
+// with cp. The backward's dk and dv of each group are reduce-scattered back
+// to the pieces in one collective.
 //
 // Bitwise mode: each segment's dk/dv is a pending sum of its own over the
 // ranks -- the first segments (0 .. W-1, in rank order) and the second ones
@@ -374,10 +366,10 @@ Tensor empty_time_major(const Dims& bhtd, DType dtype, Device device) {
 // in-order one: the same bits, since a + b == b + a) each finish a half of
 // the one-device tree, and adding the two halves is its root (when every
 // segment is a whole run of the canonical chunks). With grouped-query
-// attention (bitwise), the kernels' backward sees k and v repeated per
-// query head (g = 1), and the group sum of the finished per-head gradients
-// comes last, as one device's repeat does. Fast mode adds the two segments'
-// gradients first and reduce-scatters once, with the kernels' own group sum.
+// attention the kernels' backward sees k and v repeated per query head
+// (g = 1), and the group sum of the finished per-head gradients comes last,
+// as one device's repeat does. Fast mode adds the two segments' gradients
+// first and reduce-scatters once, with the kernels' own group sum.
 struct ContextParallelAttentionOp {
   static constexpr const char* kName = "scaled_dot_product_attention";
   kernels::AttentionParams pa, pb;  // segment a's and b's (whole heads; a group moves the dropout block's head)
@@ -387,7 +379,12 @@ struct ContextParallelAttentionOp {
   SavedTensor q, k, v;
   std::vector<SavedTensor> sta, stb;  // per head group: [B, nh * g, S, 2]
 
-  int64_t groups(int64_t Hkv) const { return std::min<int64_t>(Hkv, 4); }
+  // A group's whole k and v stay under group_bytes where the heads allow (one
+  // group for small layers: each group costs a collective each way).
+  int64_t groups(const Tensor& kl) const {
+    const int64_t whole = 2 * kl.numel() * w * int64_t(itemsize(kl.dtype())), most = group_bytes.load();
+    return std::clamp<int64_t>((whole + most - 1) / std::max<int64_t>(most, 1), 1, kl.size(1));
+  }
   static std::pair<int64_t, int64_t> group_heads(int64_t i, int64_t n, int64_t Hkv) {  // [h0, h0 + nh)
     const int64_t h0 = i * Hkv / n;
     return {h0, (i + 1) * Hkv / n - h0};
@@ -398,7 +395,7 @@ struct ContextParallelAttentionOp {
   }
 
   Tensor forward(const Tensor& q_, const Tensor& k_, const Tensor& v_) {
-    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(Hkv);
+    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(k_);
     Tensor out = empty_like_layout(q_);
     const DType acc = accumulate_dtype(q_.dtype());
     GatheredKv cur = gather_kv(k_, v_, 0, group_heads(0, n, Hkv).second, group, w);
@@ -427,45 +424,48 @@ struct ContextParallelAttentionOp {
     return out;
   }
 
-  // One group's dk and dv on their way back to the pieces: the reduce-scatters
-  // in flight, and where the finished values go.
+  // One group's dk and dv on their way back to the pieces: one reduce-scatter
+  // of a time-major [T, B, H, P, D] buffer -- fast mode (dk, dv), bitwise
+  // (dk of segment a, of b, dv of a, of b) -- into `piece`.
   struct Returning {
-    std::vector<Tensor> sums;  // bitwise: dka, dkb, dva, dvb pieces; fast: dk, dv pieces
-    std::vector<Tensor> inputs;  // kept alive until the wait
-    std::vector<comm::WorkPtr> works;
+    Tensor piece, sent;  // sent: kept alive until the wait
+    comm::WorkPtr work;
     int64_t h0 = 0, nh = 0;
     Returning() = default;
     Returning(Returning&&) = default;
     Returning& operator=(Returning&&) = default;
     ~Returning() {  // as ~GatheredKv: the buffers outlive a transfer in flight
       try {
-        for (auto& w : works) w->wait();
+        if (work) work->wait();
       } catch (...) {
       }
     }
   };
 
-  Tensor reduce_scatter_time(const Tensor& full, Returning& r) const {  // full: [B, H, T, D], time-major memory
-    const Tensor tm = raw::permute(full, {2, 0, 1, 3});
-    Tensor piece = raw::empty({tm.size(0) / w, tm.size(1), tm.size(2), tm.size(3)}, full.dtype(), full.device());
-    cost::add_comm("reduce_scatter", int64_t(tm.nbytes()));
+  Returning reduce_scatter_time(const Tensor& full, int64_t h0, int64_t nh) const {
+    Returning r;
+    r.h0 = h0, r.nh = nh;
+    Dims ps = full.shape();
+    ps[0] /= w;
+    r.piece = raw::empty(ps, full.dtype(), full.device());
+    cost::add_comm("reduce_scatter", int64_t(full.nbytes()));
     if (!full.device().is_meta()) {
-      r.works.push_back(group->reduce_scatter(tm, piece, comm::ReduceOp::Sum, /*async=*/true));
-      r.inputs.push_back(tm);
+      r.work = group->reduce_scatter(full, r.piece, comm::ReduceOp::Sum, /*async=*/true);
+      r.sent = full;
     }
-    return raw::permute(piece, {1, 2, 0, 3});
+    return r;
   }
 
-  // Waits for a group's reduce-scatters and writes its dk, dv pieces.
+  // Waits for a group's reduce-scatter and writes its dk, dv pieces.
   void finish(Returning& r, const Tensor& dk, const Tensor& dv) const {
-    for (auto& wk : r.works) wk->wait();
-    r.works.clear(), r.inputs.clear();
+    if (r.work) r.work->wait();
+    r.work.reset(), r.sent = Tensor();
     const Device dev = dk.device();
-    Tensor pk = r.sums[0], pv = r.sums[1];
+    Tensor pk = slot(r.piece, 0), pv = slot(r.piece, 1);
     if (bitwise) {  // (a + b) per query head, then the group sum (one device's repeat backward)
-      pk = raw::empty(r.sums[0].shape(), dk.dtype(), dev), pv = raw::empty(r.sums[2].shape(), dv.dtype(), dev);
-      kernels::binary(dev, kernels::BinaryOp::Add, r.sums[0], r.sums[1], pk);
-      kernels::binary(dev, kernels::BinaryOp::Add, r.sums[2], r.sums[3], pv);
+      pk = raw::empty(pk.shape(), dk.dtype(), dev), pv = raw::empty(pv.shape(), dv.dtype(), dev);
+      kernels::binary(dev, kernels::BinaryOp::Add, slot(r.piece, 0), slot(r.piece, 1), pk);
+      kernels::binary(dev, kernels::BinaryOp::Add, slot(r.piece, 2), slot(r.piece, 3), pv);
       const int64_t gq = pk.size(1) / r.nh;
       if (gq > 1) {
         const Dims s = pk.shape();  // a copy: pk is reassigned below
@@ -480,12 +480,12 @@ struct ContextParallelAttentionOp {
 
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
     const Tensor &q_ = q.get(), &k_ = k.get(), &v_ = v.get();
-    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(Hkv);
+    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(k_);
+    const Device dev = q_.device();
     Tensor go = detail::cast_raw(grads[0], q_.dtype());
     Tensor dq = empty_like_layout(q_), dk = empty_like_layout(k_), dv = empty_like_layout(v_);
     GatheredKv cur = gather_kv(k_, v_, 0, group_heads(0, n, Hkv).second, group, w);
     Returning pending;
-    bool have_pending = false;
     for (int64_t i = 0; i < n; ++i) {
       const auto [h0, nh] = group_heads(i, n, Hkv);
       GatheredKv next;
@@ -498,32 +498,27 @@ struct ContextParallelAttentionOp {
       const Tensor kk = repeat_heads(cur.k, r), vv = repeat_heads(cur.v, r);
       const Tensor qg = raw::narrow(q_, 1, h0 * g, nh * g), gg = raw::narrow(go, 1, h0 * g, nh * g),
                    dqg = raw::narrow(dq, 1, h0 * g, nh * g);
-      const Tensor dka = empty_time_major(kk.shape(), k_.dtype(), k_.device());
-      const Tensor dva = empty_time_major(vv.shape(), v_.dtype(), v_.device());
-      const Tensor dkb = empty_time_major(kk.shape(), k_.dtype(), k_.device());
-      const Tensor dvb = empty_time_major(vv.shape(), v_.dtype(), v_.device());
+      // Time-major gradient slots: bitwise (dk a, dk b, dv a, dv b), reduced
+      // apart; fast mode (dk, dv) with segment b's added in first.
+      const Dims whole{kk.size(2), kk.size(0), kk.size(1), bitwise ? 4 : 2, kk.size(3)};
+      const Tensor sums = raw::empty(whole, k_.dtype(), dev);
+      const Tensor second = bitwise ? Tensor() : raw::empty(whole, k_.dtype(), dev);
       count_attention(raw::narrow(qg, 2, 0, S), kk, pa.q_begin, 8);
       count_attention(raw::narrow(qg, 2, S, S), kk, pb.q_begin, 8);
-      kernels::attention_backward(q_.device(), raw::narrow(qg, 2, 0, S), kk, vv, raw::narrow(gg, 2, 0, S),
-                                  sta[size_t(i)].get(), at_heads(pa, h0 * g), raw::narrow(dqg, 2, 0, S), dka, dva);
+      kernels::attention_backward(dev, raw::narrow(qg, 2, 0, S), kk, vv, raw::narrow(gg, 2, 0, S),
+                                  sta[size_t(i)].get(), at_heads(pa, h0 * g), raw::narrow(dqg, 2, 0, S),
+                                  slot(sums, 0), bitwise ? slot(sums, 2) : slot(sums, 1));
       next.poll();
-      kernels::attention_backward(q_.device(), raw::narrow(qg, 2, S, S), kk, vv, raw::narrow(gg, 2, S, S),
-                                  stb[size_t(i)].get(), at_heads(pb, h0 * g), raw::narrow(dqg, 2, S, S), dkb, dvb);
-      Returning ret;
-      ret.h0 = h0, ret.nh = nh;
-      if (bitwise) {
-        for (const Tensor* x : {&dka, &dkb, &dva, &dvb}) ret.sums.push_back(reduce_scatter_time(*x, ret));
-      } else {  // fast mode: the two segments' sums first, one reduce-scatter each
-        kernels::binary(q_.device(), kernels::BinaryOp::Add, dka, dkb, dka);
-        kernels::binary(q_.device(), kernels::BinaryOp::Add, dva, dvb, dva);
-        ret.sums.push_back(reduce_scatter_time(dka, ret));
-        ret.sums.push_back(reduce_scatter_time(dva, ret));
-      }
-      if (have_pending) finish(pending, dk, dv);
-      pending = std::move(ret), have_pending = true;
+      kernels::attention_backward(dev, raw::narrow(qg, 2, S, S), kk, vv, raw::narrow(gg, 2, S, S),
+                                  stb[size_t(i)].get(), at_heads(pb, h0 * g), raw::narrow(dqg, 2, S, S),
+                                  bitwise ? slot(sums, 1) : slot(second, 0), bitwise ? slot(sums, 3) : slot(second, 1));
+      if (!bitwise) kernels::binary(dev, kernels::BinaryOp::Add, sums, second, sums);
+      Returning ret = reduce_scatter_time(sums, h0, nh);
+      if (pending.piece.defined()) finish(pending, dk, dv);
+      pending = std::move(ret);
       cur = std::move(next);
     }
-    if (have_pending) finish(pending, dk, dv);
+    if (pending.piece.defined()) finish(pending, dk, dv);
     return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
   }
 };
@@ -651,6 +646,11 @@ bool balanced_segments_fit(int64_t seq_len, int64_t cp, bool bitwise, int chunks
 }
 
 ContextParallelAttentionCount context_parallel_attention_count() { return cp_count; }
+
+int64_t set_context_parallel_group_bytes(int64_t bytes) {
+  TESSEL_CHECK(bytes > 0, "set_context_parallel_group_bytes", "needs a positive byte count, got {}", bytes);
+  return group_bytes.exchange(bytes);
+}
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   const char* op = "scaled_dot_product_attention";

@@ -63,4 +63,11 @@ ContextParallelAttentionCount context_parallel_attention_count();
 // before any work; attention falls back to contiguous pieces without it.
 bool balanced_segments_fit(int64_t seq_len, int64_t cp, bool bitwise, int chunks);
 
+// Load-balanced context-parallel attention gathers k and v whole one group of
+// kv heads at a time (docs/parallel.md "Context parallelism"), each group at
+// most this many bytes of k and v where the heads allow (default 16 MiB; one
+// head per group at the least). Sets it for every thread and returns the
+// previous value (tests use a small one to stream head by head).
+int64_t set_context_parallel_group_bytes(int64_t bytes);
+
 }  // namespace tessel
