@@ -120,7 +120,19 @@ inline AttentionDropoutIndex attention_dropout_index(const GlobalBlock& block, i
   return x;
 }
 
-// out and stats ([B, Hq, T, 2] contiguous, compute dtype: (m, l) per row) are
+// A piece of the queries must lie inside the keys' range, and its dropout
+// coordinates come from the block (a whole block describes the whole square).
+// Every device's kernels check this first.
+inline void check_attention_piece(const char* op, const Tensor& q, const Tensor& k, const AttentionParams& p) {
+  TESSEL_CHECK(p.q_begin >= 0 && p.q_begin + q.size(2) <= k.size(2), op,
+               "query rows {}..{} (q {}) lie outside the {} keys of k {}", p.q_begin, p.q_begin + q.size(2),
+               q.shape(), k.size(2), k.shape());
+  TESSEL_CHECK(!p.dropout || !p.block.is_whole() || (p.q_begin == 0 && q.size(2) == k.size(2)), op,
+               "dropout on a piece of the queries (q {} from row {}, k {}) needs the probabilities' block",
+               q.shape(), p.q_begin, k.shape());
+}
+
+// out and stats ([B, Hq, Tq, 2] contiguous, compute dtype: (m, l) per row) are
 // allocated by the caller; q, k, v, out share one floating dtype.
 inline KernelTable<void(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, const Tensor& out,
                         const Tensor& stats)>

@@ -6,8 +6,11 @@
 // 16-bit rounding. Skips without a GPU.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "autograd/api.h"
 #include "kernels/attention.h"
+#include "kernels/random.h"
 #include "runtime/numerics.h"
 #include "test/util/cuda.h"
 #include "test/util/util.h"
@@ -61,6 +64,70 @@ TEST_CASE("CUDA fused attention equals the CPU bit for bit (bitwise mode)") {
       }
     }
   }
+}
+
+// Context parallelism's kernel contract on the GPU (kernels/attention.h "A
+// piece of the queries"): the kernels on query rows [q0, q0 + Tq) against all
+// keys give the CPU kernels' out, stats, dq, dk and dv for that piece, bit
+// for bit (GQA, dropout at the piece's block, V that does and does not divide
+// the pieces, head-transposed operands).
+TEST_CASE("CUDA fused attention on a piece of the queries equals the CPU's (context parallelism)") {
+  TESSEL_REQUIRE_GPU();
+  struct Case {
+    int64_t B, Hq, Hkv, T, D, pieces;
+    int v;
+  };
+  for (Case c : {Case{1, 2, 2, 64, 16, 2, 16}, Case{2, 4, 2, 96, 8, 4, 16}, Case{1, 3, 1, 100, 32, 4, 4}})
+    for (bool dropout : {false, true}) {
+      INFO("B " << c.B << " Hq " << c.Hq << " Hkv " << c.Hkv << " T " << c.T << " pieces " << c.pieces << " V "
+                << c.v << " dropout " << dropout);
+      const Tensor q = uniform({c.B, c.T, c.Hq, c.D}, 31, -2, 2).transpose(1, 2);
+      const Tensor k = uniform({c.B, c.T, c.Hkv, c.D}, 32, -2, 2).transpose(1, 2);
+      const Tensor v = uniform({c.B, c.T, c.Hkv, c.D}, 33, -2, 2).transpose(1, 2);
+      const Tensor dout = uniform({c.B, c.Hq, c.T, c.D}, 34, -1, 1);
+      kernels::AttentionParams p;
+      p.scale = 1.0 / std::sqrt(double(c.D));
+      p.chunks = c.v;
+      if (dropout) {
+        p.dropout = true;
+        p.key = PhiloxKey{11, 12};
+        p.keep_threshold = kernels::bernoulli_threshold(0.8);
+        p.dropout_scale = 1.0 / 0.8;
+        p.block = GlobalBlock{{c.B, c.Hq, c.T, c.T}, {0, 0, 0, 0}};
+      }
+      const int64_t Tq = c.T / c.pieces;
+      for (int64_t i = 0; i < c.pieces; ++i) {
+        INFO("piece " << i);
+        kernels::AttentionParams pp = p;
+        pp.q_begin = i * Tq;
+        if (dropout) pp.block.offset[2] = i * Tq;
+        const Tensor qi = q.narrow(2, i * Tq, Tq), di = dout.narrow(2, i * Tq, Tq);
+        std::vector<Tensor> got[2];  // CPU, GPU: out, stats, dq, dk, dv
+        for (int side = 0; side < 2; ++side) {
+          const Device dev = side == 0 ? kCPU : kCuda;
+          auto on = [&](const Tensor& t) { return side == 0 ? t : to_cuda(t); };
+          const Tensor gq = on(qi), gk = on(k), gv = on(v), gd = on(di);
+          Tensor out = raw::empty(gq.shape(), gq.dtype(), dev), st = raw::empty({c.B, c.Hq, Tq, 2}, DType::Float32, dev);
+          kernels::attention_forward(dev, gq, gk, gv, pp, out, st);
+          Tensor dq = raw::empty(gq.shape(), gq.dtype(), dev), dk = raw::empty(gk.shape(), gk.dtype(), dev),
+                 dv = raw::empty(gv.shape(), gv.dtype(), dev);
+          kernels::attention_backward(dev, gq, gk, gv, gd, st, pp, dq, dk, dv);
+          for (const Tensor& t : {out, st, dq, dk, dv}) got[side].push_back(side == 0 ? t : to_cpu(t));
+        }
+        const char* names[] = {"out", "stats", "dq", "dk", "dv"};
+        for (int j = 0; j < 5; ++j) {
+          INFO(names[j]);
+          CHECK_SAME_BITS(got[1][size_t(j)], got[0][size_t(j)]);
+        }
+      }
+    }
+  // The GPU refuses what the CPU refuses: rows outside the keys.
+  kernels::AttentionParams p;
+  p.q_begin = 6;
+  const Tensor q = to_cuda(uniform({1, 1, 4, 4}, 1)), k = to_cuda(uniform({1, 1, 8, 4}, 2));
+  Tensor out = raw::empty({1, 1, 4, 4}, DType::Float32, kCuda), st = raw::empty({1, 1, 4, 2}, DType::Float32, kCuda);
+  CHECK_THROWS_WITH(kernels::attention_forward(kCuda, q, k, k, p, out, st),
+                    Catch::Contains("query rows 6..10") && Catch::Contains("outside the 8 keys"));
 }
 
 TEST_CASE("CUDA fused attention: head-transposed operands and 16-bit inputs equal the CPU") {

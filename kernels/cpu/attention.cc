@@ -588,21 +588,10 @@ void scatter(const std::vector<C>& src, const Tensor& x) {
               src[size_t(((b * H + h) * T + t) * D + d)];
 }
 
-// A piece of the queries must lie inside the keys' range, and its dropout
-// coordinates come from the block (a whole block describes the whole square).
-void check_piece(const char* op, const Tensor& q, const Tensor& k, const AttentionParams& p) {
-  TESSEL_CHECK(p.q_begin >= 0 && p.q_begin + q.size(2) <= k.size(2), op,
-               "query rows {}..{} (q {}) lie outside the {} keys of k {}", p.q_begin, p.q_begin + q.size(2),
-               q.shape(), k.size(2), k.shape());
-  TESSEL_CHECK(!p.dropout || !p.block.is_whole() || (p.q_begin == 0 && q.size(2) == k.size(2)), op,
-               "dropout on a piece of the queries (q {} from row {}, k {}) needs the probabilities' block",
-               q.shape(), p.q_begin, k.shape());
-}
-
 void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                            const Tensor& out, const Tensor& stats) {
   const char* op = "attention_forward";
-  check_piece(op, q, k, p);
+  check_attention_piece(op, q, k, p);
   if (out.numel() == 0 && stats.numel() == 0) return;
   dispatch_floating(q.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -622,7 +611,7 @@ void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, co
 void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const Tensor& stats,
                             const AttentionParams& p, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "attention_backward";
-  check_piece(op, q, k, p);
+  check_attention_piece(op, q, k, p);
   if (q.numel() == 0 && k.numel() == 0) return;
   dispatch_floating(q.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;

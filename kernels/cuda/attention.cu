@@ -4,6 +4,11 @@
 // softmax, every sum over keys or queries the canonical one over the global
 // length, no atomics. Mapping:
 //
+// A piece of the queries (context parallelism, kernels/attention.h): q holds
+// the Tq global rows q0 .. q0 + Tq - 1 against all T keys; rows, stats, dq
+// and the dS/P' scratch rows are the piece's, and dk/dv sum over the piece's
+// queries with the others' chunks as +0 leaves of the global tree.
+//
 //   forward:   one block per query row (b, h, i): the row's scores in a
 //              global scratch row, the max and the canonical sum by the whole
 //              block (canonical.cuh), then one thread per d for the chunked
@@ -45,7 +50,8 @@ struct Strides4 {
 };
 
 struct AttentionArgs {
-  int64_t B = 0, Hq = 0, Hkv = 0, T = 0, D = 0;
+  int64_t B = 0, Hq = 0, Hkv = 0, T = 0, D = 0;  // T: the keys (the global length)
+  int64_t Tq = 0, q0 = 0;                        // the query rows: global rows q0 .. q0 + Tq - 1
   double scale = 1.0;
   int chunks = 16;
   bool dropout = false;
@@ -56,18 +62,18 @@ struct AttentionArgs {
   AttnOperand q, k, v;
 };
 
-// out: [B, Hq, T, D] with strides out_s; stats: contiguous [B, Hq, T, 2] of the
+// out: [B, Hq, Tq, D] with strides out_s; stats: contiguous [B, Hq, Tq, 2] of the
 // compute type; rowbuf: device scratch of `blocks` * T compute-type values
 // (one row of scores per block; attention_forward_blocks() gives `blocks`).
 int64_t attention_forward_blocks(const AttentionArgs& a);
 void launch_attention_forward(DType dtype, const AttentionArgs& a, void* out, const int64_t out_s[4], void* stats,
                               void* rowbuf, cudaStream_t stream);
 
-// Backward. dout: [B, Hq, T, D]; scratch (compute type, device):
-//   ds, pd: B * Hq * T * T values each (the dS and P' squares, lower triangle used),
+// Backward. dout: [B, Hq, Tq, D]; scratch (compute type, device):
+//   ds, pd: B * Hq * Tq * T values each (the dS and P' rows, causal part used),
 //   rowbuf: attention_backward_blocks() * 2 * T values,
 //   dkh, dvh: B * Hq * T * D values each when Hq != Hkv (per query head), else null.
-// dq, dk, dv: [B, Hq|Hkv, T, D] with the given strides.
+// dq: [B, Hq, Tq, D]; dk, dv: [B, Hq|Hkv, T, D]; with the given strides.
 int64_t attention_backward_blocks(const AttentionArgs& a);
 struct AttentionBackwardOut {
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;
@@ -127,11 +133,12 @@ __global__ void attn_forward_kernel(AttentionArgs a, T* out, Strides4 os, acc_t<
   C* smem = shared_array<C>();  // [V] reduction scratch, then q_i [D]
   C* qrow = smem + a.chunks;
   C* s = rowbuf + int64_t(blockIdx.x) * a.T;
-  const int64_t rows = a.B * a.Hq * a.T, g = a.Hq / a.Hkv, D = a.D;
+  const int64_t rows = a.B * a.Hq * a.Tq, g = a.Hq / a.Hkv, D = a.D;
   const C scale = C(a.scale), dscale = C(a.dropout_scale);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t i = r % a.T, bh = r / a.T, h = bh % a.Hq, b = bh / a.Hq, hk = h / g, n = i + 1;
-    const T* qi = at<T>(a.q, b, h, i);
+    // il: the piece's row, i: its global row (the keys it sees: 0 .. i).
+    const int64_t il = r % a.Tq, i = a.q0 + il, bh = r / a.Tq, h = bh % a.Hq, b = bh / a.Hq, hk = h / g, n = i + 1;
+    const T* qi = at<T>(a.q, b, h, il);
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) qrow[d] = C(widen(qi[d * a.q.s[3]]));
     __syncthreads();
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s[j] = dot_chain(qrow, at<T>(a.k, b, hk, j), a.k.s[3], D) * scale;
@@ -144,7 +151,7 @@ __global__ void attn_forward_kernel(AttentionArgs a, T* out, Strides4 os, acc_t<
     const C rcp = C(1) / l;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const C p = s[j] * rcp;
-      s[j] = !a.dropout ? p : (keep(a, b, h, i, j) ? p * dscale : C(0));
+      s[j] = !a.dropout ? p : (keep(a, b, h, il, j) ? p * dscale : C(0));
     }
     __syncthreads();
     const T* vb = at<T>(a.v, b, hk, 0);
@@ -152,7 +159,7 @@ __global__ void attn_forward_kernel(AttentionArgs a, T* out, Strides4 os, acc_t<
       const C o = chunked_fma<C>(
           a.T, a.chunks, 0, n, [&](int64_t t) { return s[t]; },
           [&](int64_t t) { return C(widen(vb[t * a.v.s[2] + d * a.v.s[3]])); });
-      out[b * os.s[0] + h * os.s[1] + i * os.s[2] + d * os.s[3]] = narrow<T>(o);
+      out[b * os.s[0] + h * os.s[1] + il * os.s[2] + d * os.s[3]] = narrow<T>(o);
     }
     if (threadIdx.x == 0) {
       stats[2 * r] = m;
@@ -172,12 +179,12 @@ __global__ void attn_backward_rows_kernel(AttentionArgs a, AttnOperand dout, con
   C* dorow = qrow + a.D;
   C* P = rowbuf + int64_t(blockIdx.x) * 2 * a.T;
   C* DP = P + a.T;
-  const int64_t rows = a.B * a.Hq * a.T, g = a.Hq / a.Hkv, D = a.D, Tn = a.T;
+  const int64_t rows = a.B * a.Hq * a.Tq, g = a.Hq / a.Hkv, D = a.D, Tn = a.T;
   const C scale = C(a.scale), dscale = C(a.dropout_scale);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t i = r % Tn, bh = r / Tn, h = bh % a.Hq, b = bh / a.Hq, hk = h / g, n = i + 1;
-    const T* qi = at<T>(a.q, b, h, i);
-    const T* doi = at<T>(dout, b, h, i);
+    const int64_t il = r % a.Tq, i = a.q0 + il, bh = r / a.Tq, h = bh % a.Hq, b = bh / a.Hq, hk = h / g, n = i + 1;
+    const T* qi = at<T>(a.q, b, h, il);
+    const T* doi = at<T>(dout, b, h, il);
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       qrow[d] = C(widen(qi[d * a.q.s[3]]));
       dorow[d] = C(widen(doi[d * dout.s[3]]));
@@ -191,7 +198,7 @@ __global__ void attn_backward_rows_kernel(AttentionArgs a, AttnOperand dout, con
       const C sj = dot_chain(qrow, at<T>(a.k, b, hk, j), a.k.s[3], D) * scale;
       const C p = tmath::exp(sj - m) * rcp;
       const C gj = dot_chain(dorow, at<T>(a.v, b, hk, j), a.v.s[3], D);
-      const bool kp = a.dropout && keep(a, b, h, i, j);
+      const bool kp = a.dropout && keep(a, b, h, il, j);
       const C pd = !a.dropout ? p : (kp ? p * dscale : C(0));
       const C dp = !a.dropout ? gj : (kp ? gj * dscale : C(0));
       P[j] = p;
@@ -209,14 +216,15 @@ __global__ void attn_backward_rows_kernel(AttentionArgs a, AttnOperand dout, con
       const C v = chunked_fma<C>(
           Tn, a.chunks, 0, n, [&](int64_t t) { return dsr[t]; },
           [&](int64_t t) { return C(widen(kb[t * a.k.s[2] + d * a.k.s[3]])); });
-      dq[b * qs.s[0] + h * qs.s[1] + i * qs.s[2] + d * qs.s[3]] = narrow<T>(v);
+      dq[b * qs.s[0] + h * qs.s[1] + il * qs.s[2] + d * qs.s[3]] = narrow<T>(v);
     }
     __syncthreads();
   }
 }
 
 // Backward (2): per key column (b, h, j) of a query head, dk and dv over the
-// queries i >= j. With g == 1 they are the results; else per-head values.
+// piece's queries i >= j (global rows; the chunks are the global length's).
+// With g == 1 they are the results; else per-head values.
 template <class T>
 __global__ void attn_backward_cols_kernel(AttentionArgs a, AttnOperand dout, const acc_t<T>* DS, const acc_t<T>* PD,
                                           T* dk, Strides4 ks, T* dv, Strides4 vs, acc_t<T>* dkh, acc_t<T>* dvh) {
@@ -224,16 +232,18 @@ __global__ void attn_backward_cols_kernel(AttentionArgs a, AttnOperand dout, con
   const int64_t cols = a.B * a.Hq * a.T, g = a.Hq / a.Hkv, D = a.D, Tn = a.T;
   for (int64_t r = blockIdx.x; r < cols; r += gridDim.x) {
     const int64_t j = r % Tn, bh = r / Tn, h = bh % a.Hq, b = bh / a.Hq;
-    const C* dsc = DS + bh * Tn * Tn + j;  // dS[i][j] at dsc[i * T]
-    const C* pdc = PD + bh * Tn * Tn + j;
-    const T* qb = at<T>(a.q, b, h, 0);
-    const T* dob = at<T>(dout, b, h, 0);
+    // dS[global row t][j] at dsc[(t - q0) * T]; the piece's rows only.
+    const C* dsc = DS + bh * a.Tq * Tn + j - a.q0 * Tn;
+    const C* pdc = PD + bh * a.Tq * Tn + j - a.q0 * Tn;
+    const T* qb = at<T>(a.q, b, h, 0) - a.q0 * a.q.s[2];  // global row t at qb[t * s2]
+    const T* dob = at<T>(dout, b, h, 0) - a.q0 * dout.s[2];
+    const int64_t lo = j > a.q0 ? j : a.q0, hi = a.q0 + a.Tq;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       const C k_ = chunked_fma<C>(
-          Tn, a.chunks, j, Tn, [&](int64_t t) { return dsc[t * Tn]; },
+          Tn, a.chunks, lo, hi, [&](int64_t t) { return dsc[t * Tn]; },
           [&](int64_t t) { return C(widen(qb[t * a.q.s[2] + d * a.q.s[3]])); });
       const C v_ = chunked_fma<C>(
-          Tn, a.chunks, j, Tn, [&](int64_t t) { return pdc[t * Tn]; },
+          Tn, a.chunks, lo, hi, [&](int64_t t) { return pdc[t * Tn]; },
           [&](int64_t t) { return C(widen(dob[t * dout.s[2] + d * dout.s[3]])); });
       if (g == 1) {
         dk[b * ks.s[0] + h * ks.s[1] + j * ks.s[2] + d * ks.s[3]] = narrow<T>(k_);
@@ -280,14 +290,14 @@ Strides4 strides4(const int64_t s[4]) {
 }  // namespace
 
 int64_t attention_forward_blocks(const AttentionArgs& a) {
-  const int64_t rows = a.B * a.Hq * a.T;
+  const int64_t rows = a.B * a.Hq * a.Tq;
   return rows < kAttnMaxBlocks ? (rows < 1 ? 1 : rows) : kAttnMaxBlocks;
 }
 int64_t attention_backward_blocks(const AttentionArgs& a) { return attention_forward_blocks(a); }
 
 void launch_attention_forward(DType dtype, const AttentionArgs& a, void* out, const int64_t out_s[4], void* stats,
                               void* rowbuf, cudaStream_t s) {
-  if (a.B * a.Hq * a.T == 0) return;
+  if (a.B * a.Hq * a.Tq == 0) return;
   const char* op = "scaled_dot_product_attention";
   dispatch_floating(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -302,7 +312,7 @@ void launch_attention_forward(DType dtype, const AttentionArgs& a, void* out, co
 void launch_attention_backward(DType dtype, const AttentionArgs& a, const AttnOperand& dout, const void* stats,
                                void* ds, void* pd, void* rowbuf, void* dkh, void* dvh, const AttentionBackwardOut& o,
                                cudaStream_t s) {
-  if (a.B * a.Hq * a.T == 0) return;
+  if (a.B * a.Hq * a.T == 0) return;  // no keys (a piece of no rows still writes dk, dv: +0)
   const char* op = "scaled_dot_product_attention backward";
   dispatch_floating(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -349,12 +359,10 @@ void strides_of(const Tensor& x, int64_t* s) {
 }
 
 AttentionArgs args_of(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
-  TESSEL_CHECK(p.q_begin == 0 && q.size(2) == k.size(2), kOp,
-               "a piece of the queries (q {} from global row {} against k {}: context parallelism) has no CUDA "
-               "kernel yet; run context parallelism on the CPU",
-               q.shape(), p.q_begin, k.shape());
+  check_attention_piece(kOp, q, k, p);
   AttentionArgs a;
-  a.B = q.size(0), a.Hq = q.size(1), a.Hkv = k.size(1), a.T = q.size(2), a.D = q.size(3);
+  a.B = q.size(0), a.Hq = q.size(1), a.Hkv = k.size(1), a.T = k.size(2), a.D = q.size(3);
+  a.Tq = q.size(2), a.q0 = p.q_begin;
   a.scale = p.scale;
   a.chunks = p.chunks;
   a.dropout = p.dropout;
@@ -384,10 +392,10 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
   CudaCall call("scaled_dot_product_attention backward", {&q, &k, &v, &dout, &stats, &dq, &dk, &dv});
   const AttentionArgs a = args_of(q, k, v, p);
   const DType acc = accumulate_dtype(q.dtype());
-  if (q.numel() == 0) return;
-  // The dS and P' squares (lower triangles used): B * Hq * T * T values each.
-  Tensor ds = scratch(call, {a.B, a.Hq, a.T, a.T}, acc);
-  Tensor pd = scratch(call, {a.B, a.Hq, a.T, a.T}, acc);
+  if (q.numel() == 0 && k.numel() == 0) return;
+  // The dS and P' rows (causal parts used): B * Hq * Tq * T values each.
+  Tensor ds = scratch(call, {a.B, a.Hq, a.Tq, a.T}, acc);
+  Tensor pd = scratch(call, {a.B, a.Hq, a.Tq, a.T}, acc);
   Tensor rowbuf = scratch(call, {attention_backward_blocks(a), 2 * a.T}, acc);
   Tensor dkh, dvh;
   if (a.Hq != a.Hkv) {
