@@ -394,19 +394,31 @@ struct ContextParallelAttentionOp {
     return p;
   }
 
-  Tensor forward(const Tensor& q_, const Tensor& k_, const Tensor& v_) {
-    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(k_);
-    Tensor out = empty_like_layout(q_);
-    const DType acc = accumulate_dtype(q_.dtype());
-    GatheredKv cur = gather_kv(k_, v_, 0, group_heads(0, n, Hkv).second, group, w);
+  // Runs fn(i, h0, nh, cur, next) for the groups of kv heads [h0, h0 + nh)
+  // in order: cur holds group i's k and v gathered, next the transfer of the
+  // following group's (started before fn, so it runs while fn's kernels do).
+  template <class F>
+  void stream_groups(const Tensor& kl, const Tensor& vl, F&& fn) const {
+    const int64_t Hkv = kl.size(1), n = groups(kl);
+    GatheredKv cur = gather_kv(kl, vl, 0, group_heads(0, n, Hkv).second, group, w);
     for (int64_t i = 0; i < n; ++i) {
       const auto [h0, nh] = group_heads(i, n, Hkv);
       GatheredKv next;
       if (i + 1 < n) {
         const auto [h1, nh1] = group_heads(i + 1, n, Hkv);
-        next = gather_kv(k_, v_, h1, nh1, group, w);
+        next = gather_kv(kl, vl, h1, nh1, group, w);
       }
       cur.wait();
+      fn(i, h0, nh, cur, next);
+      cur = std::move(next);
+    }
+  }
+
+  Tensor forward(const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+    const int64_t g = q_.size(1) / k_.size(1);
+    Tensor out = empty_like_layout(q_);
+    const DType acc = accumulate_dtype(q_.dtype());
+    stream_groups(k_, v_, [&](int64_t, int64_t h0, int64_t nh, const GatheredKv& cur, const GatheredKv& next) {
       const Tensor qg = raw::narrow(q_, 1, h0 * g, nh * g), og = raw::narrow(out, 1, h0 * g, nh * g);
       Tensor a = raw::empty({q_.size(0), nh * g, S, 2}, acc, q_.device());
       Tensor b = raw::empty({q_.size(0), nh * g, S, 2}, acc, q_.device());
@@ -418,8 +430,7 @@ struct ContextParallelAttentionOp {
       kernels::attention_forward(q_.device(), raw::narrow(qg, 2, S, S), cur.k, cur.v, at_heads(pb, h0 * g),
                                  raw::narrow(og, 2, S, S), b);
       sta.emplace_back(a), stb.emplace_back(b);
-      cur = std::move(next);
-    }
+    });
     q = q_, k = k_, v = v_;
     return out;
   }
@@ -480,20 +491,12 @@ struct ContextParallelAttentionOp {
 
   std::vector<Tensor> backward(const GradContext& ctx, std::vector<Tensor>& grads) {
     const Tensor &q_ = q.get(), &k_ = k.get(), &v_ = v.get();
-    const int64_t Hkv = k_.size(1), g = q_.size(1) / Hkv, n = groups(k_);
+    const int64_t g = q_.size(1) / k_.size(1);
     const Device dev = q_.device();
     Tensor go = detail::cast_raw(grads[0], q_.dtype());
     Tensor dq = empty_like_layout(q_), dk = empty_like_layout(k_), dv = empty_like_layout(v_);
-    GatheredKv cur = gather_kv(k_, v_, 0, group_heads(0, n, Hkv).second, group, w);
     Returning pending;
-    for (int64_t i = 0; i < n; ++i) {
-      const auto [h0, nh] = group_heads(i, n, Hkv);
-      GatheredKv next;
-      if (i + 1 < n) {
-        const auto [h1, nh1] = group_heads(i + 1, n, Hkv);
-        next = gather_kv(k_, v_, h1, nh1, group, w);
-      }
-      cur.wait();
+    stream_groups(k_, v_, [&](int64_t i, int64_t h0, int64_t nh, const GatheredKv& cur, const GatheredKv& next) {
       const int64_t r = bitwise ? g : 1;  // the kernels' k, v heads per kv head
       const Tensor kk = repeat_heads(cur.k, r), vv = repeat_heads(cur.v, r);
       const Tensor qg = raw::narrow(q_, 1, h0 * g, nh * g), gg = raw::narrow(go, 1, h0 * g, nh * g),
@@ -514,10 +517,9 @@ struct ContextParallelAttentionOp {
                                   bitwise ? slot(sums, 1) : slot(second, 0), bitwise ? slot(sums, 3) : slot(second, 1));
       if (!bitwise) kernels::binary(dev, kernels::BinaryOp::Add, sums, second, sums);
       Returning ret = reduce_scatter_time(sums, h0, nh);
-      if (pending.piece.defined()) finish(pending, dk, dv);
+      if (pending.piece.defined()) finish(pending, dk, dv);  // the previous group's, while this one's goes
       pending = std::move(ret);
-      cur = std::move(next);
-    }
+    });
     if (pending.piece.defined()) finish(pending, dk, dv);
     return {ctx.needs(0) ? dq : Tensor(), ctx.needs(1) ? dk : Tensor(), ctx.needs(2) ? dv : Tensor()};
   }
