@@ -12,8 +12,11 @@ StorageImpl::StorageImpl(size_t nbytes, Device device) : nbytes_(nbytes), device
     meta_bytes_ = int64_t(cpu_size_class(nbytes));
     meta_memory_->add(meta_bytes_);
   }
-  if (device.is_meta() || nbytes == 0) return;
+  if (device.is_meta()) return;
+  // Empty tensors too: one made in a recorded step is the step's own, not a
+  // tensor from before it (a dp rank with no rows makes them every step).
   if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->storage_created(this);
+  if (nbytes == 0) return;
   allocator_ = allocator_for(device);
   data_ = allocator_->allocate(nbytes, Stream{device, nullptr});  // the device's current stream
 }

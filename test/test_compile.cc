@@ -393,3 +393,36 @@ TEST_CASE("compile on dp=2: a parameter frozen mid-run records again, same bits;
     CHECK(recaptures[size_t(r)] == 1);
   }
 }
+
+// A global batch smaller than dp: rank 1 gets no rows, so its step makes
+// empty tensors every time. They are the step's own (not tensors from before
+// it that were "replaced"), so both ranks replay, with the eager bits.
+TEST_CASE("compile on dp=2 with one sequence: the rank with no rows replays too", "[compile][comm]") {
+  std::vector<std::string> hashes(4), refused(2);
+  std::vector<int64_t> replays(2, -1);
+  comm::run_local(2, [&](int rank) {
+    for (const bool compile : {false, true}) {
+      auto model = models::make_language_model(models::model_config("llama", "tiny"), kSeed);
+      RunOptions o;
+      o.seed = kSeed;
+      o.compile = compile;
+      auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::ParallelPlan{}, adamw({1e-3}), o);
+      for (int64_t step = 0; step < 8; ++step) {
+        Tensor tokens = randint({1, 17}, kSeed * 1000 + uint64_t(step), 0, 256);
+        run.forward_backward(tokens.narrow(1, 0, 16).contiguous(), tokens.narrow(1, 1, 16).contiguous());
+        run.step_optimizer();
+      }
+      hashes[size_t(rank * 2 + (compile ? 1 : 0))] = run.param_hash();
+      if (compile) {
+        refused[size_t(rank)] = run.compile_stats().refused;
+        replays[size_t(rank)] = run.compile_stats().replays;
+      }
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << refused[size_t(r)]);
+    CHECK(hashes[size_t(2 * r)] == hashes[size_t(2 * r + 1)]);
+    CHECK(refused[size_t(r)].empty());
+    CHECK(replays[size_t(r)] == 5);
+  }
+}
