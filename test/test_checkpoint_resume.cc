@@ -154,7 +154,12 @@ TEST_CASE("resume refuses a checkpoint of another seed or model; no checkpoint s
   c.steps = 4;
   c.ckpt_every = 2;
   c.ckpt_sync = true;
-  run_training(c, {nullptr, true});
+  const TrainResult done = run_training(c, {nullptr, true});
+  // Resumed at its last step: nothing to train, and the result still names
+  // the parameters (the checkpoint's), not an empty hash.
+  TrainConfig again = c;
+  again.resume = true;
+  CHECK(run_training(again, {nullptr, true}).param_hash == done.param_hash);
   TrainConfig s = c;
   s.resume = true;
   s.seed = 8;

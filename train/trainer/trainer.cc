@@ -570,6 +570,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   }
   wait_for_save(run);
   bar.reset();
+  // Resumed at its last step (or --steps 0): nothing trained, the parameters are where the run started.
+  if (result.param_hash.empty()) result.param_hash = run.param_hash();
+  if (first_step >= cfg.steps && main_rank && !hooks.quiet)
+    std::printf("  nothing to train: the run is already at step %lld of %lld\n", (long long)first_step,
+                (long long)cfg.steps);
   const std::string trace_path = run.write_trace();  // when the run ended inside the trace's steps
   if (!trace_path.empty() && !hooks.quiet) std::printf("  wrote the timeline %s\n", trace_path.c_str());
   result.compile = run.compile_stats();
