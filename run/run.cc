@@ -491,11 +491,13 @@ void check_context_parallel(const RunState& s) {
     if (s.mesh->my_rank() == 0)
       spdlog::warn(
           "tessel::Run: mesh {}: bitwise mode gathered the sequences before attention in {} of {}'s attention "
-          "calls (weight gradients are summed in the one-device order over a micro-batch's tokens, which pieces of "
-          "several sequences cut along time -- or a cp dim before dp in the mesh -- do not follow): cp gives the "
-          "one-device bits but divides no work; one sequence per micro-batch and dp rank, with dp before cp, or fast "
-          "mode keep each rank's piece (docs/parallel.md \"Context parallelism\")",
-          s.mesh->str(), whole, s.model_type);
+          "calls: weight gradients are summed over a micro-batch's tokens in the one-device order ({} canonical "
+          "chunks), and each rank's piece must be a consecutive run of whole chunks -- which pieces of several "
+          "sequences per rank, a cp dim before dp in the mesh, or a sequence length that is not "
+          "a multiple of {} (with cp dividing {}) are not. cp gives the one-device bits but divides no work; one "
+          "sequence per micro-batch and dp rank, dp before cp and such a length, or fast mode, keep each rank's "
+          "piece (docs/parallel.md \"Context parallelism\")",
+          s.mesh->str(), whole, s.model_type, v, v, v);
     return;
   }
   TESSEL_CHECK(gathered == 0 && whole == 0, kRun,

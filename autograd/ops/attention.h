@@ -44,8 +44,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // non-causal attention, the composite, cuts not on the canonical chunks in
 // bitwise mode, the GPU's kernels -- gathers the time dim ("gathered": the
 // right result, without the memory saving); "whole": distributed queries
-// that arrived not cut along time (an earlier op gathered it, as bitwise
-// mode's weight gradients do for micro-batches of several sequences).
+// that arrived not cut along time (an earlier op gathered it: in bitwise
+// mode the linear layers do, so that their weight gradients keep the
+// one-device order, when the ranks' pieces are not consecutive whole runs of
+// the canonical chunks -- several sequences per rank, a cp dim before dp, or
+// a sequence length whose pieces do not fall on the chunks).
 // Counted per thread since it started, so a run on a cp mesh can tell
 // whether it got what it asked for.
 struct ContextParallelAttentionCount {
