@@ -109,18 +109,25 @@ AGENT
 # (it would pick shared memory or a verbs device), daemons launched through
 # the agent, every socket on the bridge's subnet. MH_TIMEOUT (seconds,
 # default 300) bounds the whole job, so a hang fails the test instead of CI.
-mh_mpirun() {
-  # The hosts start from an empty environment: a sanitizer run's settings
-  # reach the ranks through -x (the slow unwinder for LeakSanitizer's
-  # suppressions of OpenMPI's leaks, as test/mpi_test.sh).
-  local san=() v
+# The hosts start from an empty environment: a sanitizer run's settings
+# reach the ranks through mpirun -x (the slow unwinder for LeakSanitizer's
+# suppressions of OpenMPI's leaks, as test/mpi_test.sh). Sets MH_SAN_X to
+# those -x arguments (empty outside a sanitizer run).
+mh_sanitizer_args() {
+  MH_SAN_X=()
+  local v
   for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS TESSEL_CPU_ALLOCATOR \
     OMPI_MCA_mca_base_component_disable_dlclose; do
     [[ -n "${!v:-}" ]] || continue
     [[ $v == ASAN_OPTIONS && $ASAN_OPTIONS != *fast_unwind_on_malloc=0* ]] &&
       export ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0"
-    san+=(-x "$v")
+    MH_SAN_X+=(-x "$v")
   done
+}
+
+mh_mpirun() {
+  mh_sanitizer_args
+  local san=("${MH_SAN_X[@]}")
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR="$MH_DIR" \
     timeout -k 5 "${MH_TIMEOUT:-300}" mpirun "${san[@]}" --hostfile "$MH_HOSTFILE" \
     --mca plm rsh --mca plm_rsh_agent "$MH_AGENT" \

@@ -164,9 +164,13 @@ case_dp2() {
   # Through `tessel launch --hostfile`, as across real machines (the agent
   # stands in for ssh); 2 hosts x 1 rank: --map-by node puts rank 0 on host 1
   # and rank 1 on host 2.
+  # Under a sanitizer its settings go to the ranks as mpirun -x (hosts.sh).
+  mh_sanitizer_args
+  local san=() a
+  for a in "${MH_SAN_X[@]}"; do san+=("--mpi-arg=$a"); done
   TESSEL_COMM_TIMEOUT=60 timeout 300 "$TESSEL" launch -n 2 --hostfile "$MH_HOSTFILE" --agent "$MH_AGENT" \
     --tcp-if "$MH_SUBNET" --mpi-arg=--mca --mpi-arg=btl --mpi-arg=tcp,self --mpi-arg=--map-by --mpi-arg=node \
-    -- "${TRAIN[@]}" --mesh dp=2 --bitwise --ckpt-every 3 --out-dir "$SHARED/dp2" >"$MH_DIR/dp2.log" 2>&1 ||
+    "${san[@]}" -- "${TRAIN[@]}" --mesh dp=2 --bitwise --ckpt-every 3 --out-dir "$SHARED/dp2" >"$MH_DIR/dp2.log" 2>&1 ||
     { tail -n 30 "$MH_DIR/dp2.log"; return 1; }
   "$TESSEL" verify "$SHARED/ref/metrics.jsonl" "$SHARED/dp2/metrics.jsonl" || return 1
   check_ckpts "$SHARED/dp2/checkpoints"
