@@ -340,15 +340,6 @@ GatheredKv gather_kv(const Tensor& kl, const Tensor& vl, int64_t h0, int64_t nh,
   return g;
 }
 
-// [B, nh, T, D] -> [B, nh * r, T, D] (a contiguous copy), each head repeated r times.
-Tensor repeat_heads(const Tensor& x, int64_t r) {
-  if (r == 1) return x;
-  const Dims& s = x.shape();
-  Tensor out = raw::empty({s[0], s[1], r, s[2], s[3]}, x.dtype(), x.device());
-  kernels::copy(x.device(), raw::expand(raw::unsqueeze(x, 2), {s[0], s[1], r, s[2], s[3]}), out);
-  return raw::try_view(out, {s[0], s[1] * r, s[2], s[3]});
-}
-
 // Fused attention over a rank's two segments: rows [0, S) of q are global rows
 // a*S .., rows [S, 2S) global rows b*S ..; k and v are this rank's own time
 // piece (segments 2r and 2r + 1, [B, Hkv, 2S, D]). The kernels' order of
@@ -498,7 +489,7 @@ struct ContextParallelAttentionOp {
     Returning pending;
     stream_groups(k_, v_, [&](int64_t i, int64_t h0, int64_t nh, const GatheredKv& cur, const GatheredKv& next) {
       const int64_t r = bitwise ? g : 1;  // the kernels' k, v heads per kv head
-      const Tensor kk = repeat_heads(cur.k, r), vv = repeat_heads(cur.v, r);
+      const Tensor kk = repeat_kv(cur.k, r), vv = repeat_kv(cur.v, r);
       const Tensor qg = raw::narrow(q_, 1, h0 * g, nh * g), gg = raw::narrow(go, 1, h0 * g, nh * g),
                    dqg = raw::narrow(dq, 1, h0 * g, nh * g);
       // Time-major gradient slots: bitwise (dk a, dk b, dv a, dv b), reduced

@@ -127,9 +127,8 @@ mh_sanitizer_args() {
 
 mh_mpirun() {
   mh_sanitizer_args
-  local san=("${MH_SAN_X[@]}")
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR="$MH_DIR" \
-    timeout -k 5 "${MH_TIMEOUT:-300}" mpirun "${san[@]}" --hostfile "$MH_HOSTFILE" \
+    timeout -k 5 "${MH_TIMEOUT:-300}" mpirun "${MH_SAN_X[@]}" --hostfile "$MH_HOSTFILE" \
     --mca plm rsh --mca plm_rsh_agent "$MH_AGENT" \
     --mca pml ob1 --mca btl tcp,self \
     --mca btl_tcp_if_include "$MH_SUBNET" --mca oob_tcp_if_include "$MH_SUBNET" \
