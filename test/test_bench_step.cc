@@ -53,6 +53,43 @@ TEST_CASE("bench step --no-reference ends with one JSON line", "[bench]") {
   CHECK(text.find("first-step loss") == std::string::npos);  // no loss comparison without a reference
 }
 
+TEST_CASE("bench step --profile sorts tessel's ops into the comparison's categories", "[bench]") {
+  setenv("TESSEL_BENCH_WAIT_S", "0", 1);
+  tools::StepBenchOptions o;
+  o.model = "nanogpt";
+  o.config = "tiny";
+  o.batch = 2;
+  o.seq = 16;
+  o.warmup = 0;
+  o.steps = 1;
+  o.profile_steps = 2;
+  o.reference = false;
+  std::ostringstream out;
+  REQUIRE(tools::run_step_bench(o, out) == 0);
+  const std::string text = out.str();
+  CHECK(text.find("op by op") != std::string::npos);
+  auto j = last_json_line(text);
+  REQUIRE(j.contains("profile"));
+  CHECK(j["profile"]["steps"] == 2);
+  auto seconds = [&](const char* part, const std::string& category) {
+    for (const auto& row : j["profile"][part])
+      if (row["category"] == category) return row["ours_s"].get<double>();
+    return -1.0;  // absent
+  };
+  // NanoGPT's every kind of op, forward and backward, lands in its category
+  // (not in "other"): linears, the fused attention, LayerNorm, GELU, the loss
+  // and the embeddings.
+  for (const char* part : {"forward", "backward"})
+    for (const char* category : {"linear (GEMM, bias)", "attention", "norm", "activation", "loss", "embedding"}) {
+      INFO(part << " " << category);
+      CHECK(seconds(part, category) > 0);
+    }
+  CHECK(seconds("optimizer", "optimizer") > 0);
+  CHECK(seconds("forward", "optimizer") == -1.0);
+  CHECK(seconds("forward", "(outside ops)") >= 0);
+  CHECK(j["profile"]["forward"][0].count("reference_s") == 0);  // no reference side
+}
+
 TEST_CASE("bench step refuses bad options by name", "[bench]") {
   tools::StepBenchOptions o;
   o.config = "tiny";
@@ -64,6 +101,9 @@ TEST_CASE("bench step refuses bad options by name", "[bench]") {
   o.steps = 0;
   CHECK_THROWS_WITH(tools::run_step_bench(o, out), Catch::Contains("steps > 0"));
   o.steps = 1;
+  o.profile_steps = -1;
+  CHECK_THROWS_WITH(tools::run_step_bench(o, out), Catch::Contains("profile steps >= 0"));
+  o.profile_steps = 0;
   o.reference = true;
   o.python = "/no/such/python";
   CHECK_THROWS_AS(tools::run_step_bench(o, out), Error);

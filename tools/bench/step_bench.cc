@@ -2,6 +2,7 @@
 
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "autograd/api.h"
 #include "models/language_model.h"
 #include "nn/optim.h"
+#include "runtime/profile.h"
 #include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
 #include "tools/bench/reference_process.h"
@@ -57,6 +60,108 @@ nlohmann::ordered_json part(double ours, double ref, bool have_ref) {
   return j;
 }
 
+// --- `--profile`: the two sides op by op --------------------------------------
+
+constexpr std::array<const char*, 3> kParts = {"forward", "backward", "optimizer"};
+
+// The category of one of tessel's op names in a part (0 forward, 1 backward,
+// 2 optimizer); step_bench.py's CATEGORIES sorts PyTorch's op names into the
+// same set. Bias gradients are column sums ("sum") on both sides.
+std::string tessel_category(size_t part, std::string_view op) {
+  if (part == 2) return "optimizer";
+  constexpr std::string_view bwd = ".bwd";
+  if (op.size() > bwd.size() && op.substr(op.size() - bwd.size()) == bwd) op.remove_suffix(bwd.size());
+  if (op == "linear" || op == "matmul" || op == "sum") return "linear (GEMM, bias)";
+  if (op == "scaled_dot_product_attention") return "attention";
+  if (op == "layer_norm" || op == "rms_norm") return "norm";
+  if (op == "gelu" || op == "silu" || op == "swiglu") return "activation";
+  if (op == "cross_entropy") return "loss";
+  if (op == "embedding") return "embedding";
+  return "other";
+}
+
+struct OpTime {
+  int64_t calls = 0;
+  double self_s = 0;
+  std::string category;
+};
+
+// One side's profiled steps: every op's self time per part, and each part's wall time.
+struct SideProfile {
+  std::array<std::map<std::string, OpTime>, 3> ops;
+  std::array<double, 3> wall{};
+
+  std::map<std::string, double> by_category(size_t part) const {
+    std::map<std::string, double> c;
+    for (const auto& [name, t] : ops[part]) c[t.category] += t.self_s;
+    return c;
+  }
+  double self_total(size_t part) const {
+    double s = 0;
+    for (const auto& kv : ops[part]) s += kv.second.self_s;
+    return s;
+  }
+};
+
+// Prints the categories side by side per step (largest difference first),
+// the time outside any op, and each side's largest ops; returns the JSON.
+nlohmann::ordered_json report_profiles(const SideProfile& ours, const SideProfile& theirs, int steps, bool have_ref,
+                                       std::ostream& out) {
+  const double per = 1.0 / steps;
+  out << fmt::format(FMT_STRING("  op by op: self time per step (ms) over {} profiled steps of each side; ratio = "
+                                "pytorch / tessel\n"),
+                     steps);
+  out << fmt::format(FMT_STRING("  {:10s} {:22s} {:>9s} {:>9s} {:>7s} {:>9s}\n"), "part", "category", "tessel", "pytorch",
+                     "ratio", "t - p");
+  nlohmann::ordered_json j = {{"steps", steps}};
+  for (size_t p = 0; p < kParts.size(); ++p) {
+    std::map<std::string, double> a = ours.by_category(p), b = theirs.by_category(p);
+    std::vector<std::string> cats;
+    for (const auto& kv : a) cats.push_back(kv.first);
+    for (const auto& kv : b)
+      if (!a.count(kv.first)) cats.push_back(kv.first);
+    auto at = [](const std::map<std::string, double>& m, const std::string& k) {
+      auto it = m.find(k);
+      return it == m.end() ? 0.0 : it->second;
+    };
+    std::sort(cats.begin(), cats.end(), [&](const std::string& x, const std::string& y) {
+      return at(a, x) - at(b, x) > at(a, y) - at(b, y);
+    });
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    auto row = [&](const std::string& name, double t, double r) {
+      t *= per;
+      r *= per;
+      if (have_ref)
+        out << fmt::format(FMT_STRING("  {:10s} {:22s} {:9.1f} {:9.1f} {:7.2f} {:+9.1f}\n"), kParts[p], name, 1e3 * t,
+                           1e3 * r, t > 0 ? r / t : 0.0, 1e3 * (t - r));
+      else
+        out << fmt::format(FMT_STRING("  {:10s} {:22s} {:9.1f}\n"), kParts[p], name, 1e3 * t);
+      nlohmann::ordered_json jr = {{"category", name}, {"ours_s", t}};
+      if (have_ref) jr["reference_s"] = r;
+      rows.push_back(jr);
+    };
+    for (const std::string& c : cats) row(c, at(a, c), at(b, c));
+    row("(outside ops)", std::max(0.0, ours.wall[p] - ours.self_total(p)),
+        std::max(0.0, theirs.wall[p] - theirs.self_total(p)));
+    j[kParts[p]] = rows;
+  }
+  // The largest ops of each side, so a category's contents can be checked.
+  auto top = [&](const char* side, const SideProfile& s) {
+    for (size_t p = 0; p < kParts.size(); ++p) {
+      std::vector<std::pair<std::string, OpTime>> v(s.ops[p].begin(), s.ops[p].end());
+      std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.self_s > y.second.self_s; });
+      for (size_t i = 0; i < v.size() && i < 6; ++i)
+        out << fmt::format(FMT_STRING("  {:7s} {:9s} {:9.1f} ms {:7g} calls  {} [{}]\n"), side, kParts[p],
+                           1e3 * per * v[i].second.self_s, double(v[i].second.calls) * per, v[i].first,
+                           v[i].second.category);
+    }
+  };
+  out << "  the largest ops of each side (self time and calls per step):\n";
+  top("tessel", ours);
+  if (have_ref) top("pytorch", theirs);
+  return j;
+}
+
 }  // namespace
 
 int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
@@ -69,8 +174,9 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   const int64_t B = o.batch, T = o.seq > 0 ? o.seq : mc.max_seq_len;
   TESSEL_CHECK(T <= mc.max_seq_len, op, "seq {} exceeds the context {} of {} config '{}'", T, mc.max_seq_len, o.model,
                o.config);
-  TESSEL_CHECK(B > 0 && o.steps > 0 && o.warmup >= 0, op, "need batch > 0, steps > 0, warmup >= 0 (got {}, {}, {})", B,
-               o.steps, o.warmup);
+  TESSEL_CHECK(B > 0 && o.steps > 0 && o.warmup >= 0 && o.profile_steps >= 0, op,
+               "need batch > 0, steps > 0, warmup >= 0, profile steps >= 0 (got {}, {}, {}, {})", B, o.steps, o.warmup,
+               o.profile_steps);
 
   auto model = models::make_language_model(mc, o.seed);
   model->train();
@@ -177,6 +283,60 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     }
     out.flush();
   }
+  // --profile: more steps, alternating, each part under each side's profiler.
+  SideProfile our_prof, their_prof;
+  auto our_profiled_step = [&] {
+    settle();
+    std::array<profile::Profiler, 3> prof;
+    Tensor loss;
+    auto t0 = Clock::now();
+    {
+      profile::Scope scope(&prof[0]);
+      loss = model->loss(model->forward(ids), targets);
+    }
+    our_prof.wall[0] += seconds_since(t0);
+    t0 = Clock::now();
+    {
+      profile::Scope scope(&prof[1]);
+      loss.backward();
+    }
+    our_prof.wall[1] += seconds_since(t0);
+    t0 = Clock::now();
+    {
+      profile::Scope scope(&prof[2]);
+      profile::Timer timer("optimizer.step");
+      opt.step();
+      opt.zero_grad();
+    }
+    our_prof.wall[2] += seconds_since(t0);
+    for (size_t p = 0; p < prof.size(); ++p)
+      for (const profile::Row& r : prof[p].rows()) {
+        OpTime& t = our_prof.ops[p][r.name];
+        t.calls += r.calls;
+        t.self_s += r.self_s;
+        t.category = tessel_category(p, r.name);
+      }
+  };
+  auto their_profiled_step = [&] {
+    settle();
+    nlohmann::json r = ref->ask("profile");
+    TESSEL_CHECK(r.is_object() && r.contains("parts"), op, "the PyTorch side failed a profiled step: {}",
+                 r.is_discarded() ? "no answer (its errors are above)" : r.dump());
+    for (size_t p = 0; p < kParts.size(); ++p) {
+      their_prof.wall[p] += r["wall"][kParts[p]].get<double>();
+      for (const auto& [name, v] : r["parts"][kParts[p]].items()) {
+        OpTime& t = their_prof.ops[p][name];
+        t.calls += v[0].get<int64_t>();
+        t.self_s += v[1].get<double>();
+        t.category = p == 2 ? "optimizer" : r["categories"][name].get<std::string>();
+      }
+    }
+  };
+  for (int s = 0; s < o.profile_steps; ++s) {
+    if (s % 2 == 0 || !ref) our_profiled_step();
+    if (ref) their_profiled_step();
+    if (s % 2 == 1 && ref) our_profiled_step();
+  }
   ref.reset();
   const bool have_ref = o.reference;
   const double of = median(ours.forward), ob = median(ours.backward), oo = median(ours.optimizer),
@@ -232,6 +392,7 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   j["steps"] = o.steps;
   j["first_loss"] = have_ref ? nlohmann::ordered_json{{"ours", first_loss}, {"reference", ref_loss}}
                              : nlohmann::ordered_json{{"ours", first_loss}};
+  if (o.profile_steps > 0) j["profile"] = report_profiles(our_prof, their_prof, o.profile_steps, have_ref, out);
   end_bench(machine);
   add_machine(j, machine);
   out << machine_summary(machine);

@@ -15,7 +15,9 @@
 //    "forward": {"ours_s", "reference_s", "speedup"}, "backward": {...}, "optimizer": {...},
 //    "cpu": {...} (process CPU seconds per step, all threads: robust to other load at 1 thread;
 //    at more threads PyTorch's OpenMP workers spin while waiting, which counts),
-//    "tokens_per_s", "reference_tokens_per_s", "batch", "seq", "threads", "steps", "first_loss": {...}}
+//    "tokens_per_s", "reference_tokens_per_s", "batch", "seq", "threads", "steps", "first_loss": {...},
+//    with profile_steps: "profile": {"steps", "forward"/"backward"/"optimizer": [{"category", "ours_s",
+//    "reference_s"}, ...]} (self seconds per step)}
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -32,6 +34,10 @@ struct StepBenchOptions {
   int threads = 0;      // 0: TESSEL_THREADS, else all cores
   uint64_t seed = 1;
   bool reference = true;  // false: time tessel only
+  // After the timed steps, this many more steps of each side (alternating)
+  // under their profilers, reported op by op in categories: where the two
+  // sides' times differ (`--profile`). Not part of the timed medians.
+  int profile_steps = 0;
   std::string python;     // "" : reference_python()
 };
 

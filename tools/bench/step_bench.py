@@ -11,8 +11,11 @@ weights, then serves tessel's bench over stdin/stdout, one JSON line per
 answer: first {"ready", "torch", "threads"}; then for each "step" line one
 training step -- forward + loss, backward, torch.optim.AdamW (PyTorch's
 default implementation) + zero_grad() -- answered with its times in seconds,
-the process CPU time of the step ("cpu") and the loss; "quit" ends. tessel alternates its own steps with these, so
-both see the same machine (the machine may be shared and busy).
+the process CPU time of the step ("cpu") and the loss; "profile" takes one
+more step with each part under torch.profiler and answers each op's self
+time by part (`bench step --profile`: the op-by-op comparison); "quit" ends.
+tessel alternates its own steps with these, so both see the same machine (the
+machine may be shared and busy).
 """
 import argparse
 import json
@@ -39,6 +42,70 @@ def step(model, opt, ids, targets):
     t3 = time.perf_counter()
     c3 = time.process_time()
     return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "cpu": c3 - c0, "loss": loss.item()}
+
+
+# `bench step --profile` compares the two sides op by op in these categories
+# (tools/bench/step_bench.cc classifies tessel's op names into the same set).
+# The CPU autograd engine runs backward nodes on the calling thread, and
+# intra-op workers record nothing, so self times here are the main thread's
+# wall time in each op: the same measure as tessel's profiler.
+CATEGORIES = [
+    ("linear (GEMM, bias)", ("aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear", "aten::sum",
+                             "AddmmBackward0", "MmBackward0", "aten::t", "TBackward0")),
+    ("attention", ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                   "ScaledDotProductFlashAttentionForCpuBackward0")),
+    ("norm", ("aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward",
+              "NativeLayerNormBackward0", "aten::rms_norm", "aten::_fused_rms_norm", "aten::_fused_rms_norm_backward")),
+    ("activation", ("aten::gelu", "aten::gelu_backward", "GeluBackward0", "aten::silu", "aten::silu_backward",
+                    "SiluBackward0")),
+    ("loss", ("aten::cross_entropy_loss", "aten::log_softmax", "aten::_log_softmax", "aten::nll_loss",
+              "aten::nll_loss_nd", "aten::nll_loss_forward", "aten::nll_loss_backward",
+              "aten::_log_softmax_backward_data", "NllLossBackward0", "LogSoftmaxBackward0")),
+    ("embedding", ("aten::embedding", "aten::index_select", "aten::embedding_backward",
+                   "aten::embedding_dense_backward", "aten::index_add_", "aten::index_put_", "EmbeddingBackward0")),
+]
+CATEGORY_OF = {name: cat for cat, names in CATEGORIES for name in names}
+
+
+def category(name):
+    """The comparison's category of a forward or backward op (every op of the
+    optimizer part is "optimizer"); views, copies, elementwise ops and gradient
+    accumulation go to "other" (named one by one in the raw table)."""
+    return CATEGORY_OF.get(name, "other")
+
+
+def profiled_step(model, opt, ids, targets):
+    """One step with each part under its own torch.profiler:
+    {"parts": {part: {op: [calls, self seconds]}}, "wall": {part: seconds}, "categories": {op: category}}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    parts, wall = {}, {}
+
+    def collect(part, prof):
+        ops = {}
+        for e in prof.key_averages():
+            if e.self_cpu_time_total > 0:
+                ops[e.key] = [e.count, e.self_cpu_time_total * 1e-6]
+        parts[part] = ops
+
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        t0 = time.perf_counter()
+        loss = reference.model_loss(model, model(ids), targets)
+        wall["forward"] = time.perf_counter() - t0
+    collect("forward", p)
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        t0 = time.perf_counter()
+        loss.backward()
+        wall["backward"] = time.perf_counter() - t0
+    collect("backward", p)
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        t0 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        wall["optimizer"] = time.perf_counter() - t0
+    collect("optimizer", p)
+    return {"parts": parts, "wall": wall, "categories": {k: category(k) for ops in parts.values() for k in ops}}
 
 
 def main():
@@ -68,6 +135,8 @@ def main():
         cmd = line.strip()
         if cmd == "step":
             say(step(model, opt, ids, targets))
+        elif cmd == "profile":
+            say(profiled_step(model, opt, ids, targets))
         elif cmd == "quit":
             break
         else:

@@ -413,7 +413,8 @@ int run_compile_mesh_step_bench(const tools::StepBenchOptions& o, const std::str
 
 void register_bench_step(CLI::App& app) {
   static tools::StepBenchOptions o;
-  static bool no_reference = false, bitwise = false, compile = false;
+  static bool no_reference = false, bitwise = false, compile = false, profile = false;
+  static int profile_steps = 3;
   static std::vector<std::string> meshes;
   static std::string schedule = "1f1b";
   static int64_t micro_batches = 2;
@@ -423,6 +424,13 @@ void register_bench_step(CLI::App& app) {
                               "Time a training step (forward, backward, AdamW) against PyTorch on the CPU; with "
                               "--bitwise, bitwise against fast mode on a mesh",
                               [] {
+                                if (profile && (device != "cpu" || bitwise || compile || !meshes.empty()))
+                                  throw Error("bench step: --profile compares one device against PyTorch; it does not "
+                                              "combine with --device cuda, --bitwise, --compile or --mesh (`tessel train --profile` "
+                                              "profiles any layout)");
+                                if (profile && profile_steps < 1)
+                                  throw Error(fmt::format(FMT_STRING("bench step: --profile-steps must be at least 1, got {}"),
+                                                          profile_steps));
                                 if (device == "cuda" || device == "cuda:0")
                                   return run_cuda_step_bench(o, *step_cmd(), bitwise, dtype, no_reference);
                                 if (device != "cpu")
@@ -443,6 +451,7 @@ void register_bench_step(CLI::App& app) {
                                 if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
                                 if (compile) return run_compile_step_bench(o);
                                 o.reference = !no_reference;
+                                o.profile_steps = profile ? profile_steps : 0;
                                 return tools::run_step_bench(o, std::cout);
                               });
   step_cmd() = cmd;
@@ -473,6 +482,10 @@ void register_bench_step(CLI::App& app) {
   cmd->add_option("--threads", o.threads, "threads for both (0: TESSEL_THREADS, else all cores)")->capture_default_str();
   cmd->add_option("--python", o.python, "Python with torch (default: $TESSEL_PYTHON, ~/.cache/tessel/venv)");
   cmd->add_flag("--no-reference", no_reference, "time tessel only");
+  cmd->add_flag("--profile", profile,
+                "after the timed steps, --profile-steps more steps of each side under its profiler: the two sides "
+                "op by op (self time per step by category, and each side's largest ops)");
+  cmd->add_option("--profile-steps", profile_steps, "with --profile: profiled steps per side")->capture_default_str();
 }
 
 }  // namespace tessel::cli
