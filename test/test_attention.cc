@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "autograd/api.h"
 #include "kernels/attention.h"
@@ -229,10 +230,23 @@ void check_kernels_against_reference(const Qkv& x, int v, bool dropout) {
 
 }  // namespace
 
+// The CPU backward has two schedules (kernels/cpu/attention.cc): whole
+// heads per task with scores and dS kept (short sequences), and blocks of
+// queries then of keys, recomputing them. Both must give the reference's bits.
+namespace {
+struct BackwardSchedule {
+  explicit BackwardSchedule(const char* s) { setenv("TESSEL_ATTENTION_BACKWARD", s, 1); }
+  ~BackwardSchedule() { unsetenv("TESSEL_ATTENTION_BACKWARD"); }
+};
+}  // namespace
+
 TEST_CASE("fused attention kernels equal the scalar reference bit for bit") {
   struct Shape {
     int64_t B, Hq, Hkv, T, D;
   };
+  const char* schedule = GENERATE("blocks", "whole");
+  INFO("backward schedule " << schedule);
+  BackwardSchedule forced(schedule);
   for (Shape s : {Shape{1, 1, 1, 1, 1}, Shape{2, 2, 1, 7, 5}, Shape{1, 3, 3, 48, 16}, Shape{1, 2, 2, 49, 64},
                   Shape{2, 3, 1, 100, 24}, Shape{1, 2, 1, 130, 70}})
     for (int v : {1, 4, 16, 1024})
@@ -289,6 +303,9 @@ TEST_CASE("fused attention on pieces of the queries: the reference's bits, the w
     int64_t B, Hq, Hkv, T, D;
     int v, w;
   };
+  const char* schedule = GENERATE("blocks", "whole");
+  INFO("backward schedule " << schedule);
+  BackwardSchedule forced(schedule);
   for (Case c : {Case{1, 2, 2, 64, 16, 16, 2}, Case{2, 3, 3, 64, 8, 16, 4}, Case{1, 2, 2, 100, 24, 4, 4},
                  Case{1, 1, 1, 192, 16, 16, 4}, Case{2, 4, 2, 64, 16, 16, 2}, Case{1, 4, 1, 96, 8, 8, 4}})
     for (bool dropout : {false, true}) {
@@ -349,6 +366,28 @@ TEST_CASE("fused attention on pieces of the queries: the reference's bits, the w
   p.dropout = true;
   CHECK_THROWS_WITH(run_kernels(x.q.narrow(2, 4, 4), x.k, x.v, uniform({1, 1, 4, 4}, 1), p),
                     Catch::Contains("needs the probabilities' block"));
+}
+
+TEST_CASE("TESSEL_ATTENTION_BACKWARD: the default schedule gives the forced ones' bits; a bad value is an error") {
+  // 12 (b, kv head) tasks of 40 keys: the default takes whole heads on up to 6 threads.
+  Qkv x = make_qkv(3, 8, 4, 40, 16, 21);
+  Tensor dout = uniform(x.q.shape(), 5, -1, 1);
+  kernels::AttentionParams p;
+  p.scale = 0.25;
+  p.chunks = 16;
+  const KernelRun deflt = run_kernels(x.q, x.k, x.v, dout, p);
+  for (const char* s : {"whole", "blocks"}) {
+    INFO(s);
+    BackwardSchedule forced(s);
+    const KernelRun r = run_kernels(x.q, x.k, x.v, dout, p);
+    CHECK(bitwise_equal(r.dq, deflt.dq));
+    CHECK(bitwise_equal(r.dk, deflt.dk));
+    CHECK(bitwise_equal(r.dv, deflt.dv));
+  }
+  BackwardSchedule bad("fast");
+  CHECK_THROWS_WITH(run_kernels(x.q, x.k, x.v, dout, p),
+                    Catch::Contains("attention_backward") && Catch::Contains("TESSEL_ATTENTION_BACKWARD") &&
+                        Catch::Contains("'fast'"));
 }
 
 TEST_CASE("fused attention: the thread count and batch/head slices never change a bit") {

@@ -28,7 +28,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -564,6 +566,111 @@ void backward_keys(const Problem& P, const Operand<T>& Q, const Operand<T>& K, c
   });
 }
 
+// The whole backward of one (b, kv head) per task, for short sequences:
+// scores, dP, P' and dS of every query head are computed once into
+// [queries x keys] scratch and kept for the three sums (dQ over keys, dK and
+// dV over queries), instead of pass 2 recomputing scores and dP block by
+// block (2 of pass 1 + pass 2's 7 products over d, and the exponentials
+// twice). Every value is computed by the same per-element formulas and every
+// sum runs the same chunks and tree, so the bits are pass 1 + pass 2's
+// (test_attention compares both schedules with the reference). The scratch
+// is quadratic in T: attention_backward_cpu takes this path only while it is
+// small.
+template <class T>
+void backward_whole(const Problem& P, const Operand<T>& Q, const Operand<T>& K, const Operand<T>& Vv,
+                    const Operand<T>& dO, const float* st, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  T* qbase = static_cast<T*>(dq.raw_data());
+  T* kbase = static_cast<T*>(dk.raw_data());
+  T* vbase = static_cast<T*>(dv.raw_data());
+  const int64_t Tqr = round_up(std::max<int64_t>(P.Tq, 1), MR), Tr = round_up(std::max<int64_t>(P.T, 1), MR);
+  const int64_t qe = P.q0 + P.Tq;  // global rows q0 .. qe - 1
+  // Columns of s and gs (keys): the dK/dV tiles read Tr of them, padded rows included.
+  const int64_t ls = std::max(P.Tp, Tr);
+  parallel_for(P.B * P.Hkv, 1, [&](int64_t tb, int64_t te) {
+    std::vector<float> kp(size_t(P.Tp * P.D)), vp(size_t(P.Tp * P.D)), kr(size_t(P.T * P.Dp)),
+        qp(size_t(Tqr * P.D)), dop(size_t(Tqr * P.D)), qr(size_t(P.Tq * P.Dp)), dor(size_t(P.Tq * P.Dp)),
+        s(size_t(Tqr * ls)), gs(size_t(Tqr * ls)), prod(static_cast<size_t>(P.T)), o(size_t(Tqr * P.Dp)),
+        dk_parts(size_t(P.g * Tr * P.Dp)), dv_parts(size_t(P.g * Tr * P.Dp)), dk_sum(size_t(Tr * P.Dp)),
+        dv_sum(size_t(Tr * P.Dp)), stack(size_t(std::max(1, P.geo.levels) * MR * NR));
+    std::vector<uint8_t> keep(static_cast<size_t>(P.T));
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t hk = task % P.Hkv, b = task / P.Hkv;
+      pack_panels<NR>(K, b, hk, 0, P.T, P.D, kp.data());
+      pack_panels<NR>(Vv, b, hk, 0, P.T, P.D, vp.data());
+      pack_rows(K, b, hk, 0, P.T, P.D, P.Dp, kr.data());
+      for (int64_t r = 0; r < P.g; ++r) {
+        const int64_t h = hk * P.g + r;
+        pack_panels<MR>(Q, b, h, 0, P.Tq, P.D, qp.data());
+        pack_panels<MR>(dO, b, h, 0, P.Tq, P.D, dop.data());
+        pack_rows(Q, b, h, 0, P.Tq, P.D, P.Dp, qr.data());
+        pack_rows(dO, b, h, 0, P.Tq, P.D, P.Dp, dor.data());
+        score_block<true>(P, qp.data(), kp.data(), P.q0, qe, s.data(), ls);
+        score_block<false>(P, dop.data(), vp.data(), P.q0, qe, gs.data(), ls);
+        // Pass 1's row formulas: dS into gs; then P' (the dropped-out
+        // probabilities, pass 2's) over P in s.
+        for (int64_t i = P.q0; i < qe; ++i) {
+          float* p = s.data() + (i - P.q0) * ls;
+          float* g = gs.data() + (i - P.q0) * ls;
+          const int64_t n = i + 1, row = (b * P.Hq + h) * P.Tq + (i - P.q0);
+          const float m = st[row * 2], rl = 1.0f / st[row * 2 + 1];
+          for (int64_t j = 0; j < n; ++j) p[j] = tmath::exp(p[j] - m) * rl;
+          if (P.dropout) {
+            keep_row(keep.data(), n, P.key, P.index(b, h, i - P.q0, 0), P.threshold);
+            for (int64_t j = 0; j < n; ++j) g[j] = keep[size_t(j)] ? g[j] * P.dscale : 0.0f;
+          }
+          for (int64_t j = 0; j < n; ++j) prod[size_t(j)] = g[j] * p[j];
+          const float dsum = masked_row_sum(prod.data(), P.T, n, P.geo.v);
+          for (int64_t j = 0; j < n; ++j) g[j] = (p[j] * (g[j] - dsum)) * P.scale;
+          if (P.dropout)
+            for (int64_t j = 0; j < n; ++j) p[j] = keep[size_t(j)] ? p[j] * P.dscale : 0.0f;
+        }
+        sum_over_keys(P, gs.data(), ls, kr.data(), P.q0, qe, stack.data(), o.data());
+        store_rows(o.data(), P.Dp, qbase, dq.strides()[0], dq.strides()[1], dq.strides()[2], dq.strides()[3], b, h, 0,
+                   P.Tq, P.D);
+        // dV = sum over queries i >= j of P'[i][j] dO_i, dK = ... dS[i][j] q_i:
+        // tile rows are keys, the sums run down the columns of s and gs.
+        float* dkp = dk_parts.data() + r * Tr * P.Dp;  // Tr rows: tiles write their padded rows too
+        float* dvp = dv_parts.data() + r * Tr * P.Dp;
+        for (int64_t kt = 0; kt < ceil_div(P.T, MR); ++kt) {
+          int64_t lo[MR], hi[MR];
+          for (int q = 0; q < MR; ++q) {
+            lo[q] = std::max(P.q0, std::min(kt * MR + q, P.T - 1));  // padded rows repeat the last key's range
+            hi[q] = qe;
+          }
+          for (int64_t c0 = 0; c0 < P.Dp; c0 += NR) {
+            chunked_tile(s.data() + kt * MR, 1, ls, dor.data() + c0, P.Dp, P.q0, lo, hi, P.geo, stack.data(),
+                         dvp + kt * MR * P.Dp + c0, P.Dp);
+            chunked_tile(gs.data() + kt * MR, 1, ls, qr.data() + c0, P.Dp, P.q0, lo, hi, P.geo, stack.data(),
+                         dkp + kt * MR * P.Dp + c0, P.Dp);
+          }
+        }
+      }
+      group_sum(dk_parts.data(), P.g, Tr * P.Dp, P.geo.v, dk_sum.data());
+      group_sum(dv_parts.data(), P.g, Tr * P.Dp, P.geo.v, dv_sum.data());
+      store_rows(dk_sum.data(), P.Dp, kbase, dk.strides()[0], dk.strides()[1], dk.strides()[2], dk.strides()[3], b,
+                 hk, 0, P.T, P.D);
+      store_rows(dv_sum.data(), P.Dp, vbase, dv.strides()[0], dv.strides()[1], dv.strides()[2], dv.strides()[3], b,
+                 hk, 0, P.T, P.D);
+    }
+  });
+}
+
+// Which backward schedule: TESSEL_ATTENTION_BACKWARD=whole | blocks forces
+// one (tests compare them; the bits are the same), else whole heads while
+// their scores and dS fit kWholeBytes and there are tasks for every thread.
+constexpr int64_t kWholeBytes = int64_t(4) << 20;
+bool backward_whole_heads(const Problem& P) {
+  if (const char* e = std::getenv("TESSEL_ATTENTION_BACKWARD"); e != nullptr && *e != 0) {
+    const std::string_view v(e);
+    TESSEL_CHECK(v == "whole" || v == "blocks" || v == "auto", "attention_backward",
+                 "TESSEL_ATTENTION_BACKWARD must be whole, blocks or auto, got '{}'", v);
+    if (v != "auto") return v == "whole";
+  }
+  const int64_t scratch = 2 * round_up(std::max<int64_t>(P.Tq, 1), MR) *
+                          std::max(P.Tp, round_up(std::max<int64_t>(P.T, 1), MR)) * int64_t(sizeof(float));
+  return scratch <= kWholeBytes && P.B * P.Hkv >= 2 * int64_t(num_threads());
+}
+
 // float64: the reference on contiguous copies, one (b, kv head) per task.
 template <class C>
 std::vector<C> gather(const Tensor& x) {
@@ -627,8 +734,12 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
       scatter(gv, dv);
     } else {
       const Problem P(q, k, p);
-      std::vector<float> dl(size_t(P.B * P.Hq * P.Tq));
       const float* st = static_cast<const float*>(stats.raw_data());
+      if (backward_whole_heads(P)) {
+        backward_whole<T>(P, operand<T>(q), operand<T>(k), operand<T>(v), operand<T>(dout), st, dq, dk, dv);
+        return;
+      }
+      std::vector<float> dl(size_t(P.B * P.Hq * P.Tq));
       backward_queries<T>(P, operand<T>(q), operand<T>(k), operand<T>(v), operand<T>(dout), st, dl.data(), dq);
       backward_keys<T>(P, operand<T>(q), operand<T>(k), operand<T>(v), operand<T>(dout), st, dl.data(), dk, dv);
     }
