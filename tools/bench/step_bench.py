@@ -75,6 +75,25 @@ def category(name):
     return CATEGORY_OF.get(name, "other")
 
 
+class quiet_native_stderr:
+    """torch.profiler's C++ side (Kineto) logs two lines per profile to file
+    descriptor 2 ("profiler_start"/"profiler_stop"), whatever its log level:
+    point the descriptor at /dev/null meanwhile. Python exceptions still
+    reach the terminal: they are printed after the descriptor is restored."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        return False
+
+
 def profiled_step(model, opt, ids, targets):
     """One step with each part under its own torch.profiler:
     {"parts": {part: {op: [calls, self seconds]}}, "wall": {part: seconds}, "categories": {op: category}}."""
@@ -136,7 +155,9 @@ def main():
         if cmd == "step":
             say(step(model, opt, ids, targets))
         elif cmd == "profile":
-            say(profiled_step(model, opt, ids, targets))
+            with quiet_native_stderr():
+                answer = profiled_step(model, opt, ids, targets)
+            say(answer)
         elif cmd == "quit":
             break
         else:
