@@ -51,6 +51,11 @@ TEST_CASE("bench step --no-reference ends with one JSON line", "[bench]") {
   CHECK(j["machine"]["cpu"].is_string());  // tools/bench/machine.h
   CHECK(j["loaded"].is_boolean());
   CHECK(text.find("first-step loss") == std::string::npos);  // no loss comparison without a reference
+  // Peak memory of the timed steps: the allocator's and the resident set's.
+  CHECK(j["memory"]["ours_allocator_peak_mib"].get<double>() > 0);
+  CHECK(j["memory"]["ours_rss_peak_mib"].get<double>() >= j["memory"]["ours_allocator_peak_mib"].get<double>());
+  CHECK(j["memory"].count("reference_rss_peak_mib") == 0);
+  CHECK(j.count("compiled_reference") == 0);
 }
 
 TEST_CASE("bench step --profile sorts tessel's ops into the comparison's categories", "[bench]") {
@@ -104,6 +109,9 @@ TEST_CASE("bench step refuses bad options by name", "[bench]") {
   o.profile_steps = -1;
   CHECK_THROWS_WITH(tools::run_step_bench(o, out), Catch::Contains("profile steps >= 0"));
   o.profile_steps = 0;
+  o.torch_compile = true;  // needs the PyTorch side
+  CHECK_THROWS_WITH(tools::run_step_bench(o, out), Catch::Contains("torch.compile reference needs the PyTorch side"));
+  o.torch_compile = false;
   o.reference = true;
   o.python = "/no/such/python";
   CHECK_THROWS_AS(tools::run_step_bench(o, out), Error);

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -23,6 +25,7 @@
 #include "autograd/api.h"
 #include "models/language_model.h"
 #include "nn/optim.h"
+#include "runtime/allocator.h"
 #include "runtime/profile.h"
 #include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
@@ -45,6 +48,19 @@ double process_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// This process's peak resident set (VmHWM), and restarting it (Linux: writing
+// "5" to /proc/self/clear_refs); 0 / a no-op where /proc has neither.
+int64_t rss_peak_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+void reset_rss_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (f) f << "5";
 }
 
 // Other threads (ours or OpenMP's, which spin a while after each region)
@@ -178,6 +194,10 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
                "need batch > 0, steps > 0, warmup >= 0, profile steps >= 0 (got {}, {}, {}, {})", B, o.steps, o.warmup,
                o.profile_steps);
 
+  TESSEL_CHECK(!o.torch_compile || (o.reference && o.warmup >= 1), op,
+               "the torch.compile reference needs the PyTorch side (not --no-reference) and a warm-up step (its "
+               "first step compiles); got reference {}, warmup {}",
+               o.reference, o.warmup);
   auto model = models::make_language_model(mc, o.seed);
   model->train();
   Tensor stream = randint(0, mc.vocab_size, {B, T + 1}, PhiloxKey{o.seed, stream_for("bench.step.batch")});
@@ -216,24 +236,32 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
                      mc.describe(), B, T, threads, o.warmup, o.steps);
   out.flush();
   BenchMachine machine = begin_bench(out);
-  std::unique_ptr<ReferenceProcess> ref;
-  std::string ref_name;
+  std::unique_ptr<ReferenceProcess> ref, compiled_ref;  // PyTorch eager; torch.compile (--torch-compile)
+  std::string ref_name, compiled_name, compiled_error;
   int rc = 0;
   if (o.reference) {
     const std::string script = (std::filesystem::path(repository_root()) / "tools/bench/step_bench.py").string();
-    ref = std::make_unique<ReferenceProcess>("bench step", std::vector<std::string>{python, script, dir, "--threads", std::to_string(threads)});
-    nlohmann::json hello = ref->ask("");
-    TESSEL_CHECK(hello.is_object() && hello.value("ready", false), op,
-                 "the PyTorch side ({} {}) did not start; its errors are above", python, script);
-    ref_name = fmt::format(FMT_STRING("pytorch {} (CPU, {} threads, {})"), hello["torch"].get<std::string>(),
-                           hello["threads"].get<int>(), hello.value("cpu_capability", std::string("ISA unknown")));
+    auto start = [&](bool compiled, std::string& name) {
+      std::vector<std::string> argv = {python, script, dir, "--threads", std::to_string(threads)};
+      if (compiled) argv.push_back("--compile");
+      auto p = std::make_unique<ReferenceProcess>("bench step", argv);
+      nlohmann::json hello = p->ask("");
+      TESSEL_CHECK(hello.is_object() && hello.value("ready", false), op,
+                   "the PyTorch side ({} {}) did not start; its errors are above", python, script);
+      name = fmt::format(FMT_STRING("pytorch {} ({}CPU, {} threads, {})"), hello["torch"].get<std::string>(),
+                         compiled ? "torch.compile inductor, " : "", hello["threads"].get<int>(),
+                         hello.value("cpu_capability", std::string("ISA unknown")));
+      return p;
+    };
+    ref = start(false, ref_name);
+    if (o.torch_compile) compiled_ref = start(true, compiled_name);
   }
 
-  // Steps alternate between the two sides (who goes first alternates too),
-  // so a machine that gets busier or quieter during the run affects both alike.
+  // Steps alternate between the sides (who goes first rotates too), so a
+  // machine that gets busier or quieter during the run affects all alike.
   nn::AdamW opt(groups, ao);
-  PartTimes ours, theirs;
-  double first_loss = 0, ref_loss = 0;
+  PartTimes ours, theirs, compiled;
+  double first_loss = 0, ref_loss = 0, compiled_loss = 0, compiled_first_step_s = 0;
   auto our_step = [&](int s) {
     settle();
     const double c0 = process_cpu_seconds();
@@ -256,33 +284,61 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
     ours.total.push_back(f + b + u);
     ours.cpu.push_back(cpu);
   };
-  auto their_step = [&](int s) {
+  // One step of a PyTorch side. torch.compile may fail on a machine (no
+  // compiler, an inductor error): that side is dropped with its reason.
+  auto reference_step = [&](std::unique_ptr<ReferenceProcess>& side, PartTimes& times, double& loss0, int s) {
+    if (!side) return;
     settle();
-    nlohmann::json r = ref->ask("step");
+    nlohmann::json r = side->ask("step");
+    if (&side == &compiled_ref && r.is_object() && r.contains("error")) {
+      compiled_error = r["error"].get<std::string>();
+      out << "  torch.compile reference dropped: " << compiled_error << "\n";
+      side.reset();
+      return;
+    }
     TESSEL_CHECK(r.is_object() && r.contains("forward"), op, "the PyTorch side failed at step {}: {}", s + 1,
                  r.is_discarded() ? "no answer (its errors are above)" : r.dump());
-    if (s == 0) ref_loss = r["loss"].get<double>();
-    if (s < o.warmup) return;
     const double f = r["forward"], b = r["backward"], u = r["optimizer"];
-    theirs.forward.push_back(f);
-    theirs.backward.push_back(b);
-    theirs.optimizer.push_back(u);
-    theirs.total.push_back(f + b + u);
-    theirs.cpu.push_back(r["cpu"].get<double>());
+    if (s == 0) {
+      loss0 = r["loss"].get<double>();
+      if (&side == &compiled_ref) compiled_first_step_s = f + b + u;  // includes compiling
+    }
+    if (s < o.warmup) return;
+    times.forward.push_back(f);
+    times.backward.push_back(b);
+    times.optimizer.push_back(u);
+    times.total.push_back(f + b + u);
+    times.cpu.push_back(r["cpu"].get<double>());
   };
+  // Peak memory of the timed steps: the allocator's peak and the peak
+  // resident set (VmHWM, restarted through /proc/self/clear_refs) of each process.
+  auto reset_peaks = [&] {
+    cpu_allocator()->reset_peak();
+    reset_rss_peak();
+    for (auto* side : {&ref, &compiled_ref})
+      if (*side) (*side)->ask("reset_peak");
+  };
+  std::vector<std::function<void(int)>> sides = {our_step};
+  if (ref) sides.push_back([&](int s) { reference_step(ref, theirs, ref_loss, s); });
+  if (compiled_ref) sides.push_back([&](int s) { reference_step(compiled_ref, compiled, compiled_loss, s); });
   for (int s = 0; s < o.warmup + o.steps; ++s) {
-    if (s % 2 == 0 || !ref) our_step(s);
-    if (ref) their_step(s);
-    if (s % 2 == 1 && ref) our_step(s);
+    if (s == o.warmup) reset_peaks();
+    for (size_t k = 0; k < sides.size(); ++k) sides[(size_t(s) + k) % sides.size()](s);
     if (s < o.warmup) {
       out << fmt::format(FMT_STRING("  step {}/{}: warm-up\n"), s + 1, o.warmup + o.steps);
     } else {
       out << fmt::format(FMT_STRING("  step {}/{}: tessel {:.3f} s"), s + 1, o.warmup + o.steps, ours.total.back());
       if (ref) out << fmt::format(FMT_STRING(", pytorch {:.3f} s"), theirs.total.back());
+      if (compiled_ref) out << fmt::format(FMT_STRING(", torch.compile {:.3f} s"), compiled.total.back());
       out << "\n";
     }
     out.flush();
   }
+  const int64_t our_alloc_peak = cpu_allocator()->stats().peak_bytes, our_rss_peak = rss_peak_bytes();
+  int64_t ref_rss_peak = 0, compiled_rss_peak = 0;
+  if (ref) ref_rss_peak = ref->ask("memory").value("rss_peak_bytes", int64_t(0));
+  if (compiled_ref) compiled_rss_peak = compiled_ref->ask("memory").value("rss_peak_bytes", int64_t(0));
+  compiled_ref.reset();
   // --profile: more steps, alternating, each part under each side's profiler.
   SideProfile our_prof, their_prof;
   auto our_profiled_step = [&] {
@@ -360,6 +416,28 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   out << fmt::format(FMT_STRING("  tessel {:.0f} tokens/s"), tokens / ot);
   if (have_ref) out << fmt::format(FMT_STRING(", pytorch {:.0f} tokens/s"), tokens / rt);
   out << "\n";
+  const bool have_compiled = !compiled.total.empty();
+  const double ct = have_compiled ? median(compiled.total) : 0.0;
+  if (have_compiled)
+    out << fmt::format(FMT_STRING("  torch.compile step {:.4f} s (speedup {:.2f}; forward {:.4f}, backward {:.4f}, "
+                                  "optimizer {:.4f}); its first step, compiling: {:.1f} s\n"),
+                       ct, ct / ot, median(compiled.forward), median(compiled.backward), median(compiled.optimizer),
+                       compiled_first_step_s);
+  auto mib = [](int64_t bytes) { return double(bytes) / double(1 << 20); };
+  out << fmt::format(FMT_STRING("  peak memory of the timed steps: tessel allocator {:.1f} MiB, resident {:.1f} MiB"),
+                     mib(our_alloc_peak), mib(our_rss_peak));
+  if (have_ref) out << fmt::format(FMT_STRING("; pytorch resident {:.1f} MiB"), mib(ref_rss_peak));
+  if (have_compiled) out << fmt::format(FMT_STRING("; torch.compile resident {:.1f} MiB"), mib(compiled_rss_peak));
+  out << "\n";
+  if (have_compiled) {
+    const double rel = std::fabs(first_loss - compiled_loss) / std::max(std::fabs(compiled_loss), 1e-30);
+    if (rel > 1e-4) {
+      out << fmt::format(FMT_STRING("bench step: torch.compile's first-step loss {:.6f} is not tessel's {:.6f}; the "
+                                    "comparison is not meaningful\n"),
+                         compiled_loss, first_loss);
+      rc = 1;
+    }
+  }
   if (have_ref) {
     const double rel = std::fabs(first_loss - ref_loss) / std::max(std::fabs(ref_loss), 1e-30);
     out << fmt::format(FMT_STRING("  first-step loss: tessel {:.6f}, pytorch {:.6f} (rel. diff {:.1e})\n"), first_loss, ref_loss,
@@ -392,6 +470,24 @@ int run_step_bench(const StepBenchOptions& o, std::ostream& out) {
   j["steps"] = o.steps;
   j["first_loss"] = have_ref ? nlohmann::ordered_json{{"ours", first_loss}, {"reference", ref_loss}}
                              : nlohmann::ordered_json{{"ours", first_loss}};
+  nlohmann::ordered_json memory = {{"ours_allocator_peak_mib", mib(our_alloc_peak)},
+                                   {"ours_rss_peak_mib", mib(our_rss_peak)}};
+  if (have_ref) memory["reference_rss_peak_mib"] = mib(ref_rss_peak);
+  if (have_compiled) memory["compiled_rss_peak_mib"] = mib(compiled_rss_peak);
+  j["memory"] = memory;
+  if (o.torch_compile && have_ref) {
+    if (have_compiled)
+      j["compiled_reference"] = {{"name", compiled_name},
+                                 {"reference_s", ct},
+                                 {"speedup", ct / ot},
+                                 {"forward", part(of, median(compiled.forward), true)},
+                                 {"backward", part(ob, median(compiled.backward), true)},
+                                 {"optimizer", part(oo, median(compiled.optimizer), true)},
+                                 {"first_step_s", compiled_first_step_s},
+                                 {"first_loss", compiled_loss}};
+    else
+      j["compiled_reference"] = {{"name", compiled_name}, {"error", compiled_error}};
+  }
   if (o.profile_steps > 0) j["profile"] = report_profiles(our_prof, their_prof, o.profile_steps, have_ref, out);
   end_bench(machine);
   add_machine(j, machine);

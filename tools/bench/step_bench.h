@@ -16,6 +16,9 @@
 //    "cpu": {...} (process CPU seconds per step, all threads: robust to other load at 1 thread;
 //    at more threads PyTorch's OpenMP workers spin while waiting, which counts),
 //    "tokens_per_s", "reference_tokens_per_s", "batch", "seq", "threads", "steps", "first_loss": {...},
+//    "memory": {"ours_allocator_peak_mib", "ours_rss_peak_mib", "reference_rss_peak_mib"} (peaks of the
+//    timed steps), with torch_compile: "compiled_reference": {"name", "reference_s", "speedup", "forward",
+//    "backward", "optimizer", "first_step_s", "first_loss"} or {"name", "error"},
 //    with profile_steps: "profile": {"steps", "forward"/"backward"/"optimizer": [{"category", "ours_s",
 //    "reference_s"}, ...]} (self seconds per step)}
 #include <cstdint>
@@ -38,6 +41,10 @@ struct StepBenchOptions {
   // under their profilers, reported op by op in categories: where the two
   // sides' times differ (`--profile`). Not part of the timed medians.
   int profile_steps = 0;
+  // A second reference: PyTorch under torch.compile (inductor, CPU) in its
+  // own process, its steps alternating with the other two sides'. Where
+  // compiling fails the bench says why and goes on without it.
+  bool torch_compile = false;
   std::string python;     // "" : reference_python()
 };
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's side of `tessel bench step` (tools/bench/step_bench.h).
 
-    python step_bench.py DIR --threads N
+    python step_bench.py DIR --threads N [--compile]
 
 DIR holds what tessel wrote (weights.safetensors, batch.safetensors,
 meta.json: tools/bench/torch_reference.h). Builds the model with the plain
@@ -13,7 +13,12 @@ training step -- forward + loss, backward, torch.optim.AdamW (PyTorch's
 default implementation) + zero_grad() -- answered with its times in seconds,
 the process CPU time of the step ("cpu") and the loss; "profile" takes one
 more step with each part under torch.profiler and answers each op's self
-time by part (`bench step --profile`: the op-by-op comparison); "quit" ends.
+time by part (`bench step --profile`: the op-by-op comparison);
+"reset_peak" restarts the process's peak resident memory (VmHWM) and
+"memory" answers it; "quit" ends. With --compile the model runs under
+torch.compile (inductor, CPU): `bench step --torch-compile` starts a second
+such process as a second reference; a step that fails (no compiler, an
+inductor error) answers {"error": ...}.
 tessel alternates its own steps with these, so both see the same machine (the
 machine may be shared and busy).
 """
@@ -127,10 +132,24 @@ def profiled_step(model, opt, ids, targets):
     return {"parts": parts, "wall": wall, "categories": {k: category(k) for ops in parts.values() for k in ops}}
 
 
+def rss_peak_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_rss_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("folder")
     ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--compile", action="store_true", help="run the model under torch.compile (inductor)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -141,6 +160,9 @@ def main():
     ids, targets = batch["ids"], batch["targets"]
     model = reference.load_model(args.folder, meta)
     opt = reference.adamw(model, meta)
+    # The optimizer holds the module's parameters; the compiled module
+    # (compiled on its first call) shares them.
+    run = torch.compile(model) if args.compile else model
 
     def say(obj):
         sys.stdout.write(json.dumps(obj) + "\n")
@@ -153,11 +175,21 @@ def main():
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "step":
-            say(step(model, opt, ids, targets))
+            try:
+                say(step(run, opt, ids, targets))
+            except Exception as e:  # torch.compile: no compiler, an inductor error
+                if not args.compile:
+                    raise
+                say({"error": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         elif cmd == "profile":
             with quiet_native_stderr():
-                answer = profiled_step(model, opt, ids, targets)
+                answer = profiled_step(run, opt, ids, targets)
             say(answer)
+        elif cmd == "reset_peak":
+            reset_rss_peak()
+            say({"ok": True})
+        elif cmd == "memory":
+            say({"rss_peak_bytes": rss_peak_bytes()})
         elif cmd == "quit":
             break
         else:

@@ -485,6 +485,9 @@ void register_bench_step(CLI::App& app) {
   cmd->add_flag("--profile", profile,
                 "after the timed steps, --profile-steps more steps of each side under its profiler: the two sides "
                 "op by op (self time per step by category, and each side's largest ops)");
+  cmd->add_flag("--torch-compile", o.torch_compile,
+                "a second reference: PyTorch under torch.compile (inductor, CPU), its steps alternating with the "
+                "others (the first step compiles: give it --warmup >= 1)");
   cmd->add_option("--profile-steps", profile_steps, "with --profile: profiled steps per side")->capture_default_str();
 }
 
