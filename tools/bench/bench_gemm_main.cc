@@ -13,7 +13,11 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", opts.quick, "small shapes only");
   app.add_option("--isa", opts.isa, "auto | avx2 | avx512");
   app.add_option("--filter", opts.filter, "only shapes whose label contains this text");
+  bool no_torch = false;
+  app.add_flag("--no-torch", no_torch, "leave out the second reference, PyTorch's torch.mm (MKL)");
+  app.add_option("--python", opts.python, "Python with torch (default: $TESSEL_PYTHON, ~/.cache/tessel/venv)");
   CLI11_PARSE(app, argc, argv);
+  opts.torch = !no_torch;
   tessel::tools::use_best_openblas_core(argv);  // may restart this process
   return tessel::tools::run_gemm_bench(opts, std::cout);
 }

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
@@ -23,6 +25,8 @@
 #include "runtime/error.h"
 #include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
+#include "tools/bench/reference_process.h"
+#include "tools/bench/torch_reference.h"
 
 namespace tessel::tools {
 namespace {
@@ -112,20 +116,41 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
     TESSEL_CHECK(opts.isa == "auto", "bench gemm", "--isa must be auto, avx2 or avx512, got '{}'", opts.isa);
   }
   const char* isa = kernels::cpu::gemm_isa_name(kernels::cpu::gemm_active_isa());
+  // The second reference: torch.mm in a child process (its own BLAS, MKL in
+  // PyTorch's wheels), where a Python with torch exists.
+  std::unique_ptr<ReferenceProcess> torch_side;
+  std::string torch_name, torch_error;
+  if (opts.torch) {
+    const std::string python = opts.python.empty() ? reference_python() : opts.python;
+    if (python.empty()) {
+      torch_error = "no Python with torch (`./tessel bench gemm` creates ~/.cache/tessel/venv; or set TESSEL_PYTHON)";
+    } else {
+      const std::string script = (std::filesystem::path(repository_root()) / "tools/bench/gemm_torch.py").string();
+      torch_side = std::make_unique<ReferenceProcess>(
+          "bench gemm", std::vector<std::string>{python, script, "--threads", std::to_string(opts.threads)});
+      nlohmann::json hello = torch_side->ask("");
+      TESSEL_CHECK(hello.is_object() && hello.value("ready", false), "bench gemm",
+                   "the PyTorch side ({} {}) did not start; its errors are above", python, script);
+      torch_name = "pytorch " + hello["torch"].get<std::string>() + " torch.mm (" + hello["blas"].get<std::string>() +
+                   ", " + std::to_string(hello["threads"].get<int>()) + " threads, " +
+                   hello.value("cpu_capability", std::string("ISA unknown")) + ")";
+    }
+  }
   BenchMachine machine = begin_bench(out);
 
   char line[256];
   std::snprintf(line, sizeof line, "bench gemm: float32, threads=%d, V=%d, reps=%d (median), isa=%s, openblas %s\n",
                 opts.threads, opts.chunks, opts.reps, isa, openblas_get_corename());
   out << line;
-  std::snprintf(line, sizeof line, "%-26s %12s %12s %8s %s\n", "shape (trans MxNxK)", "ours GF/s", "openblas", "ratio",
-                "");
+  out << "  second reference: " << (torch_side ? torch_name : "none -- " + (torch_error.empty() ? std::string("--no-torch") : torch_error)) << "\n";
+  std::snprintf(line, sizeof line, "%-26s %12s %12s %8s %12s %8s %s\n", "shape (trans MxNxK)", "ours GF/s", "openblas",
+                "ratio", "torch.mm", "ratio", "");
   out << line << std::flush;
 
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   nlohmann::json rows = nlohmann::json::array();
-  double ours_sum = 0, ref_sum = 0, all_ours = 0, all_ref = 0;
+  double ours_sum = 0, ref_sum = 0, all_ours = 0, all_ref = 0, torch_sum = 0, all_torch = 0;
   int status = 0;
 
   for (const BenchShape& s : shapes(opts.quick)) {
@@ -147,6 +172,21 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
       cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(s.m), int(s.n),
                   int(s.k), 1.0f, A.data(), int(lda), B.data(), int(ldb), 0.0f, R.data(), int(s.n));
     };
+    // torch.mm times itself in its process (the pipe is outside the timing).
+    auto torch_time = [&](bool prime) {
+      nlohmann::json r = torch_side->ask(prime ? "time 1" : "time 0");
+      TESSEL_CHECK(r.is_object() && r.contains("s"), "bench gemm", "the PyTorch side failed on {}: {}", s.label(),
+                   r.is_discarded() ? "no answer (its errors are above)" : r.dump());
+      return r["s"].get<double>();
+    };
+    if (torch_side) {
+      const std::string cmd = "shape " + std::to_string(s.m) + " " + std::to_string(s.n) + " " + std::to_string(s.k) +
+                              " " + s.trans;
+      nlohmann::json r = torch_side->ask(cmd.c_str());
+      TESSEL_CHECK(r.is_object() && r.value("ok", false), "bench gemm", "the PyTorch side refused {}: {}", s.label(),
+                   r.dump());
+      torch_time(true);  // warm-up
+    }
 
     // Warm-up (also the correctness check), then interleaved timed runs,
     // alternating which library goes first.
@@ -166,44 +206,55 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
     // call of the same library first, so its threads are awake (waking a
     // sleeping thread on a busy machine can take milliseconds).
     const bool prime = warm_ours < 0.25;
-    std::vector<double> t_ours, t_ref;
+    std::vector<double> t_ours, t_ref, t_torch;
+    const int sides = torch_side ? 3 : 2;
     for (int r = 0; r < opts.reps; ++r) {
-      for (int which = 0; which < 2; ++which) {
+      for (int which = 0; which < sides; ++which) {
         settle();
-        if ((r + which) % 2 == 0) {
+        const int side = (r + which) % sides;  // who goes first rotates
+        if (side == 0) {
           if (prime) ours();
           t_ours.push_back(time_s(ours));
-        } else {
+        } else if (side == 1) {
           if (prime) ref();
           t_ref.push_back(time_s(ref));
+        } else {
+          t_torch.push_back(torch_time(prime));
         }
       }
     }
-    const double mo = median(t_ours), mr = median(t_ref);
+    const double mo = median(t_ours), mr = median(t_ref), mt = torch_side ? median(t_torch) : 0.0;
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
-    std::snprintf(line, sizeof line, "%-26s %12.1f %12.1f %8.3f %s\n", s.label().c_str(), flop / mo * 1e-9,
-                  flop / mr * 1e-9, mr / mo, s.large() ? "" : "(small)");
+    if (torch_side)
+      std::snprintf(line, sizeof line, "%-26s %12.1f %12.1f %8.3f %12.1f %8.3f %s\n", s.label().c_str(),
+                    flop / mo * 1e-9, flop / mr * 1e-9, mr / mo, flop / mt * 1e-9, mt / mo, s.large() ? "" : "(small)");
+    else
+      std::snprintf(line, sizeof line, "%-26s %12.1f %12.1f %8.3f %12s %8s %s\n", s.label().c_str(), flop / mo * 1e-9,
+                    flop / mr * 1e-9, mr / mo, "-", "-", s.large() ? "" : "(small)");
     out << line << std::flush;
     if (s.large()) {
       ours_sum += mo;
       ref_sum += mr;
+      torch_sum += mt;
     }
     all_ours += mo;
     all_ref += mr;
-    rows.push_back({{"m", s.m},
-                    {"n", s.n},
-                    {"k", s.k},
-                    {"trans", s.trans},
-                    {"ours_s", mo},
-                    {"reference_s", mr},
-                    {"speedup", mr / mo},
-                    {"large", s.large()}});
+    all_torch += mt;
+    nlohmann::json row = {{"m", s.m},           {"n", s.n},          {"k", s.k},
+                          {"trans", s.trans},   {"ours_s", mo},      {"reference_s", mr},
+                          {"speedup", mr / mo}, {"large", s.large()}};
+    if (torch_side) {
+      row["torch_s"] = mt;
+      row["torch_speedup"] = mt / mo;
+    }
+    rows.push_back(row);
   }
 
   const char* summed = "large shapes";
   if (ours_sum == 0) {  // no large shape ran (--quick, --filter): sum them all
     ours_sum = all_ours;
     ref_sum = all_ref;
+    torch_sum = all_torch;
     summed = "all shapes (none large)";
   }
   nlohmann::json j;
@@ -216,12 +267,24 @@ int run_gemm_bench(const GemmBenchOptions& opts, std::ostream& out) {
   j["chunks"] = opts.chunks;
   j["isa"] = isa;
   j["reference_kernel"] = std::string("openblas ") + openblas_get_corename();
+  if (torch_side)
+    j["torch_reference"] = {{"name", torch_name},
+                            {"reference_s", torch_sum},
+                            {"speedup", ours_sum > 0 ? torch_sum / ours_sum : 0.0}};
+  else
+    j["torch_reference"] = {{"error", torch_error.empty() ? std::string("--no-torch") : torch_error}};
   j["shapes"] = rows;
   end_bench(machine);
   add_machine(j, machine);
   std::snprintf(line, sizeof line, "total over %s: ours %.3f s, openblas %.3f s, speedup %.3f\n", summed, ours_sum,
                 ref_sum, ours_sum > 0 ? ref_sum / ours_sum : 0.0);
-  out << line << machine_summary(machine);
+  out << line;
+  if (torch_side) {
+    std::snprintf(line, sizeof line, "  torch.mm %.3f s, speedup %.3f\n", torch_sum,
+                  ours_sum > 0 ? torch_sum / ours_sum : 0.0);
+    out << line;
+  }
+  out << machine_summary(machine);
   out << j.dump() << std::endl;
   return status;
 }

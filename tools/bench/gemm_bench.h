@@ -1,11 +1,14 @@
 #pragma once
 // bench gemm: tessel's canonical-order float32 GEMM against OpenBLAS
-// (cblas_sgemm), same run, same thread count, interleaved repetitions.
+// (cblas_sgemm) and, as a second reference, PyTorch's torch.mm (MKL;
+// tools/bench/gemm_torch.py in a child process), same run, same thread
+// count, interleaved repetitions.
 //
 // Prints a table (shape, GFLOP/s of both, ratio) and ends with one JSON line:
 //   {"bench": "gemm", "ours_s": .., "reference": "openblas", "reference_s": ..,
 //    "speedup": reference_s / ours_s, "threads": .., "chunks": .., "isa": ..,
 //    "reference_kernel": "openblas SkylakeX", "shapes": [..],
+//    "torch_reference": {"name", "reference_s", "speedup"} (or {"error"} where no Python with torch),
 //    "machine": {..}, "loaded": ..}   (tools/bench/machine.h)
 // ours_s / reference_s sum the median times over the large shapes
 // (M*N*K >= 1024^3; over all shapes run when none is large, e.g. --quick);
@@ -22,6 +25,8 @@ struct GemmBenchOptions {
   bool quick = false;    // small shapes only (smoke test)
   std::string isa = "auto";  // auto | avx2 | avx512
   std::string filter;    // only shapes whose label contains this
+  bool torch = true;     // time torch.mm too (skipped, with the reason, where no Python has torch)
+  std::string python;    // "": reference_python()
 };
 
 // OpenBLAS picks its kernels by CPU model and falls back to a generic core
