@@ -420,6 +420,25 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
   });
 }
 
+// The softmax backward of query row i (global) of head h, over its keys
+// j <= i: p[j] becomes P (the probabilities from the saved (m, l)), g[j]
+// (dP' on entry) becomes dS; keep[j] holds the dropout mask when there is
+// one. Returns Dl, the canonical row sum of dP * P. prod: scratch of T floats.
+float softmax_backward_row(const Problem& P, int64_t b, int64_t h, int64_t i, const float* st, float* p, float* g,
+                           float* prod, uint8_t* keep) {
+  const int64_t n = i + 1, row = (b * P.Hq + h) * P.Tq + (i - P.q0);
+  const float m = st[row * 2], rl = 1.0f / st[row * 2 + 1];
+  for (int64_t j = 0; j < n; ++j) p[j] = tmath::exp(p[j] - m) * rl;
+  if (P.dropout) {
+    keep_row(keep, n, P.key, P.index(b, h, i - P.q0, 0), P.threshold);
+    for (int64_t j = 0; j < n; ++j) g[j] = keep[j] ? g[j] * P.dscale : 0.0f;
+  }
+  for (int64_t j = 0; j < n; ++j) prod[j] = g[j] * p[j];
+  const float dsum = masked_row_sum(prod, P.T, n, P.geo.v);
+  for (int64_t j = 0; j < n; ++j) g[j] = (p[j] * (g[j] - dsum)) * P.scale;
+  return dsum;
+}
+
 // Backward pass 1: dQ and Dl for blocks of queries.
 template <class T>
 void backward_queries(const Problem& P, const Operand<T>& Q, const Operand<T>& K, const Operand<T>& Vv,
@@ -445,21 +464,10 @@ void backward_queries(const Problem& P, const Operand<T>& Q, const Operand<T>& K
         pack_panels<MR>(dO, b, h, l0, l1, P.D, dop.data());
         score_block<true>(P, qp.data(), kp.data(), i0b, i1b, s.data(), P.Tp);
         score_block<false>(P, dop.data(), vp.data(), i0b, i1b, gs.data(), P.Tp);
-        for (int64_t i = i0b; i < i1b; ++i) {
-          float* p = s.data() + (i - i0b) * P.Tp;
-          float* g = gs.data() + (i - i0b) * P.Tp;
-          const int64_t n = i + 1, row = (b * P.Hq + h) * P.Tq + (i - P.q0);
-          const float m = st[row * 2], rl = 1.0f / st[row * 2 + 1];
-          for (int64_t j = 0; j < n; ++j) p[j] = tmath::exp(p[j] - m) * rl;
-          if (P.dropout) {
-            keep_row(keep.data(), n, P.key, P.index(b, h, i - P.q0, 0), P.threshold);
-            for (int64_t j = 0; j < n; ++j) g[j] = keep[size_t(j)] ? g[j] * P.dscale : 0.0f;
-          }
-          for (int64_t j = 0; j < n; ++j) prod[size_t(j)] = g[j] * p[j];
-          const float dsum = masked_row_sum(prod.data(), P.T, n, P.geo.v);
-          for (int64_t j = 0; j < n; ++j) g[j] = (p[j] * (g[j] - dsum)) * P.scale;
-          dl[row] = dsum;
-        }
+        for (int64_t i = i0b; i < i1b; ++i)
+          dl[(b * P.Hq + h) * P.Tq + (i - P.q0)] =
+              softmax_backward_row(P, b, h, i, st, s.data() + (i - i0b) * P.Tp, gs.data() + (i - i0b) * P.Tp,
+                                   prod.data(), keep.data());
         sum_over_keys(P, gs.data(), P.Tp, kr.data(), i0b, i1b, stack.data(), o.data());
         store_rows(o.data(), P.Dp, qbase, sb, sh, stt, sd, b, h, l0, l1, P.D);
       }
@@ -610,19 +618,9 @@ void backward_whole(const Problem& P, const Operand<T>& Q, const Operand<T>& K, 
         // probabilities, pass 2's) over P in s.
         for (int64_t i = P.q0; i < qe; ++i) {
           float* p = s.data() + (i - P.q0) * ls;
-          float* g = gs.data() + (i - P.q0) * ls;
-          const int64_t n = i + 1, row = (b * P.Hq + h) * P.Tq + (i - P.q0);
-          const float m = st[row * 2], rl = 1.0f / st[row * 2 + 1];
-          for (int64_t j = 0; j < n; ++j) p[j] = tmath::exp(p[j] - m) * rl;
-          if (P.dropout) {
-            keep_row(keep.data(), n, P.key, P.index(b, h, i - P.q0, 0), P.threshold);
-            for (int64_t j = 0; j < n; ++j) g[j] = keep[size_t(j)] ? g[j] * P.dscale : 0.0f;
-          }
-          for (int64_t j = 0; j < n; ++j) prod[size_t(j)] = g[j] * p[j];
-          const float dsum = masked_row_sum(prod.data(), P.T, n, P.geo.v);
-          for (int64_t j = 0; j < n; ++j) g[j] = (p[j] * (g[j] - dsum)) * P.scale;
+          softmax_backward_row(P, b, h, i, st, p, gs.data() + (i - P.q0) * ls, prod.data(), keep.data());
           if (P.dropout)
-            for (int64_t j = 0; j < n; ++j) p[j] = keep[size_t(j)] ? p[j] * P.dscale : 0.0f;
+            for (int64_t j = 0; j <= i; ++j) p[j] = keep[size_t(j)] ? p[j] * P.dscale : 0.0f;
         }
         sum_over_keys(P, gs.data(), ls, kr.data(), P.q0, qe, stack.data(), o.data());
         store_rows(o.data(), P.Dp, qbase, dq.strides()[0], dq.strides()[1], dq.strides()[2], dq.strides()[3], b, h, 0,
