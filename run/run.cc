@@ -366,7 +366,6 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
     // of forward, backward and the data-parallel gradient reduction.
     const char* unsupported = s->pipe                          ? "pipeline parallelism (its schedule runs the step)"
                               : opts.zero >= 3 && s->dp        ? "FSDP (zero = 3 frees and refills the parameters inside the step)"
-                              : opts.loss_scaling              ? "loss scaling (its scale is a per-step host value)"
                               : opts.detect_anomaly            ? "anomaly detection (it reads every op's output on the host)"
                               : !nn::moe_layers(m).empty()     ? "MoE layers (routing sizes buffers from the data)"
                                                                : nullptr;
@@ -718,6 +717,12 @@ std::vector<char> module_state(const RunState& s) {
   return v;
 }
 
+// Loss scaling: the scale the recorded loss was multiplied by (a kernel's
+// argument). It grows after clean steps and backs off after an overflow; a
+// replay at another scale would scale the gradients by the old one and
+// unscale them by the new one, so a new scale records again. 0: no scaling.
+double loss_scale_of(const RunState& s) { return s.scaler ? s.scaler->get_scale() : 0.0; }
+
 bool same_parameters(const RunState& s) {
   const RunState::Compiled& c = s.compiled;
   if (c.param_storages.size() != s.params.size()) return false;
@@ -774,7 +779,8 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     const bool asked = std::exchange(c.record_again, false);
     const bool same = !asked && inputs.shape() == c.input_shape && targets.shape() == c.target_shape &&
                       inputs.dtype() == c.input_dtype && targets.dtype() == c.target_dtype && same_parameters(s) &&
-                      numerics::current_settings() == c.numerics && module_state(s) == c.module_state;
+                      numerics::current_settings() == c.numerics && module_state(s) == c.module_state &&
+                      loss_scale_of(s) == c.loss_scale;
     if (!agree(s, same)) {  // record again for the new shapes (or the parameters a load replaced)
       ++c.stats.recaptures;
       c.previous.reset();
@@ -863,6 +869,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     c.param_storages.clear();
     for (const Tensor& p : s.params) c.param_storages.push_back(p.storage().get());
     c.module_state = module_state(s);
+    c.loss_scale = loss_scale_of(s);
     return out;
   }
   std::string diff = c.previous->difference(*program);

@@ -143,9 +143,9 @@ struct RunOptions {
   // recorded faithfully (a host read of a computed value, a per-step value
   // with no producer, data-dependent work) runs eagerly from then on, with
   // a warning and the reason in compile_stats(); new input shapes or
-  // replaced parameters record again. On a mesh every rank records and
-  // replays its collectives too. Not in this version: pipeline parallelism,
-  // FSDP (zero = 3), loss scaling, MoE, anomaly detection.
+  // replaced parameters (or a new loss scale) record again. On a mesh every
+  // rank records and replays its collectives too. Not in this version:
+  // pipeline parallelism, FSDP (zero = 3), MoE, anomaly detection.
   bool compile = false;
 };
 

@@ -95,6 +95,7 @@ class RunState {
     Dims input_shape, target_shape;
     DType input_dtype = DType::Float32, target_dtype = DType::Float32;
     numerics::Settings numerics;  // bitwise mode, V, GEMM mode: the kernels' arguments depend on them
+    double loss_scale = 0;        // loss scaling's scale when recorded (0: none)
     CompileStats stats;
   } compiled;
 

@@ -139,7 +139,7 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
 // recorded step -- kernels, collectives, the dp gradient reduction -- and
 // the run keeps the one-device eager bits. The replays are counted: a run
 // that fell back to eager would pass the bit comparison without testing it.
-TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2 and cp replays with the one-device bits every step",
+TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, cp and float16 loss scaling replays with the one-device bits",
           "[bitwise][train][compile]") {
   for (std::string model : {"nanogpt", "llama"}) {
     for (const int64_t micro_batches : {int64_t(2), int64_t(1)}) {
@@ -176,6 +176,27 @@ TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2 and cp replays
       INFO(got.compile.refused);
       CHECK(first_difference(ref, got) == "");
       CHECK(got.compile.replays == steps() - 3);
+    }
+    // float16 with loss scaling: 2^20 overflows the first steps (skipped,
+    // the scale halves each time), so the scale changes and the step records
+    // again until it settles; then it replays, with the one-device bits.
+    TrainConfig f16 = base(model);
+    f16.dtype = "float16";
+    f16.loss_scale = 1 << 20;
+    const Trace f16_ref = run(f16);
+    for (const Layout& l : std::vector<Layout>{{"dp=2,tp=2", true}, {"dp=2", false, 2}}) {
+      TrainConfig c = f16;
+      c.mesh = l.mesh;
+      c.sequence_parallel = l.sp;
+      c.zero = l.zero;
+      c.compile = true;
+      const Trace got = run(c);
+      INFO(model << ", float16 with loss scaling, compiled on " << l.mesh << (l.zero ? " zero=2" : " + sp"));
+      INFO(got.compile.refused);
+      CHECK(first_difference(f16_ref, got) == "");
+      CHECK(got.compile.refused.empty());
+      CHECK(got.compile.recaptures > 0);
+      CHECK(got.compile.replays > 0);
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,8 @@ struct Result {
   std::vector<uint64_t> loss, grad_norm;  // bits, per step
   std::string param_hash;
   CompileStats stats;
+  std::vector<double> loss_scale;  // per step (loss scaling)
+  int64_t skipped = 0;             // steps loss scaling skipped
 };
 
 struct Spec {
@@ -55,6 +58,7 @@ struct Spec {
   // The sequence length from this step on (a new shape mid-run); 0: never.
   int64_t change_seq_at = 0, changed_seq = 16;
   RunLossFn loss;  // null: the model's
+  std::optional<nn::GradScalerOptions> loss_scaling;
   // Called before each step (0-based): host changes between steps.
   std::function<void(RunBase&, int64_t step)> before_step;
 };
@@ -68,6 +72,7 @@ Result train(const Spec& spec) {
   o.clip = 1.0;
   o.micro_batches = spec.micro_batches;
   o.compile = spec.compile;
+  o.loss_scaling = spec.loss_scaling;
   auto run = parallelize(model, MeshPtr(), parallel::ParallelPlan{}, adamw({1e-3}), o, spec.loss);
   Result r;
   for (int64_t step = 0; step < spec.steps; ++step) {
@@ -76,7 +81,10 @@ Result train(const Spec& spec) {
     Tensor x = tokens.narrow(1, 0, t).contiguous(), y = tokens.narrow(1, 1, t).contiguous();
     if (spec.before_step) spec.before_step(run, step);
     r.loss.push_back(bits(run.forward_backward(x, y).loss_sum));
-    r.grad_norm.push_back(bits(run.step_optimizer().grad_norm));
+    const StepReport report = run.step_optimizer();
+    r.grad_norm.push_back(bits(report.grad_norm));
+    r.loss_scale.push_back(report.loss_scale);
+    r.skipped += report.skipped;
   }
   r.param_hash = run.param_hash();
   r.stats = run.compile_stats();
@@ -89,6 +97,7 @@ void check_same(const Result& eager, const Result& compiled) {
     INFO("step " << i + 1);
     CHECK(eager.loss[i] == compiled.loss[i]);
     CHECK(eager.grad_norm[i] == compiled.grad_norm[i]);
+    CHECK(eager.loss_scale[i] == compiled.loss_scale[i]);
   }
   CHECK(eager.param_hash == compiled.param_hash);
 }
@@ -114,6 +123,31 @@ TEST_CASE("compile: replayed steps give the eager run's bits (NanoGPT, LLaMA; fa
       CHECK(compiled.stats.launches > 50);  // the forward and backward kernels of 2 blocks
       CHECK(!eager.stats.enabled);
     }
+  }
+}
+
+// The scale is an argument of the recorded loss multiplication: a replay at
+// another scale would scale by the old one and unscale by the new one. A
+// scale that grows (every 4 clean steps here) or backs off (after steps whose
+// scaled loss overflows: an initial scale of 1e38) records again.
+TEST_CASE("compile: loss scaling replays with the eager bits; a new scale records again", "[compile]") {
+  for (const double init_scale : {1024.0, 1e38}) {
+    INFO("initial scale " << init_scale);
+    Spec spec;
+    nn::GradScalerOptions g;
+    g.init_scale = init_scale;
+    g.growth_interval = 4;
+    spec.loss_scaling = g;
+    const Result eager = train(spec);
+    spec.compile = true;
+    const Result compiled = train(spec);
+    check_same(eager, compiled);
+    INFO(compiled.stats.refused);
+    CHECK(compiled.stats.refused.empty());
+    CHECK(compiled.stats.replays > 0);
+    CHECK(compiled.stats.recaptures > 0);
+    CHECK(eager.loss_scale.front() != eager.loss_scale.back());  // the scale did change
+    if (init_scale > 1e30) CHECK(eager.skipped > 0);              // and steps were skipped
   }
 }
 

@@ -216,7 +216,7 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   // lives on a thread of its own, which runs one step when told to.
   struct Side {
     std::optional<Run<models::LanguageModel>> run;
-    std::vector<double> times, step_bytes;
+    std::vector<double> times, fb_times, opt_times, step_bytes;  // whole step; forward_backward; step_optimizer
     std::vector<uint64_t> loss_bits;
     std::string hash;
     CompileStats stats;
@@ -256,13 +256,17 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
           alloc->reset_peak();
           const auto t0 = std::chrono::steady_clock::now();
           const double loss = d.run->forward_backward(ids, targets).loss_sum;
+          const auto t1 = std::chrono::steady_clock::now();
           d.run->step_optimizer();
-          const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const auto t2 = std::chrono::steady_clock::now();
+          const double secs = std::chrono::duration<double>(t2 - t0).count();
           uint64_t bits;
           std::memcpy(&bits, &loss, 8);
           d.loss_bits.push_back(bits);
           if (step_now >= warmup) {
             d.times.push_back(secs);
+            d.fb_times.push_back(std::chrono::duration<double>(t1 - t0).count());
+            d.opt_times.push_back(std::chrono::duration<double>(t2 - t1).count());
             d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
                                    double(d.run->compile_stats().buffer_bytes));
           }
@@ -322,6 +326,12 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   std::cout << fmt::format(FMT_STRING("  median step: eager {:.4f} s, compiled {:.4f} s ({:.2f}x); step memory eager "
                                       "{:.1f} MiB, compiled {:.1f} MiB; {} kernels replayed per step; the same bits: {}\n"),
                            eager, compiled, eager / compiled, eager_mb, compiled_mb, cs.launches, same_bits ? "yes" : "NO");
+  // Where the step goes: forward_backward (replayed) and step_optimizer.
+  const double fb[2] = {tools::median(side[0].fb_times), tools::median(side[1].fb_times)};
+  const double opt[2] = {tools::median(side[0].opt_times), tools::median(side[1].opt_times)};
+  std::cout << fmt::format(FMT_STRING("  forward_backward: eager {:.4f} s, compiled {:.4f} s ({:.2f}x); step_optimizer: "
+                                      "eager {:.4f} s, compiled {:.4f} s ({:.2f}x)\n"),
+                           fb[0], fb[1], fb[0] / fb[1], opt[0], opt[1], opt[0] / opt[1]);
   if (!cs.refused.empty()) std::cout << "  compile mode stopped: " << cs.refused << "\n";
   nlohmann::ordered_json j = {{"bench", "step_compile"}, {"model", o.model}, {"config", o.config}, {"ours_s", compiled},
                               {"reference", "tessel eager (same run)"}, {"reference_s", eager},
@@ -329,6 +339,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   j["tokens_per_s"] = double(B * T) / compiled;
   j["reference_tokens_per_s"] = double(B * T) / eager;
   j["step_memory_mib"] = {{"ours", compiled_mb}, {"reference", eager_mb}};
+  j["parts_s"] = {{"forward_backward", {{"ours", fb[1]}, {"reference", fb[0]}}},
+                  {"step_optimizer", {{"ours", opt[1]}, {"reference", opt[0]}}}};
   j["kernels_per_step"] = cs.launches;
   j["same_bits"] = same_bits;
   j["refused"] = cs.refused;
