@@ -365,7 +365,6 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
     // What this version records (docs/compile.md): kernels and collectives
     // of forward, backward and the data-parallel gradient reduction.
     const char* unsupported = s->pipe                          ? "pipeline parallelism (its schedule runs the step)"
-                              : opts.zero >= 3 && s->dp        ? "FSDP (zero = 3 frees and refills the parameters inside the step)"
                               : opts.detect_anomaly            ? "anomaly detection (it reads every op's output on the host)"
                               : !nn::moe_layers(m).empty()     ? "MoE layers (routing sizes buffers from the data)"
                                                                : nullptr;

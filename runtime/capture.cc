@@ -197,6 +197,59 @@ void Recorder::host_access(const Tensor& t) {
 
 void Recorder::add(std::unique_ptr<Launch> launch) { launches_.push_back(std::move(launch)); }
 
+namespace {
+// StorageImpl::release / reallocate, replayed on the same storage object:
+// the kernels after it read its memory through their views, so the replay
+// frees and refills it where eager did (FSDP's gathered parameters).
+class StorageLaunch final : public Launch {
+ public:
+  StorageLaunch(int buffer, bool release) : buffer_(buffer), release_(release) {}
+  void run() override {
+    if (release_) storage_->release();
+    else storage_->reallocate();
+  }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) override { storage_ = buffers[size_t(buffer_)]; }
+  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+
+ private:
+  int buffer_;
+  bool release_;
+  std::shared_ptr<StorageImpl> storage_;
+};
+}  // namespace
+
+void Recorder::storage_released(StorageImpl& s) { storage_op(s, true); }
+void Recorder::storage_reallocated(StorageImpl& s) { storage_op(s, false); }
+
+void Recorder::storage_op(StorageImpl& s, bool release) {
+  if (depth > 0) return;  // inside a launch or an Unrecorded scope: done again inside it, or not part of the step
+  const char* what = release ? "storage_release" : "storage_reallocate";
+  std::shared_ptr<StorageImpl> held = s.weak_from_this().lock();
+  if (!held) {
+    refuse(fmt::format(FMT_STRING("{} of {} bytes on a storage not owned by a shared_ptr"), what, s.nbytes()));
+    return;
+  }
+  const int id = buffer_of(held);
+  Buffer& b = buffers_[size_t(id)];
+  if (b.born) {
+    // Only storages from before the step are released and refilled (the
+    // step's own temporaries are placed in the arena, which does not).
+    refuse(fmt::format(FMT_STRING("{} of a buffer of {} bytes the step made itself"), what, s.nbytes()));
+    return;
+  }
+  b.storage = held;
+  b.used = true;
+  const int64_t at = int64_t(launches_.size());
+  if (b.first < 0) b.first = at;
+  b.last = at;
+  auto launch = std::make_unique<StorageLaunch>(id, release);
+  launch->name = what;
+  launch->fingerprint = what;
+  launch->fingerprint.push_back('\0');
+  fingerprint(launch->fingerprint, id);
+  launches_.push_back(std::move(launch));
+}
+
 void Recorder::touch(int buffer) {
   if (buffer >= 0) buffers_[size_t(buffer)].last = int64_t(launches_.size());
 }

@@ -20,6 +20,9 @@
 //   - a kernel with a host pointer argument, unless it has a replay check
 //     (index_bounds);
 //   - an asynchronous collective whose wait comes after the recording ends.
+// A storage released and refilled in place (StorageImpl::release and
+// reallocate: FSDP's gathered parameters) is host work the kernels depend
+// on: both are recorded as launches and done again, in order, at replay.
 // Collectives (runtime/comm) are recorded like kernels: the communicator,
 // the call's arguments, tensors as buffer views; an asynchronous one's
 // wait() is a launch of its own. Every rank records its own program, and
@@ -156,6 +159,8 @@ class Recorder {
   void storage_created(const StorageImpl* s);
   void storage_destroyed(const StorageImpl* s);
   void host_access(const Tensor& t);
+  void storage_released(StorageImpl& s);
+  void storage_reallocated(StorageImpl& s);
   void key(const PhiloxKey& k, std::function<PhiloxKey()> producer);
   // Depth of kernel and collective calls on this thread: only depth 0 is
   // recorded (what a kernel or a collective does inside runs again inside it).
@@ -241,6 +246,7 @@ class Recorder {
   };
   int buffer_of(const std::shared_ptr<StorageImpl>& s);
   void place_in_arenas(Program& p);
+  void storage_op(StorageImpl& s, bool release);
 
   std::string label_;
   Recorder* prev_ = nullptr;

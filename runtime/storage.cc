@@ -37,6 +37,8 @@ StorageImpl::~StorageImpl() {
 
 void StorageImpl::release() {
   if (released_) return;
+  // Host work on a buffer the step's kernels use: a replay must do it again.
+  if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->storage_released(*this);
   TESSEL_CHECK(allocator_ != nullptr || nbytes_ == 0 || device_.is_meta(), "StorageImpl::release",
                "storage of {} bytes on {} wraps external memory; only allocator-owned storage can be released",
                nbytes_, device_.str());
@@ -48,6 +50,7 @@ void StorageImpl::release() {
 
 void StorageImpl::reallocate() {
   if (!released_) return;
+  if (TESSEL_UNLIKELY(capture::active() != nullptr)) capture::active()->storage_reallocated(*this);
   if (allocator_) data_ = allocator_->allocate(nbytes_, Stream{device_, nullptr});  // the device's current stream
   if (meta_memory_) meta_memory_->add(meta_bytes_);
   released_ = false;

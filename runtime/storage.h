@@ -16,7 +16,9 @@ namespace cost {
 struct MetaMemory;
 }
 
-class StorageImpl {
+// Owned by shared_ptr (make_shared) everywhere: compile mode's recorder
+// holds a storage that FSDP releases and refills in place (weak_from_this).
+class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
  public:
   // Owns nbytes from the device's allocator (Meta: no memory).
   StorageImpl(size_t nbytes, Device device);

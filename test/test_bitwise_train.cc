@@ -139,15 +139,16 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
 // recorded step -- kernels, collectives, the dp gradient reduction -- and
 // the run keeps the one-device eager bits. The replays are counted: a run
 // that fell back to eager would pass the bit comparison without testing it.
-TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, cp and float16 loss scaling replays with the one-device bits",
+TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp and float16 loss scaling replays with the one-device bits",
           "[bitwise][train][compile]") {
   for (std::string model : {"nanogpt", "llama"}) {
     for (const int64_t micro_batches : {int64_t(2), int64_t(1)}) {
       TrainConfig r = base(model);
       r.micro_batches = micro_batches;
       const Trace ref = run(r);
-      std::vector<Layout> layouts = {{"dp=2"}, {"tp=2"}, {"tp=2", true}, {"dp=2,tp=2", true}, {"dp=2", false, 1},
-                                     {"dp=2", false, 2}};
+      std::vector<Layout> layouts = {{"dp=2"},           {"tp=2"},           {"tp=2", true},
+                                     {"dp=2,tp=2", true}, {"dp=2", false, 1}, {"dp=2", false, 2},
+                                     {"dp=2", false, 3},  {"dp=2,tp=2", true, 3}};
       for (const Layout& l : layouts) {
         TrainConfig c = r;
         c.mesh = l.mesh;

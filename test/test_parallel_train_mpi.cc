@@ -76,8 +76,8 @@ TEST_CASE("mpi: dp2 x tp2 (+sp) training matches one device", "[parallel][mpi]")
 // Compile mode with ranks as processes (docs/compile.md): every rank replays
 // its recorded step, MPI collectives included, from step 4 on, and gives
 // the eager run's bits on the same layout (fast mode).
-TEST_CASE("mpi: compile mode on dp2 x tp2 + sp (DDP, ZeRO-2) replays with the eager bits", "[parallel][mpi][compile]") {
-  for (const int zero : {0, 2}) {
+TEST_CASE("mpi: compile mode on dp2 x tp2 + sp (DDP, ZeRO-2, FSDP) replays with the eager bits", "[parallel][mpi][compile]") {
+  for (const int zero : {0, 2, 3}) {
     const Run eager = run("nanogpt", "dp=2,tp=2", true, false, zero);
     const Run compiled = run("nanogpt", "dp=2,tp=2", true, true, zero);
     // Every rank replayed (a rank that ran eagerly would still match the bits).
