@@ -364,8 +364,7 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   if (opts.compile) {
     // What this version records (docs/compile.md): kernels and collectives
     // of forward, backward and the data-parallel gradient reduction.
-    const char* unsupported = s->pipe                          ? "pipeline parallelism (its schedule runs the step)"
-                              : opts.detect_anomaly            ? "anomaly detection (it reads every op's output on the host)"
+    const char* unsupported = opts.detect_anomaly            ? "anomaly detection (it reads every op's output on the host)"
                               : !nn::moe_layers(m).empty()     ? "MoE layers (routing sizes buffers from the data)"
                                                                : nullptr;
     TESSEL_CHECK(unsupported == nullptr, kOp,
@@ -664,6 +663,43 @@ StepLoss eager_forward_backward(RunBase& run, const Tensor& inputs, const Tensor
   return out;
 }
 
+// A pipeline's step result as forward_backward reports it.
+StepLoss pipeline_loss(const parallel::pipeline::PipelineStepResult& r) {
+  StepLoss out;
+  out.loss = r.loss;
+  out.loss_sum = r.loss_sum;
+  out.aux_loss = r.aux_loss;
+  out.comm_wait_s = r.comm_wait_s;
+  out.comm_wait_mean_s = r.comm_wait_mean_s;
+  out.moe_dropped_tokens = r.moe_dropped_tokens;
+  return out;
+}
+
+// The pipeline's step: its schedule runs every micro-batch's forward and
+// backward on this rank's stage. Under a capture (compile mode), the last
+// stage's micro-batch losses go to `losses` (read again after a replay).
+StepLoss eager_pipeline_step(RunBase& run, const Tensor& inputs, const Tensor& targets, std::vector<Tensor>* losses) {
+  RunState& s = run.state();
+  const int64_t batch = inputs.size(0), m = s.options.micro_batches;
+  std::vector<parallel::pipeline::MicroBatch> mbs;
+  for (int64_t k = 0; k < m; ++k) {
+    const train::SampleRange r = train::split_range(batch, m, k);
+    mbs.push_back({m == 1 ? inputs : inputs.narrow(0, r.begin, r.size()),
+                   m == 1 ? targets : targets.narrow(0, r.begin, r.size()), r.begin});
+  }
+  if (s.scaler) s.pipe->set_loss_scale(s.scaler->get_scale());
+  const auto r = s.pipe->train_step(s.options.seed, uint64_t(s.step), batch, mbs);
+  if (losses) *losses = r.stage_losses;
+  s.micro = m;  // the schedule ran every micro-batch's backward
+  return pipeline_loss(r);
+}
+
+// The step as eager mode runs it: the pipeline's schedule, or the micro-batch loop.
+StepLoss eager_step(RunBase& run, const Tensor& inputs, const Tensor& targets, std::vector<Tensor>* losses) {
+  return run.state().pipe ? eager_pipeline_step(run, inputs, targets, losses)
+                          : eager_forward_backward(run, inputs, targets, losses);
+}
+
 // Compile mode (RunOptions::compile): step 1 eager; steps 2 and 3 eager
 // under a capture::Recorder; if their recordings agree, later steps replay
 // the second. What a replay leaves behind is what the eager step leaves:
@@ -684,6 +720,7 @@ void stop_compiling(RunState& s, const std::string& why, bool reporter) {
   c.previous.reset();
   c.program.reset();
   c.grads.clear();
+  c.tied.clear();
   c.losses.clear();
   c.output_layouts.clear();
   if (reporter)
@@ -755,10 +792,13 @@ void make_output_views(RunState& s) {
   RunState::Compiled& c = s.compiled;
   c.losses.clear();
   c.grads.clear();
+  c.tied.clear();
+  if (s.pipe) c.tied.resize(s.params.size());
   for (const RunState::Compiled::OutputLayout& o : c.output_layouts) {
     const Tensor local = c.program->output(o.local);
     const Tensor t = o.mesh ? raw::make_distributed(local, o.mesh, o.placements, o.global_shape) : local;
     if (o.param < 0) c.losses.push_back(t);
+    else if (o.contribution >= 0) c.tied[size_t(o.param)].push_back(t);  // (in micro-batch order)
     else c.grads.emplace_back(s.params[size_t(o.param)], t);
   }
   c.output_layouts.clear();
@@ -772,7 +812,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     // recordings start at step 2.
     c.warmed_up = true;
     ++c.stats.eager_steps;
-    return eager_forward_backward(run, inputs, targets, nullptr);
+    return eager_step(run, inputs, targets, nullptr);
   }
   if (c.program || c.previous) {
     const bool asked = std::exchange(c.record_again, false);
@@ -790,7 +830,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   }
   if (c.program) {
     // What run.input does eagerly: the batch must be the same on every rank.
-    if (s.mesh) {
+    if (s.mesh && !s.pipe) {  // (a pipeline's eager step does not check it either)
       s.accept_input(inputs);
       s.accept_input(targets);
     }
@@ -807,11 +847,14 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
       // rank is here).
       stop_compiling(s, e.what(), !s.mesh || s.mesh->my_rank() == 0);
       ++c.stats.eager_steps;
-      return eager_forward_backward(run, inputs, targets, nullptr);
+      return eager_step(run, inputs, targets, nullptr);
     }
     for (const auto& [param, grad] : c.grads) param.set_grad(grad);
+    if (s.pipe) s.pipe->stage().set_tied_contributions(c.tied);  // (bitwise mode; empty lists otherwise)
     StepLoss out;
-    for (const Tensor& loss : c.losses) out.loss_sum += loss.item<double>();
+    if (s.pipe) out = pipeline_loss(s.pipe->replayed_step(c.losses, s.options.micro_batches));  // (over pp)
+    else
+      for (const Tensor& loss : c.losses) out.loss_sum += loss.item<double>();
     s.micro = s.options.micro_batches;
     s.dp_finished = s.dp != nullptr;
     ++c.stats.replays;
@@ -826,6 +869,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     y = targets.clone();
   }
   std::vector<Tensor> losses;
+  std::vector<std::vector<Tensor>> tied;
   std::unique_ptr<capture::Program> program;
   std::vector<int> outputs;
   StepLoss out;
@@ -834,12 +878,17 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     capture::Recorder rec(fmt::format(FMT_STRING("{}'s forward_backward at step {}"), s.model_type, s.step + 1));
     rec.input(x);
     rec.input(y);
-    out = eager_forward_backward(run, x, y, &losses);
+    out = eager_step(run, x, y, &losses);
     for (const Tensor& loss : losses) outputs.push_back(rec.output(raw::local_of(loss)));
     for (const Tensor& p : s.params) {
       Tensor g = p.grad();
       outputs.push_back(g.defined() ? rec.output(raw::local_of(g)) : -1);
     }
+    // A pipeline in bitwise mode keeps the tied gradients per micro-batch
+    // (PipelineStage::tied_contributions) for step_optimizer to sum.
+    if (s.pipe) tied = s.pipe->stage().tied_contributions();
+    for (const std::vector<Tensor>& list : tied)
+      for (const Tensor& t : list) outputs.push_back(rec.output(raw::local_of(t)));
     try {
       // The first of two recordings is only compared with the second: it
       // holds no memory (the step's peak stays eager's).
@@ -888,12 +937,19 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   // the ones step_optimizer uses now).
   c.losses.clear();
   c.grads.clear();
+  c.tied.clear();
   c.output_layouts.clear();
   for (size_t i = 0; i < losses.size(); ++i) c.output_layouts.push_back(output_layout(outputs[i], losses[i], -1));
   for (size_t i = 0; i < s.params.size(); ++i) {
     const int id = outputs[losses.size() + i];
     if (id >= 0) c.output_layouts.push_back(output_layout(id, s.params[i].grad(), int(i)));
   }
+  size_t next = losses.size() + s.params.size();
+  for (size_t i = 0; i < tied.size(); ++i)
+    for (size_t k = 0; k < tied[i].size(); ++k) {
+      c.output_layouts.push_back(output_layout(outputs[next++], tied[i][k], int(i)));
+      c.output_layouts.back().contribution = int(k);
+    }
   c.stats.replaying = true;
   c.stats.launches = c.program->launches();
   c.stats.buffer_bytes = c.program->bytes();
@@ -918,28 +974,9 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
   TESSEL_CHECK(s.micro == 0, kRun, "forward_backward: {} backward pass(es) already ran in step {}", s.micro,
                s.step + 1);
   StepLoss out;
-  if (s.pipe) {
-    std::vector<parallel::pipeline::MicroBatch> mbs;
-    for (int64_t k = 0; k < m; ++k) {
-      const train::SampleRange r = train::split_range(batch, m, k);
-      mbs.push_back({m == 1 ? inputs : inputs.narrow(0, r.begin, r.size()),
-                     m == 1 ? targets : targets.narrow(0, r.begin, r.size()), r.begin});
-    }
-    if (s.scaler) s.pipe->set_loss_scale(s.scaler->get_scale());
-    const auto r = s.pipe->train_step(s.options.seed, uint64_t(s.step), batch, mbs);
-    out.loss = r.loss;
-    out.loss_sum = r.loss_sum;
-    out.aux_loss = r.aux_loss;
-    out.comm_wait_s = r.comm_wait_s;
-    out.comm_wait_mean_s = r.comm_wait_mean_s;
-    out.moe_dropped_tokens = r.moe_dropped_tokens;
-    s.micro = m;  // the schedule ran every micro-batch's backward
-    s.last_loss = out.loss;
-    return out;
-  }
   s.compiled.forward_backward_this_step = true;
   if (s.options.compile) out = compiled_forward_backward(*this, inputs, targets);
-  else out = eager_forward_backward(*this, inputs, targets, nullptr);
+  else out = eager_step(*this, inputs, targets, nullptr);
   out.loss = out.loss_sum / double(m);
   s.last_loss = out.loss;
   return out;

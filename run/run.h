@@ -145,7 +145,7 @@ struct RunOptions {
   // a warning and the reason in compile_stats(); new input shapes or
   // replaced parameters (or a new loss scale) record again. On a mesh every
   // rank records and replays its collectives too. Not in this version:
-  // pipeline parallelism, MoE, anomaly detection.
+  // MoE, anomaly detection.
   bool compile = false;
 };
 

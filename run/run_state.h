@@ -79,6 +79,7 @@ class RunState {
     std::vector<int> prev_outputs;               // the first recording's buffers of the losses, then the gradients (-1: none)
     std::vector<Tensor> losses;                  // the recorded losses (views to read after a replay)
     std::vector<std::pair<Tensor, Tensor>> grads;  // (parameter, its recorded gradient)
+    std::vector<std::vector<Tensor>> tied;         // pipeline, bitwise: the tied gradients' per-micro-batch pieces
     // How the losses and gradients lie in the program's buffers, until the
     // first replay makes the views above (the arena exists from then on).
     struct OutputLayout {
@@ -87,6 +88,7 @@ class RunState {
       Placements placements;
       Dims global_shape;
       int param = -1;            // a gradient's parameter (index into params), -1: a loss
+      int contribution = -1;     // >= 0: micro-batch k's gradient of a tied parameter (a pipeline in bitwise mode)
     };
     std::vector<OutputLayout> output_layouts;
     std::vector<const StorageImpl*> param_storages;  // the parameters recorded

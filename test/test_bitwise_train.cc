@@ -139,7 +139,7 @@ TEST_CASE("bitwise: Mixtral on dp, tp, ep, dp x ep, pp, ZeRO-1/2, FSDP gives the
 // recorded step -- kernels, collectives, the dp gradient reduction -- and
 // the run keeps the one-device eager bits. The replays are counted: a run
 // that fell back to eager would pass the bit comparison without testing it.
-TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp and float16 loss scaling replays with the one-device bits",
+TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp, pp and float16 loss scaling replays with the one-device bits",
           "[bitwise][train][compile]") {
   for (std::string model : {"nanogpt", "llama"}) {
     for (const int64_t micro_batches : {int64_t(2), int64_t(1)}) {
@@ -176,6 +176,31 @@ TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp and 
       INFO(model << ", compiled on " << mesh);
       INFO(got.compile.refused);
       CHECK(first_difference(ref, got) == "");
+      CHECK(got.compile.replays == steps() - 3);
+    }
+    // Pipelines: every rank records its stage's schedule (the p2p sends and
+    // receives included) and replays it; the loss sums over pp are done
+    // again after each replay.
+    TrainConfig pipelined = base(model);
+    pipelined.micro_batches = 4;
+    pipelined.n_layer = 4;  // a block per stage with V = 2
+    const Trace pp_ref = run(pipelined);
+    for (const Layout& l : std::vector<Layout>{{"pp=2", false, 0, "gpipe"},
+                                               {"pp=2"},
+                                               {"pp=2", false, 0, "interleaved"},
+                                               {"dp=2,pp=2"},
+                                               {"tp=2,pp=2", true}}) {
+      TrainConfig c = pipelined;
+      c.mesh = l.mesh;
+      c.sequence_parallel = l.sp;
+      c.pipeline_schedule = l.schedule;
+      if (std::string(l.schedule) == "interleaved") c.virtual_stages = 2;
+      c.compile = true;
+      const Trace got = run(c);
+      INFO(model << ", 4 micro-batches, compiled on " << l.mesh << (l.sp ? " + sp " : " ") << l.schedule);
+      INFO(got.compile.refused);
+      CHECK(first_difference(pp_ref, got) == "");
+      CHECK(got.compile.refused.empty());
       CHECK(got.compile.replays == steps() - 3);
     }
     // float16 with loss scaling: 2^20 overflows the first steps (skipped,

@@ -281,17 +281,6 @@ TEST_CASE("compile: a tensor built on the host from the data is caught by compar
 
 TEST_CASE("compile: what this version does not record is refused at parallelize, naming it", "[compile][errors]") {
   auto model = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
-  for (const std::string& e : errors_on_ranks(2, [](int) {
-         auto m = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
-         RunOptions o;
-         o.compile = true;
-         o.micro_batches = 2;
-         parallelize(m, Mesh::world({{"pp", 2}}), parallel::ParallelPlan{}, adamw(), o);
-       })) {
-    INFO(e);
-    CHECK(contains(e, "RunOptions::compile with pipeline parallelism"));
-    CHECK(contains(e, "(mesh (pp=2))"));
-  }
   for (const std::string& e : errors_on_ranks(2, [](int rank) {
          auto m = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
          RunOptions o;

@@ -76,12 +76,19 @@ TEST_CASE("mpi: dp2 x tp2 (+sp) training matches one device", "[parallel][mpi]")
 // Compile mode with ranks as processes (docs/compile.md): every rank replays
 // its recorded step, MPI collectives included, from step 4 on, and gives
 // the eager run's bits on the same layout (fast mode).
-TEST_CASE("mpi: compile mode on dp2 x tp2 + sp (DDP, ZeRO-2, FSDP) replays with the eager bits", "[parallel][mpi][compile]") {
-  for (const int zero : {0, 2, 3}) {
-    const Run eager = run("nanogpt", "dp=2,tp=2", true, false, zero);
-    const Run compiled = run("nanogpt", "dp=2,tp=2", true, true, zero);
+TEST_CASE("mpi: compile mode on dp2 x tp2 + sp (DDP, ZeRO-2, FSDP) and dp2 x pp2 replays with the eager bits",
+          "[parallel][mpi][compile]") {
+  struct Layout {
+    const char* mesh;
+    bool sp;
+    int zero;
+  };
+  for (const Layout& l : {Layout{"dp=2,tp=2", true, 0}, Layout{"dp=2,tp=2", true, 2}, Layout{"dp=2,tp=2", true, 3},
+                          Layout{"dp=2,pp=2", false, 0}}) {
+    const Run eager = run("nanogpt", l.mesh, l.sp, false, l.zero);
+    const Run compiled = run("nanogpt", l.mesh, l.sp, true, l.zero);
     // Every rank replayed (a rank that ran eagerly would still match the bits).
-    INFO("zero=" << zero << ", rank " << comm::world()->rank() << ": " << compiled.compile.refused);
+    INFO(l.mesh << " zero=" << l.zero << ", rank " << comm::world()->rank() << ": " << compiled.compile.refused);
     CHECK(compiled.compile.refused.empty());
     CHECK(compiled.compile.replays == 7);
     if (comm::world()->rank() != 0) continue;

@@ -91,7 +91,7 @@ const std::vector<Field>& fields() {
       {"trace_steps", &C::trace_steps, "steps the --trace timeline covers, from the first (0: every step)"},
       {"compile", &C::compile,
        "compile mode: record the step's kernels and collectives at steps 2 and 3, replay them from step 4 with no dispatch (the same "
-       "bits; not with pp or MoE; docs/compile.md)"},
+       "bits; not with MoE; docs/compile.md)"},
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},

@@ -3,6 +3,7 @@
 #include "autograd/api.h"
 #include "nn/autocast.h"
 #include "nn/moe.h"
+#include "runtime/capture.h"
 #include "runtime/timeline.h"
 
 namespace tessel::parallel::pipeline {
@@ -104,19 +105,24 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
     if (a.defined()) aux = aux.defined() ? aux + a : a;
     if (a.defined() && training) {
       const size_t k = size_t(mb) * blocks.size() + size_t(i);
+      capture::Recorder::Unrecorded value_only(capture::active());  // a value for the stats (compile mode: MoE is not recorded)
       st.block_aux[k] = a.item<double>();
       st.block_aux_dtype[k] = double(int(a.dtype()) + 1);
     }
   }
   const double coef = model.aux_loss_coef();
   if (aux.defined() && training && mb == m - 1) {
+    capture::Recorder::Unrecorded value_only(capture::active());
     st.aux_last += aux.item<double>();
     st.has_aux = true;
   }
   if (vs < S - 1) {
     sl.output = x;
     if (aux.defined() && training) {
-      st.loss_sum += aux.item<double>() * coef;
+      {
+        capture::Recorder::Unrecorded value_only(capture::active());
+        st.loss_sum += aux.item<double>() * coef;
+      }
       Tensor a = aux * coef;
       sl.aux_root = m == 1 ? a : a / double(m);
       if (loss_scale_) sl.aux_root = sl.aux_root * *loss_scale_;  // as GradScaler::scale(loss / M) on one device
@@ -130,10 +136,19 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
   }
   // The single-device loss of the micro-batch, restricted to what runs here.
   Tensor l = model.stage_loss(output, b.targets);
-  st.stage_loss[size_t(mb)] = l.item<double>();
-  st.stage_loss_dtype[size_t(mb)] = double(int(l.dtype()) + 1);
+  {
+    // Values for the step's loss: compile mode reads them again from the
+    // recorded losses after each replay (Pipeline::replayed_step).
+    capture::Recorder::Unrecorded value_only(capture::active());
+    st.stage_loss[size_t(mb)] = l.item<double>();
+    st.stage_loss_dtype[size_t(mb)] = double(int(l.dtype()) + 1);
+  }
   if (aux.defined()) l = l + aux * coef;
-  st.loss_sum += l.item<double>();
+  {
+    capture::Recorder::Unrecorded value_only(capture::active());
+    st.loss_sum += l.item<double>();
+  }
+  st.losses.push_back(l.detach());
   sl.root = m == 1 ? l : l / double(m);
   if (loss_scale_) sl.root = sl.root * *loss_scale_;  // as GradScaler::scale(loss / M) on one device
 }

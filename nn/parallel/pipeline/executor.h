@@ -47,6 +47,9 @@ struct StepStats {
   // aux losses [m][blocks]. Values as double (exact for every float dtype).
   std::vector<double> stage_loss, block_aux;
   std::vector<double> stage_loss_dtype, block_aux_dtype;
+  // The last stage's micro-batch losses (unscaled, detached), [m]; empty on
+  // the other stages. Compile mode keeps them as the step's outputs.
+  std::vector<Tensor> losses;
 };
 
 class Executor {

@@ -5,6 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "dtensor/placement.h"
+#include "runtime/capture.h"
 #include "runtime/error.h"
 
 namespace tessel::parallel::pipeline {
@@ -54,6 +55,10 @@ Tensor P2P::header_of(const Tensor& t) const {
 // Allocates the local piece described by `header` (in *local_out) and
 // returns the distributed (or plain) tensor over it.
 Tensor P2P::from_header(const Tensor& header, const char* what, Tensor* local_out) const {
+  // Compile mode: the received shape chooses the buffer the data goes to; a
+  // replay checks that the header is the recorded one (capture::ReplayDiverged
+  // if not) instead of reading it.
+  if (capture::Recorder* r = capture::active()) r->checked_read(header);
   const int64_t* p = header.data<int64_t>();
   TESSEL_CHECK(p[0] == kMagic && p[1] >= 0 && p[1] < kNumDTypes && p[2] >= 0 && p[2] <= kMaxTensorDims, kOp,
                "{} on '{}': the message is not an activation header (do all pp ranks run the same schedule?)", what,
@@ -84,6 +89,11 @@ Tensor P2P::from_header(const Tensor& header, const char* what, Tensor* local_ou
 }
 
 void P2P::drop_completed() {
+  // Compile mode: a send dropped here without a wait() would have no wait
+  // in the recording, and which sends have completed depends on timing.
+  // Under a recorder every send is waited for at wait_sends (the end of the
+  // step), the same in both recordings and at every replay.
+  if (capture::active() != nullptr) return;
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](Pending& s) { return s.work->is_completed(); }),
                  pending_.end());
 }

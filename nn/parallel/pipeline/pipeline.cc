@@ -8,6 +8,7 @@
 #include "dtensor/ops.h"
 #include "kernels/optim.h"
 #include "nn/clip.h"
+#include "runtime/capture.h"
 #include "runtime/numerics.h"
 
 namespace tessel::parallel::pipeline {
@@ -115,6 +116,39 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
     mbs.push_back({stage_->layout(b.inputs), stage_->layout(b.targets), {seed, step, b.first_sample, global_batch}});
   tied_synced_ = false;
   const StepStats st = executor_->run(schedule_, mbs);
+  PipelineStepResult r;
+  {
+    // Host values: a compiled step (docs/compile.md) records the schedule's
+    // kernels and collectives only, and does this again after each replay
+    // (replayed_step).
+    capture::Recorder::Unrecorded host_values(capture::active());
+    r = summarize(st, micro_batches.size());
+  }
+  r.stage_losses = st.losses;
+  return r;
+}
+
+PipelineStepResult Pipeline::replayed_step(const std::vector<Tensor>& stage_losses, int64_t micro_batches) {
+  tied_synced_ = false;
+  StepStats st;
+  st.stage_loss.assign(size_t(micro_batches), -0.0);
+  st.stage_loss_dtype.assign(size_t(micro_batches), 0.0);
+  st.block_aux.assign(size_t(micro_batches) * model().blocks().size(), -0.0);
+  st.block_aux_dtype.assign(st.block_aux.size(), 0.0);
+  TESSEL_CHECK(stage_losses.empty() || int64_t(stage_losses.size()) == micro_batches, kOp,
+               "replayed_step: {} micro-batch losses for {} micro-batches", stage_losses.size(), micro_batches);
+  for (size_t k = 0; k < stage_losses.size(); ++k) {  // as Executor::forward_chunk reads them (no aux loss: no MoE)
+    const Tensor& l = stage_losses[k];
+    st.stage_loss[k] = l.item<double>();
+    st.stage_loss_dtype[k] = double(int(l.dtype()) + 1);
+    st.loss_sum += l.item<double>();
+  }
+  PipelineStepResult r = summarize(st, size_t(micro_batches));
+  r.stage_losses = stage_losses;
+  return r;
+}
+
+PipelineStepResult Pipeline::summarize(const StepStats& st, size_t micro_batches) const {
   // The step's loss and aux loss are spread over the stages: sum them over pp.
   Tensor sums = raw::empty({6}, DType::Float64);
   double* s = sums.data<double>();
@@ -133,7 +167,7 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
     r.loss_sum = b.loss_sum;
     if (b.aux_last) r.aux_loss = b.aux_last;  // one device's float sum over the blocks, not a double one
   }
-  r.loss = r.loss_sum / double(micro_batches.size());
+  r.loss = r.loss_sum / double(micro_batches);
   r.comm_wait_s = st.comm_wait_s;
   r.comm_wait_mean_s = s[3] / double(stage_->pp_size());
   if (s[5] > 0) r.moe_dropped_tokens = int64_t(s[4]);

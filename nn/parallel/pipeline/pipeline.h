@@ -55,6 +55,10 @@ struct PipelineStepResult {
   double comm_wait_s = 0;          // this rank's time blocked in point-to-point transfers
   double comm_wait_mean_s = 0;     // the same, averaged over the ranks of this rank's pp group
   std::optional<int64_t> moe_dropped_tokens;  // models with MoE layers: slots over capacity, all stages and micro-batches
+  // The last stage's micro-batch losses (stage_loss + aux x coef, unscaled,
+  // detached), in micro-batch order; empty on the other pp ranks. Compile
+  // mode reads them again after a replay (replayed_step).
+  std::vector<Tensor> stage_losses;
 };
 
 class Pipeline {
@@ -85,6 +89,14 @@ class Pipeline {
   // calls it; call it first to touch the complete gradients before that
   // (GradScaler::unscale_).
   void finish_gradients();
+  // Compile mode (docs/compile.md): the step's kernels and collectives were
+  // replayed instead of train_step, leaving the gradients and, on the last
+  // stage, the micro-batch losses `stage_losses` (train_step's, in the
+  // program's buffers; empty elsewhere). What train_step does after its
+  // schedule, on the host and over pp: the loss sums (bitwise mode: the
+  // one-device arithmetic), and the tied gradients marked unsummed.
+  // Collective over the pp ranks. Models with MoE layers are not replayed.
+  PipelineStepResult replayed_step(const std::vector<Tensor>& stage_losses, int64_t micro_batches);
   // Loss scaling for the following train_steps: the backward starts from
   // each micro-batch's loss / M times `scale` (nullopt: none).
   void set_loss_scale(std::optional<double> scale);
@@ -115,6 +127,9 @@ class Pipeline {
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<Executor> executor_;
   bool tied_synced_ = false;  // finish_gradients ran since the last train_step
+  // After the schedule: the loss sums over pp (a host value each; not part
+  // of a compiled step).
+  PipelineStepResult summarize(const StepStats& st, size_t micro_batches) const;
 };
 
 }  // namespace tessel::parallel::pipeline

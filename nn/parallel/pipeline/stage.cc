@@ -253,6 +253,18 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::StagedModel> model, const MeshP
   if (pp_comm_ && !tied_ranks.empty()) tied_comm_ = pp_comm_->split(tied_ranks.count(pp_rank_) ? 0 : -1, pp_rank_);
 }
 
+std::vector<std::vector<Tensor>> PipelineStage::tied_contributions() const {
+  std::vector<std::vector<Tensor>> v;
+  for (const auto& list : tied_contrib_) v.push_back(*list);
+  return v;
+}
+
+void PipelineStage::set_tied_contributions(const std::vector<std::vector<Tensor>>& contributions) const {
+  TESSEL_CHECK(contributions.size() == tied_contrib_.size(), kOp, "set_tied_contributions: {} lists for {} parameters",
+               contributions.size(), tied_contrib_.size());
+  for (size_t i = 0; i < contributions.size(); ++i) *tied_contrib_[i] = contributions[i];
+}
+
 std::vector<Tensor> PipelineStage::parameters() const {
   std::vector<Tensor> v;
   for (const auto& p : held_) v.push_back(p.tensor);

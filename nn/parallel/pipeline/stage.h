@@ -95,6 +95,12 @@ class PipelineStage {
   const std::vector<ParamHome>& homes() const { return homes_; }
   // Sums the gradients of tied parameters over the ranks that hold them.
   void sync_tied_grads() const;
+  // Bitwise mode: each tied parameter's per-micro-batch gradients, kept by
+  // its gradient hook until sync_tied_grads (indexed like parameters();
+  // empty lists elsewhere). Compile mode records them as the step's outputs
+  // and puts the replayed ones back (the hooks do not run in a replay).
+  std::vector<std::vector<Tensor>> tied_contributions() const;
+  void set_tied_contributions(const std::vector<std::vector<Tensor>>& contributions) const;
   void sync_tied_bitwise(const nn::NamedTensor& p, std::vector<Tensor>& contrib) const;
   // The plan's data layout of a batch (inputs or targets, dim 0 = batch) on
   // the stage mesh (identity for pp only).
