@@ -57,6 +57,21 @@ struct Layout {
   const char* schedule = "1f1b";
 };
 
+// `c` laid out as `l`.
+TrainConfig on_layout(TrainConfig c, const Layout& l) {
+  c.mesh = l.mesh;
+  c.sequence_parallel = l.sp;
+  c.zero = l.zero;
+  c.pipeline_schedule = l.schedule;
+  if (std::string(l.schedule) == "interleaved") c.virtual_stages = 2;
+  return c;
+}
+
+std::string layout_name(const Layout& l) {
+  return std::string(l.mesh) + (l.sp ? " + sp" : "") + (l.zero ? " zero=" + std::to_string(l.zero) : "") +
+         (std::strstr(l.mesh, "pp") ? std::string(" ") + l.schedule : "");
+}
+
 // Runs `r` (the one-device reference) and then `r` on each layout.
 void check_layouts(const TrainConfig& r, const std::vector<Layout>& layouts) {
   const std::string& model = r.model;
@@ -65,15 +80,9 @@ void check_layouts(const TrainConfig& r, const std::vector<Layout>& layouts) {
   const Trace ref = run(r);
   REQUIRE(ref.hashes.size() == size_t(steps()));
   for (const Layout& l : layouts) {
-    TrainConfig c = r;
-    c.mesh = l.mesh;
-    c.sequence_parallel = l.sp;
-    c.zero = l.zero;
-    c.pipeline_schedule = l.schedule;
-    if (std::string(l.schedule) == "interleaved") c.virtual_stages = 2;
-    const std::string what = model + " (" + dtype + "), " + std::to_string(micro_batches) + " micro-batches, on " + l.mesh + (l.sp ? " + sp" : "") +
-                             (l.zero ? " zero=" + std::to_string(l.zero) : "") +
-                             (std::strstr(l.mesh, "pp") ? std::string(" ") + l.schedule : "");
+    const TrainConfig c = on_layout(r, l);
+    const std::string what =
+        model + " (" + dtype + "), " + std::to_string(micro_batches) + " micro-batches, on " + layout_name(l);
     std::string diff;
     try {
       diff = first_difference(ref, run(c));
@@ -150,14 +159,10 @@ TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp, pp 
                                      {"dp=2,tp=2", true}, {"dp=2", false, 1}, {"dp=2", false, 2},
                                      {"dp=2", false, 3},  {"dp=2,tp=2", true, 3}};
       for (const Layout& l : layouts) {
-        TrainConfig c = r;
-        c.mesh = l.mesh;
-        c.sequence_parallel = l.sp;
-        c.zero = l.zero;
+        TrainConfig c = on_layout(r, l);
         c.compile = true;
         const Trace got = run(c);
-        INFO(model << ", " << micro_batches << " micro-batch(es), compiled on " << l.mesh << (l.sp ? " + sp" : "")
-                   << (l.zero ? " zero=" + std::to_string(l.zero) : ""));
+        INFO(model << ", " << micro_batches << " micro-batch(es), compiled on " << layout_name(l));
         INFO(got.compile.refused);
         CHECK(first_difference(ref, got) == "");
         CHECK(got.compile.refused.empty());
@@ -190,14 +195,10 @@ TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp, pp 
                                                {"pp=2", false, 0, "interleaved"},
                                                {"dp=2,pp=2"},
                                                {"tp=2,pp=2", true}}) {
-      TrainConfig c = pipelined;
-      c.mesh = l.mesh;
-      c.sequence_parallel = l.sp;
-      c.pipeline_schedule = l.schedule;
-      if (std::string(l.schedule) == "interleaved") c.virtual_stages = 2;
+      TrainConfig c = on_layout(pipelined, l);
       c.compile = true;
       const Trace got = run(c);
-      INFO(model << ", 4 micro-batches, compiled on " << l.mesh << (l.sp ? " + sp " : " ") << l.schedule);
+      INFO(model << ", 4 micro-batches, compiled on " << layout_name(l));
       INFO(got.compile.refused);
       CHECK(first_difference(pp_ref, got) == "");
       CHECK(got.compile.refused.empty());
@@ -211,13 +212,10 @@ TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp, pp 
     f16.loss_scale = 1 << 20;
     const Trace f16_ref = run(f16);
     for (const Layout& l : std::vector<Layout>{{"dp=2,tp=2", true}, {"dp=2", false, 2}}) {
-      TrainConfig c = f16;
-      c.mesh = l.mesh;
-      c.sequence_parallel = l.sp;
-      c.zero = l.zero;
+      TrainConfig c = on_layout(f16, l);
       c.compile = true;
       const Trace got = run(c);
-      INFO(model << ", float16 with loss scaling, compiled on " << l.mesh << (l.zero ? " zero=2" : " + sp"));
+      INFO(model << ", float16 with loss scaling, compiled on " << layout_name(l));
       INFO(got.compile.refused);
       CHECK(first_difference(f16_ref, got) == "");
       CHECK(got.compile.refused.empty());
