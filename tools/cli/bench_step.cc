@@ -364,7 +364,7 @@ static CLI::App*& step_cmd() {
 // drift hits both; medians of the per-step times from the first replayed
 // step on (step 4), and whether both gave the same parameters.
 int run_compile_mesh_step_bench(const tools::StepBenchOptions& o, const std::string& mesh, int64_t micro_batches,
-                                int rounds) {
+                                int rounds, const std::string& schedule, int zero) {
   const std::string out = (std::filesystem::temp_directory_path() / "tessel_bench_compile_mesh").string();
   const int64_t warmup = std::max<int64_t>(o.warmup, 3);  // steps 1-3 run eagerly in compile mode (2 and 3 recorded)
   tools::StepBenchOptions timed = o;
@@ -379,6 +379,8 @@ int run_compile_mesh_step_bench(const tools::StepBenchOptions& o, const std::str
       const int mode = r % 2 == 0 ? k : 1 - k;  // who goes first alternates
       train::TrainConfig c = bench_config(timed, mesh, micro_batches, out);
       c.compile = mode == 1;
+      c.pipeline_schedule = schedule;
+      c.zero = zero;
       train::TrainHooks h;
       h.quiet = true;
       int64_t step = 0;
@@ -394,10 +396,12 @@ int run_compile_mesh_step_bench(const tools::StepBenchOptions& o, const std::str
   }
   const double eager = tools::median(times[0]), compiled = tools::median(times[1]);
   tools::end_bench(machine);
-  std::printf("bench step --compile: %s %s, batch %lld, %lld micro-batches, mesh %s (ranks as threads), %d rounds x "
+  const bool pp = mesh.find("pp=") != std::string::npos;
+  std::printf("bench step --compile: %s %s, batch %lld, %lld micro-batches, mesh %s (ranks as threads)%s%s, %d rounds x "
               "%d timed steps (from step %lld)\n",
-              o.model.c_str(), o.config.c_str(), (long long)o.batch, (long long)micro_batches, mesh.c_str(), rounds,
-              o.steps, (long long)warmup + 1);
+              o.model.c_str(), o.config.c_str(), (long long)o.batch, (long long)micro_batches, mesh.c_str(),
+              zero ? fmt::format(FMT_STRING(", zero {}"), zero).c_str() : "",
+              pp ? (", schedule " + schedule).c_str() : "", rounds, o.steps, (long long)warmup + 1);
   std::printf("  eager:    %.3f ms per 1k tokens, allocator peak %.1f MiB\n", eager * 1e6, double(peak[0]) / (1 << 20));
   std::printf("  compiled: %.3f ms per 1k tokens, allocator peak %.1f MiB; rank 0: %lld replays of %lld launches%s%s\n",
               compiled * 1e6, double(peak[1]) / (1 << 20), (long long)stats.replays, (long long)stats.launches,
@@ -409,6 +413,8 @@ int run_compile_mesh_step_bench(const tools::StepBenchOptions& o, const std::str
                               {"config", o.config},
                               {"mesh", mesh},
                               {"micro_batches", micro_batches},
+                              {"zero", zero},
+                              {"pipeline_schedule", pp ? nlohmann::ordered_json(schedule) : nlohmann::ordered_json()},
                               {"ours_s", compiled},
                               {"reference", "tessel eager (same mesh, same run)"},
                               {"reference_s", eager},
@@ -431,6 +437,7 @@ void register_bench_step(CLI::App& app) {
   static std::string schedule = "1f1b";
   static int64_t micro_batches = 2;
   static int rounds = 3;
+  static int zero = 0;
   static std::string device = "cpu", dtype;
   CLI::App* cmd = add_command(*bench_command(app), "step",
                               "Time a training step (forward, backward, AdamW) against PyTorch on the CPU; with "
@@ -459,7 +466,7 @@ void register_bench_step(CLI::App& app) {
                                   return run_bitwise_step_bench(o, meshes.empty() ? "dp=2,tp=2" : meshes[0],
                                                                 micro_batches, rounds, dtype);
                                 if (compile && !meshes.empty())
-                                  return run_compile_mesh_step_bench(o, meshes[0], micro_batches, rounds);
+                                  return run_compile_mesh_step_bench(o, meshes[0], micro_batches, rounds, schedule, zero);
                                 if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
                                 if (compile) return run_compile_step_bench(o);
                                 o.reference = !no_reference;
@@ -484,6 +491,8 @@ void register_bench_step(CLI::App& app) {
   cmd->add_option("--micro-batches", micro_batches, "with --bitwise or --compile --mesh: micro-batches per step")
       ->capture_default_str();
   cmd->add_option("--rounds", rounds, "with --bitwise or --compile --mesh: interleaved runs of each side")
+      ->capture_default_str();
+  cmd->add_option("--zero", zero, "with --compile --mesh: data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP")
       ->capture_default_str();
   cmd->add_option("--model", o.model, "nanogpt | llama | mixtral")->capture_default_str();
   cmd->add_option("--config", o.config, "named model config")->capture_default_str();
