@@ -783,7 +783,9 @@ TEST_CASE("a language model built on Meta and pipelined by tessel::parallelize: 
   RunOptions o;
   o.seed = 7;
   o.micro_batches = 2;
-  std::vector<bool> head_meta(2), head_equal(2), is_pipelined(2);
+  // char, not bool: std::vector<bool> packs the ranks' flags into one word, which two
+  // rank threads writing at once is a data race (ThreadSanitizer found it).
+  std::vector<char> head_meta(2), head_equal(2), is_pipelined(2);
   comm::run_local(2, [&](int rank) {
     std::shared_ptr<models::LanguageModel> lm;
     {

@@ -3,7 +3,10 @@
 //
 // Catch2 assertions are not thread-safe, so code running on a rank never
 // asserts: it returns a report (empty = fine) and the test checks the
-// reports after every rank has finished.
+// reports after every rank has finished. Per-rank results go in
+// std::vector<char> (or any type with one element per object), never
+// std::vector<bool>: it packs neighbouring ranks' flags into one word, and
+// ranks writing them at once race (ThreadSanitizer reports it).
 #include <functional>
 #include <random>
 #include <string>
