@@ -145,11 +145,8 @@ int Recorder::tensor_buffer(const Tensor& t, TensorArg* arg) {
                        t.desc()));
   const int id = buffer_of(t.storage());
   Buffer& b = buffers_[size_t(id)];
-  const int64_t at = int64_t(launches_.size());
   if (!b.used && b.host_written) b.constant = bytes_of(*b.storage);
-  b.used = true;
-  if (b.first < 0) b.first = at;
-  b.last = at;
+  used_by_next_launch(b);
   arg->buffer = id;
   arg->shape = t.shape();
   arg->strides = t.strides();
@@ -157,6 +154,13 @@ int Recorder::tensor_buffer(const Tensor& t, TensorArg* arg) {
   arg->dtype = t.dtype();
   arg->device = t.device();
   return id;
+}
+
+void Recorder::used_by_next_launch(Buffer& b) {
+  const int64_t at = int64_t(launches_.size());
+  b.used = true;
+  if (b.first < 0) b.first = at;
+  b.last = at;
 }
 
 void Recorder::storage_created(const StorageImpl* s) {
@@ -238,10 +242,7 @@ void Recorder::storage_op(StorageImpl& s, bool release) {
     return;
   }
   b.storage = held;
-  b.used = true;
-  const int64_t at = int64_t(launches_.size());
-  if (b.first < 0) b.first = at;
-  b.last = at;
+  used_by_next_launch(b);
   auto launch = std::make_unique<StorageLaunch>(id, release);
   launch->name = what;
   launch->fingerprint = what;

@@ -245,6 +245,8 @@ class Recorder {
     bool in_arena = false;
   };
   int buffer_of(const std::shared_ptr<StorageImpl>& s);
+  // The launch about to be added uses `b` (its liveness for the arena).
+  void used_by_next_launch(Buffer& b);
   void place_in_arenas(Program& p);
   void storage_op(StorageImpl& s, bool release);
 

@@ -22,7 +22,27 @@ const char* span_name(Op op) {
   }
   return "pp";
 }
+// A value the step's statistics read on the host: not part of a compiled
+// step (compile mode records no MoE, the only source of these aux values,
+// and reads the losses again after a replay).
+double host_value(const Tensor& t) {
+  capture::Recorder::Unrecorded value_only(capture::active());
+  return t.item<double>();
+}
 }  // namespace
+
+StepStats::StepStats(size_t micro_batches, size_t blocks)
+    : stage_loss(micro_batches, -0.0),
+      block_aux(micro_batches * blocks, -0.0),
+      stage_loss_dtype(micro_batches, 0.0),
+      block_aux_dtype(micro_batches * blocks, 0.0) {}
+
+void StepStats::add_loss(size_t mb, const Tensor& stage, const Tensor& loss) {
+  stage_loss[mb] = host_value(stage);
+  stage_loss_dtype[mb] = double(int(stage.dtype()) + 1);
+  loss_sum += host_value(loss);
+  losses.push_back(loss.detach());
+}
 
 Executor::Executor(const PipelineStage& stage, DType compute)
     : stage_(stage), compute_(compute), p2p_(stage.pp_comm(), stage.stage_mesh()) {}
@@ -32,12 +52,7 @@ StepStats Executor::run(const Schedule& s, const std::vector<LaidOutMicroBatch>&
                    s.micro_batches == int(mbs.size()),
                kOp, "schedule '{}' is for pp = {}, V = {}, M = {}; this pipeline has pp = {}, V = {} and {} micro-batches",
                s.name, s.pp, s.virtual_stages, s.micro_batches, stage_.pp_size(), stage_.virtual_stages(), mbs.size());
-  StepStats st;
-  const size_t pieces = mbs.size() * stage_.model().blocks().size();
-  st.stage_loss.assign(mbs.size(), -0.0);
-  st.stage_loss_dtype.assign(mbs.size(), 0.0);
-  st.block_aux.assign(pieces, -0.0);
-  st.block_aux_dtype.assign(pieces, 0.0);
+  StepStats st(mbs.size(), stage_.model().blocks().size());
   p2p_.reset_wait();
   slots_.assign(size_t(s.virtual_stages * s.micro_batches), Slot{});
   const bool training = stage_.model().is_training() && !s.forward_only;
@@ -105,24 +120,19 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
     if (a.defined()) aux = aux.defined() ? aux + a : a;
     if (a.defined() && training) {
       const size_t k = size_t(mb) * blocks.size() + size_t(i);
-      capture::Recorder::Unrecorded value_only(capture::active());  // a value for the stats (compile mode: MoE is not recorded)
-      st.block_aux[k] = a.item<double>();
+      st.block_aux[k] = host_value(a);
       st.block_aux_dtype[k] = double(int(a.dtype()) + 1);
     }
   }
   const double coef = model.aux_loss_coef();
   if (aux.defined() && training && mb == m - 1) {
-    capture::Recorder::Unrecorded value_only(capture::active());
-    st.aux_last += aux.item<double>();
+    st.aux_last += host_value(aux);
     st.has_aux = true;
   }
   if (vs < S - 1) {
     sl.output = x;
     if (aux.defined() && training) {
-      {
-        capture::Recorder::Unrecorded value_only(capture::active());
-        st.loss_sum += aux.item<double>() * coef;
-      }
+      st.loss_sum += host_value(aux) * coef;
       Tensor a = aux * coef;
       sl.aux_root = m == 1 ? a : a / double(m);
       if (loss_scale_) sl.aux_root = sl.aux_root * *loss_scale_;  // as GradScaler::scale(loss / M) on one device
@@ -135,20 +145,9 @@ void Executor::forward_chunk(int vs, Slot& sl, const LaidOutMicroBatch& b, int m
     return;
   }
   // The single-device loss of the micro-batch, restricted to what runs here.
-  Tensor l = model.stage_loss(output, b.targets);
-  {
-    // Values for the step's loss: compile mode reads them again from the
-    // recorded losses after each replay (Pipeline::replayed_step).
-    capture::Recorder::Unrecorded value_only(capture::active());
-    st.stage_loss[size_t(mb)] = l.item<double>();
-    st.stage_loss_dtype[size_t(mb)] = double(int(l.dtype()) + 1);
-  }
-  if (aux.defined()) l = l + aux * coef;
-  {
-    capture::Recorder::Unrecorded value_only(capture::active());
-    st.loss_sum += l.item<double>();
-  }
-  st.losses.push_back(l.detach());
+  const Tensor stage = model.stage_loss(output, b.targets);
+  const Tensor l = aux.defined() ? stage + aux * coef : stage;
+  st.add_loss(size_t(mb), stage, l);
   sl.root = m == 1 ? l : l / double(m);
   if (loss_scale_) sl.root = sl.root * *loss_scale_;  // as GradScaler::scale(loss / M) on one device
 }

@@ -50,6 +50,14 @@ struct StepStats {
   // The last stage's micro-batch losses (unscaled, detached), [m]; empty on
   // the other stages. Compile mode keeps them as the step's outputs.
   std::vector<Tensor> losses;
+
+  // Empty statistics for a step of `micro_batches` over a model of `blocks` blocks.
+  StepStats(size_t micro_batches, size_t blocks);
+  // The last stage's micro-batch `mb`: its stage loss and its whole loss
+  // (the stage loss plus the aux losses x coef; the same tensor without
+  // them). Their values are read on the host outside any recording (compile
+  // mode reads them again after a replay: Pipeline::replayed_step).
+  void add_loss(size_t mb, const Tensor& stage, const Tensor& loss);
 };
 
 class Executor {

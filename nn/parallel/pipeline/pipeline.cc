@@ -130,19 +130,11 @@ PipelineStepResult Pipeline::train_step(uint64_t seed, uint64_t step, int64_t gl
 
 PipelineStepResult Pipeline::replayed_step(const std::vector<Tensor>& stage_losses, int64_t micro_batches) {
   tied_synced_ = false;
-  StepStats st;
-  st.stage_loss.assign(size_t(micro_batches), -0.0);
-  st.stage_loss_dtype.assign(size_t(micro_batches), 0.0);
-  st.block_aux.assign(size_t(micro_batches) * model().blocks().size(), -0.0);
-  st.block_aux_dtype.assign(st.block_aux.size(), 0.0);
+  StepStats st(size_t(micro_batches), model().blocks().size());
   TESSEL_CHECK(stage_losses.empty() || int64_t(stage_losses.size()) == micro_batches, kOp,
                "replayed_step: {} micro-batch losses for {} micro-batches", stage_losses.size(), micro_batches);
-  for (size_t k = 0; k < stage_losses.size(); ++k) {  // as Executor::forward_chunk reads them (no aux loss: no MoE)
-    const Tensor& l = stage_losses[k];
-    st.stage_loss[k] = l.item<double>();
-    st.stage_loss_dtype[k] = double(int(l.dtype()) + 1);
-    st.loss_sum += l.item<double>();
-  }
+  // As Executor::forward_chunk notes them; no aux losses (MoE is not replayed).
+  for (size_t k = 0; k < stage_losses.size(); ++k) st.add_loss(k, stage_losses[k], stage_losses[k]);
   PipelineStepResult r = summarize(st, size_t(micro_batches));
   r.stage_losses = stage_losses;
   return r;
