@@ -6,6 +6,8 @@
 #include <limits>
 
 #include "runtime/allocator.h"
+#include "runtime/profile.h"
+#include "runtime/timeline.h"
 
 namespace tessel::capture {
 
@@ -501,7 +503,17 @@ void Program::replay() {
     for (size_t i = 0; i < producers_.size(); ++i) keys_[i] = producers_[i]();
     for (auto& l : launches_) l->refresh_keys(keys_);
   }
-  for (auto& l : launches_) l->run();
+  if (profile::current() == nullptr && timeline::current() == nullptr) {
+    for (auto& l : launches_) l->run();
+    return;
+  }
+  // Profiled (`--profile`, TESSEL_PROFILE=1) or traced: each launch is a row
+  // / span of its own under its kernel's name, so a replayed step's profile
+  // says where its time goes (the eager profile's op rows include dispatch).
+  for (auto& l : launches_) {
+    profile::Timer timer(l->name, nullptr, "kernel");
+    l->run();
+  }
 }
 
 int64_t Program::bytes() const {

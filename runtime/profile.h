@@ -4,7 +4,8 @@
 //
 // Every op call (forward, by op name), every backward node ("<op>.bwd"),
 // every redistribute ("redistribute", the communication of a layout change)
-// and the optimizer step adds its wall time. Times are *self* times: an op
+// and the optimizer step adds its wall time; in a compile-mode replay, every
+// recorded launch under its kernel's name (runtime/capture.cc). Times are *self* times: an op
 // that calls other ops (a composite, a distributed op's local kernel call)
 // is charged only for what its callees did not take, so the column sums to
 // the time spent inside profiled code. Off (the default) it costs one

@@ -13,6 +13,7 @@
 
 #include "models/language_model.h"
 #include "runtime/capture.h"
+#include "runtime/profile.h"
 #include "tessel.h"
 #include "test/util/dist.h"
 #include "test/util/error_of.h"
@@ -346,6 +347,40 @@ TEST_CASE("capture: an async collective waited for after the recording refuses i
     INFO(e);
     CHECK(contains(e, "1 asynchronous collective(s) started in the step (the first: all_reduce) were waited for after it"));
   }
+}
+
+// `--profile` / `bench step --compile`: a profiled replay is a row per
+// kernel, so a compiled step's profile says where its time goes.
+TEST_CASE("capture: a profiled replay times each launch under its kernel's name", "[compile]") {
+  Tensor x = tensor(std::vector<float>{1.0f, 2.0f}, Dims{2});
+  std::unique_ptr<capture::Program> p;
+  {
+    capture::Recorder rec("profiled");
+    rec.input(x);
+    Tensor y = exp(x * Scalar(3.0)) + x;
+    rec.output(y);
+    p = rec.finish();
+  }
+  REQUIRE(p->launches() >= 3);  // mul, exp, add
+  profile::Profiler prof;
+  {
+    profile::Scope scope(&prof);
+    p->replay();
+  }
+  int64_t calls = 0;
+  bool saw_unary = false;
+  for (const profile::Row& r : prof.rows()) {
+    INFO(r.name);
+    CHECK(!r.name.empty());
+    CHECK(r.self_s >= 0);
+    saw_unary = saw_unary || r.name == "unary";
+    calls += r.calls;
+  }
+  CHECK(saw_unary);  // exp's kernel
+  CHECK(calls == p->launches());
+  profile::Profiler off;  // not installed: the replay adds nothing to it
+  p->replay();
+  CHECK(off.rows().empty());
 }
 
 TEST_CASE("capture: a checked read that sees other values at replay throws ReplayDiverged", "[compile][errors]") {

@@ -19,6 +19,7 @@
 #include "models/language_model.h"
 #include "run/run.h"
 #include "runtime/allocator.h"
+#include "runtime/profile.h"
 #include "runtime/threadpool.h"
 #include "tools/bench/machine.h"
 #include "tools/bench/step_bench.h"
@@ -229,6 +230,7 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   int step_now = 0;
   Allocator* alloc = cpu_allocator();
   std::string failure;
+  profile::Profiler replay_profile;  // the compiled side's extra step
   auto worker = [&](int k) {
     Side& d = side[k];
     try {
@@ -250,7 +252,18 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
       cv.wait(lk, [&] { return turn == k || turn == 2; });
       if (turn == 2) break;
       lk.unlock();
-      if (failure.empty() && d.run) {
+      if (failure.empty() && d.run && step_now >= warmup + o.steps) {
+        // One more step, not timed: the replay with each launch timed, for
+        // where the compiled step's time goes (the gap to the goal).
+        try {
+          profile::Scope scope(&replay_profile);
+          d.run->forward_backward(ids, targets);
+          d.run->step_optimizer();
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> g(mu);
+          failure = e.what();
+        }
+      } else if (failure.empty() && d.run) {
         try {
           const int64_t before = alloc->stats().current_bytes;
           alloc->reset_peak();
@@ -263,6 +276,7 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
           uint64_t bits;
           std::memcpy(&bits, &loss, 8);
           d.loss_bits.push_back(bits);
+          if (step_now == warmup + o.steps - 1) d.hash = d.run->param_hash();  // before the profiled step
           if (step_now >= warmup) {
             d.times.push_back(secs);
             d.fb_times.push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -281,7 +295,6 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
       cv.notify_all();
     }
     if (d.run) {
-      d.hash = d.run->param_hash();
       d.stats = d.run->compile_stats();
       d.run.reset();
     }
@@ -311,6 +324,15 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
       std::cout << fmt::format(FMT_STRING("  step {}/{}: eager {:.4f} s, compiled {:.4f} s\n"), s + 1, warmup + o.steps,
                                side[0].times.back(), side[1].times.back());
   }
+  constexpr int kProfiledSteps = 3;
+  for (int i = 0; i < kProfiledSteps && failure.empty(); ++i) {
+    step_now = warmup + o.steps + i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::unique_lock<std::mutex> lk(mu);
+    turn = 1;
+    cv.notify_all();
+    cv.wait(lk, [&] { return turn == -1; });
+  }
   {
     std::lock_guard<std::mutex> lk(mu);
     turn = 2;
@@ -333,6 +355,32 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
                                       "eager {:.4f} s, compiled {:.4f} s ({:.2f}x)\n"),
                            fb[0], fb[1], fb[0] / fb[1], opt[0], opt[1], opt[0] / opt[1]);
   if (!cs.refused.empty()) std::cout << "  compile mode stopped: " << cs.refused << "\n";
+  // Where a replayed step's time goes: kProfiledSteps more steps with every
+  // launch timed (not among the timed steps), per step. What is left once
+  // eager's per-op work is gone is the kernels themselves.
+  auto is_kernel = [](const profile::Row& r) {
+    return r.name != "optimizer.step" && r.name != "clip_grad_norm" && r.name.rfind("compile.", 0) != 0;
+  };
+  std::vector<profile::Row> rows = replay_profile.rows();
+  double kernels_s = 0;
+  for (profile::Row& r : rows) {
+    r.self_s /= kProfiledSteps;
+    r.calls /= kProfiledSteps;
+    if (is_kernel(r)) kernels_s += r.self_s;
+  }
+  nlohmann::ordered_json top = nlohmann::ordered_json::array();
+  if (!rows.empty()) {
+    std::cout << fmt::format(FMT_STRING("  a replayed forward_backward with each launch timed ({} more steps): kernels "
+                                        "{:.4f} s per step, of the compiled {:.4f} s; the largest:\n"),
+                             kProfiledSteps, kernels_s, fb[1]);
+    for (size_t i = 0; i < rows.size() && top.size() < 8; ++i) {
+      const profile::Row& r = rows[i];
+      if (!is_kernel(r)) continue;
+      std::cout << fmt::format(FMT_STRING("    {:<28} {:>4} launches {:.4f} s ({:.0f}%)\n"), r.name, r.calls, r.self_s,
+                               100.0 * r.self_s / std::max(kernels_s, 1e-12));
+      top.push_back({{"kernel", r.name}, {"launches", r.calls}, {"s", r.self_s}});
+    }
+  }
   nlohmann::ordered_json j = {{"bench", "step_compile"}, {"model", o.model}, {"config", o.config}, {"ours_s", compiled},
                               {"reference", "tessel eager (same run)"}, {"reference_s", eager},
                               {"speedup", eager / compiled}};
@@ -342,6 +390,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   j["parts_s"] = {{"forward_backward", {{"ours", fb[1]}, {"reference", fb[0]}}},
                   {"step_optimizer", {{"ours", opt[1]}, {"reference", opt[0]}}}};
   j["kernels_per_step"] = cs.launches;
+  j["replay_kernels_s"] = kernels_s;
+  j["replay_top_kernels"] = top;
   j["same_bits"] = same_bits;
   j["refused"] = cs.refused;
   j["batch"] = B;
