@@ -94,6 +94,7 @@ inline void fingerprint(std::string& out, const AttentionParams& p) {
 inline void for_each_key(AttentionParams& p, const std::function<void(PhiloxKey&)>& f) {
   if (p.dropout) f(p.key);
 }
+inline void for_each_block(AttentionParams& p, const std::function<void(GlobalBlock&)>& f) { f(p.block); }
 
 // Global row-major index of local probability element (b, h, i, j).
 struct AttentionDropoutIndex {

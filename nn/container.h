@@ -6,10 +6,13 @@
 #include <vector>
 
 #include "autograd/anomaly.h"
+#include "nn/compiled_module.h"
 #include "nn/module.h"
 #include "runtime/macros.h"
 
 namespace tessel::nn {
+
+class CompiledModule;  // nn/compiled_module.cc
 
 // A module mapping one tensor to one tensor: what Sequential chains.
 class UnaryModule : public Module {
@@ -19,22 +22,38 @@ class UnaryModule : public Module {
   // forward(x) with the forward hooks around it (call submodules this way).
   Tensor operator()(const Tensor& x) {
     if (TESSEL_UNLIKELY(recompute_)) return call_recomputed(x);
+    if (TESSEL_UNLIKELY(compiled_ != nullptr)) return call_compiled(x);
+    return call_eager(x);
+  }
+
+  // Activation recomputation of this module's calls (nn/recompute.h):
+  // operator() keeps only its input and its backward runs the call again,
+  // hooks included. nn::apply_recompute sets it on a model's blocks.
+  // (Not with set_compiled on the same module: an error.)
+  void set_recompute(bool on);
+  bool recompute() const { return recompute_; }
+
+  // Mixed mode (nn/compiled_module.h): this module's training calls are
+  // recorded and replayed, forward and backward, while the rest of the step
+  // runs eagerly. nn::apply_compile_modules sets it on blocks or attention
+  // layers. Turning it off (or on again) drops the recordings.
+  void set_compiled(bool on);  // nn/compiled_module.cc
+  bool compiled() const { return compiled_ != nullptr; }
+  // What mixed mode did for this module (zeros when not compiled).
+  ModuleCompileStats compile_stats() const;  // nn/compiled_module.cc
+
+ private:
+  Tensor call_recomputed(const Tensor& x);  // nn/recompute.cc
+  Tensor call_compiled(const Tensor& x);    // nn/compiled_module.cc
+  Tensor call_eager(const Tensor& x) {
     if (TESSEL_UNLIKELY(anomaly::enabled())) {  // messages name the module an op ran in
       anomaly::ModuleScope scope(path());
       return call_hooked(x);
     }
     return call_hooked(x);
   }
-
-  // Activation recomputation of this module's calls (nn/recompute.h):
-  // operator() keeps only its input and its backward runs the call again,
-  // hooks included. nn::apply_recompute sets it on a model's blocks.
-  void set_recompute(bool on) { recompute_ = on; }
-  bool recompute() const { return recompute_; }
-
- private:
-  Tensor call_recomputed(const Tensor& x);  // nn/recompute.cc
   bool recompute_ = false;
+  std::shared_ptr<CompiledModule> compiled_;  // mixed mode's state (null: eager)
 
   Tensor call_hooked(const Tensor& x) {
     if (!has_forward_hooks()) return forward(x);

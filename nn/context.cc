@@ -56,6 +56,10 @@ GlobalBlock batch_block(const Dims& local_shape, const std::string& who) {
   b.global_shape[0] = t_ctx.global_batch;
   b.offset = Dims::filled(local_shape.size(), 0);
   b.offset[0] = t_ctx.batch_offset;
+  // Mixed mode: a module's recording is replayed for every micro-batch; the
+  // replay re-makes the block from the forward context it runs in.
+  if (TESSEL_UNLIKELY(capture::active() != nullptr))
+    capture::active()->block(b, [local_shape, who] { return batch_block(local_shape, who); });
   return b;
 }
 

@@ -150,17 +150,20 @@ Tensor recompute(const std::string& who, const std::function<Tensor(const std::v
   return y;
 }
 
+void UnaryModule::set_recompute(bool on) {
+  TESSEL_CHECK(!on || !compiled(), "recompute",
+               "'{}' is compiled (mixed mode, set_compiled): a module is either recomputed or compiled, not both",
+               path().empty() ? type_name() : path());
+  recompute_ = on;
+}
+
 Tensor UnaryModule::call_recomputed(const Tensor& x) {
   std::vector<Tensor> params;
   for (const auto& nt : named_parameters()) params.push_back(nt.tensor);
   return nn::recompute(
       path().empty() ? type_name() : path(),
       [this](const std::vector<Tensor>& in) {
-        if (TESSEL_UNLIKELY(anomaly::enabled())) {
-          anomaly::ModuleScope scope(path());
-          return call_hooked(in[0]);
-        }
-        return call_hooked(in[0]);
+        return call_eager(in[0]);
       },
       {x}, params);
 }

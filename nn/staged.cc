@@ -22,6 +22,11 @@ Tensor StagedModel::recorded_block_aux_loss(size_t i) const {
                "it would train without its gradient. Use recompute = selective, or a model without the auxiliary "
                "loss (aux_loss_coef = 0 does not remove it)",
                i, blocks()[i]->path(), type_name());
+  TESSEL_CHECK(!a.defined() || !blocks()[i]->compiled(), "compile_modules",
+               "block {} ('{}') of {} is compiled (mixed mode) and produced an auxiliary loss: a replay does not "
+               "run the block's forward, so the loss would be a stale tensor whose graph the block's node does not "
+               "carry. Compile the attention layers (compile_modules = attention) instead",
+               i, blocks()[i]->path(), type_name());
   return a;
 }
 

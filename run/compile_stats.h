@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "nn/compiled_module.h"
+
 namespace tessel {
 
 // What compile mode did (RunBase::compile_stats).
@@ -17,6 +19,8 @@ struct CompileStats {
   int64_t launches = 0;     // launches in the recording in use (kernels, collectives, waits, checks)
   int64_t buffer_bytes = 0;  // bytes the recording's buffers hold
   std::string refused;       // why compile mode stopped (empty: it did not)
+  // Mixed mode (RunOptions::compile_modules): the compiled modules, summed.
+  nn::ModuleCompileStats modules;
 };
 
 }  // namespace tessel

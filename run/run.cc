@@ -297,6 +297,16 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   // Before the layout: pipeline stages and plans keep the same block objects.
   // (None leaves alone what the model marked itself.)
   if (opts.recompute != nn::Recompute::None) nn::apply_recompute(m, opts.recompute);
+  if (opts.compile_modules != nn::CompileModules::None) {
+    const char* with = opts.compile                              ? "compile (the whole step is recorded already)"
+                       : opts.recompute != nn::Recompute::None    ? "recompute (a module is recomputed or compiled)"
+                       : opts.detect_anomaly                       ? "detect_anomaly (it reads every op's output)"
+                       : s->mesh && s->mesh->num_devices() > 1     ? "a mesh (mixed mode runs on one device in this version)"
+                                                                   : nullptr;
+    TESSEL_CHECK(with == nullptr, kOp, "RunOptions::compile_modules = {} with {}: not in this version",
+                 nn::compile_modules_name(opts.compile_modules), with);
+    nn::apply_compile_modules(m, opts.compile_modules);
+  }
 
   std::vector<Tensor> before = m.parameters();
   if (s->mesh && parallel::pipeline::has_pipeline_dim(*s->mesh)) {
@@ -982,7 +992,11 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
   return out;
 }
 
-CompileStats RunBase::compile_stats() const { return state_->compiled.stats; }
+CompileStats RunBase::compile_stats() const {
+  CompileStats c = state_->compiled.stats;
+  c.modules = nn::compiled_module_stats(*state_->model);
+  return c;
+}
 
 void RunBase::record_again() { state_->compiled.record_again = true; }
 

@@ -57,6 +57,7 @@
 #include "nn/optim.h"
 #include "nn/parallel/data_parallel.h"
 #include "nn/parallel/plan.h"
+#include "nn/compiled_module.h"
 #include "nn/recompute.h"
 #include "nn/schedule.h"
 #include "run/compile_stats.h"
@@ -147,6 +148,13 @@ struct RunOptions {
   // rank records and replays its collectives too. Not in this version:
   // MoE, anomaly detection.
   bool compile = false;
+  // Mixed mode (nn/compiled_module.h, docs/compile.md "Mixed mode"): none,
+  // attention (every nn::Attention) or blocks (every block of an
+  // nn::StagedModel) are recorded and replayed, forward and backward, while
+  // the rest of the step runs eagerly -- MoE layers, a loss that reads
+  // values on the host. Same bits as eager. One device in this version;
+  // not with compile, recompute or anomaly detection.
+  nn::CompileModules compile_modules = nn::CompileModules::None;
 };
 
 // What step_optimizer did.

@@ -86,6 +86,33 @@ Recorder::~Recorder() {
   if (detail::t_recorder == this) detail::t_recorder = prev_;
 }
 
+void Recorder::suspend() {
+  TESSEL_CHECK(detail::t_recorder == this && !suspended_, kOp, "suspending '{}', which is not the active recording",
+               label_);
+  detail::t_recorder = prev_;
+  suspended_ = true;
+}
+
+void Recorder::resume() {
+  TESSEL_CHECK(suspended_ && detail::t_recorder == prev_, kOp,
+               "resuming '{}' while another recording ('{}') is active on the thread", label_,
+               detail::t_recorder ? detail::t_recorder->label_ : std::string("?"));
+  // Buffers freed while suspended were not seen to die: their addresses may
+  // name new storages now.
+  for (auto it = buffer_ids_.begin(); it != buffer_ids_.end();) {
+    Buffer& b = buffers_[size_t(it->second)];
+    if (!b.storage && b.weak.expired()) {
+      b.died = true;
+      born_.erase(it->first);
+      it = buffer_ids_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  detail::t_recorder = this;
+  suspended_ = false;
+}
+
 void Recorder::refuse(std::string why) {
   if (refused_.empty()) refused_ = std::move(why);
 }
@@ -215,7 +242,7 @@ class StorageLaunch final : public Launch {
     else storage_->reallocate();
   }
   void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) override { storage_ = buffers[size_t(buffer_)]; }
-  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+  void refresh(const PerCall&) override {}
 
  private:
   int buffer_;
@@ -276,7 +303,7 @@ class CheckLaunch final : public Launch {
                                        kOp, t.desc()));
   }
   void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) override { view.bind(buffers); }
-  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+  void refresh(const PerCall&) override {}
   Stored<Tensor> view;
   std::string expected;
 };
@@ -306,6 +333,19 @@ void Recorder::key(const PhiloxKey& k, std::function<PhiloxKey()> producer) {
     if (have.seed == k.seed && have.stream == k.stream) return;  // the same key made twice: one producer suffices
   keys_.push_back(k);
   producers_.push_back(std::move(producer));
+}
+
+void Recorder::block(const GlobalBlock& b, std::function<GlobalBlock()> producer) {
+  if (!remake_blocks || b.is_whole()) return;
+  if (block_slot(b) >= 0) return;
+  blocks_.push_back(b);
+  block_producers_.push_back(std::move(producer));
+}
+
+int Recorder::block_slot(const GlobalBlock& b) const {
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (blocks_[i].global_shape == b.global_shape && blocks_[i].offset == b.offset) return int(i);
+  return -1;
 }
 
 int Recorder::key_slot(const PhiloxKey& k) const {
@@ -399,7 +439,9 @@ std::unique_ptr<Program> Recorder::finish(Use use) {
   p->label_ = label_;
   p->launches_ = std::move(launches_);
   p->producers_ = std::move(producers_);
-  p->keys_ = std::move(keys_);
+  p->values_.keys = std::move(keys_);
+  p->block_producers_ = std::move(block_producers_);
+  p->values_.blocks = std::move(blocks_);
   const bool replay = use == Use::Replay;
   if (replay) place_in_arenas(*p);
   for (size_t i = 0; i < buffers_.size(); ++i) {
@@ -497,22 +539,28 @@ Tensor Program::output(int buffer, const Tensor& like) {
   return output(a);
 }
 
-void Program::replay() {
+void Program::replay() { replay_range(0, int64_t(launches_.size())); }
+
+void Program::replay_range(int64_t begin, int64_t end) {
+  TESSEL_CHECK(0 <= begin && begin <= end && end <= int64_t(launches_.size()), kOp,
+               "replaying launches [{}, {}) of {}'s {}", begin, end, label_, launches_.size());
   materialize();
-  if (!producers_.empty()) {
-    for (size_t i = 0; i < producers_.size(); ++i) keys_[i] = producers_[i]();
-    for (auto& l : launches_) l->refresh_keys(keys_);
+  if (begin == 0 && (!producers_.empty() || !block_producers_.empty())) {
+    for (size_t i = 0; i < producers_.size(); ++i) values_.keys[i] = producers_[i]();
+    for (size_t i = 0; i < block_producers_.size(); ++i) values_.blocks[i] = block_producers_[i]();
+    for (auto& l : launches_) l->refresh(values_);
   }
+  const auto first = launches_.begin() + begin, last = launches_.begin() + end;
   if (profile::current() == nullptr && timeline::current() == nullptr) {
-    for (auto& l : launches_) l->run();
+    for (auto it = first; it != last; ++it) (*it)->run();
     return;
   }
   // Profiled (`--profile`, TESSEL_PROFILE=1) or traced: each launch is a row
   // / span of its own under its kernel's name, so a replayed step's profile
   // says where its time goes (the eager profile's op rows include dispatch).
-  for (auto& l : launches_) {
-    profile::Timer timer(l->name, nullptr, "kernel");
-    l->run();
+  for (auto it = first; it != last; ++it) {
+    profile::Timer timer((*it)->name, nullptr, "kernel");
+    (*it)->run();
   }
 }
 

@@ -105,6 +105,26 @@ inline void for_each_key(PhiloxKey& k, const std::function<void(PhiloxKey&)>& f)
 template <class T>
 void for_each_key(T&, const std::function<void(PhiloxKey&)>&) {}
 
+// ---- per-call batch blocks ----------------------------------------------------------------------------
+// Where a micro-batch sits in the global batch (nn::batch_block: dropout's
+// and attention dropout's masks are drawn by global row) differs from one
+// micro-batch to the next. A whole-step recording holds every micro-batch,
+// each block a constant of its launch; a recording of one module call
+// (mixed mode) is replayed for every micro-batch, so there the code that
+// makes a block registers a producer (Recorder::block, when the recorder
+// asks for it) and a launch argument equal to it is re-made at every replay.
+// for_each_block(value, f) calls f(GlobalBlock&) on each (overloads next to
+// the types that hold one).
+inline void for_each_block(GlobalBlock& b, const std::function<void(GlobalBlock&)>& f) { f(b); }
+template <class T>
+void for_each_block(T&, const std::function<void(GlobalBlock&)>&) {}
+
+// What a replay re-makes before it runs: the keys and blocks, by slot.
+struct PerCall {
+  std::vector<PhiloxKey> keys;
+  std::vector<GlobalBlock> blocks;
+};
+
 // ---- the recorder ---------------------------------------------------------------------------------------
 
 // One recorded launch, runnable again.
@@ -114,8 +134,8 @@ class Launch {
   virtual void run() = 0;
   // Tensors become views of the program's buffers (after recording ends).
   virtual void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) = 0;
-  // Keys re-made for this replay (indices into the program's keys).
-  virtual void refresh_keys(const std::vector<PhiloxKey>& keys) = 0;
+  // Keys and blocks re-made for this replay (by slot).
+  virtual void refresh(const PerCall& values) = 0;
   const char* name = "";
   std::string fingerprint;  // arguments, buffer numbers and key slots
 };
@@ -162,6 +182,9 @@ class Recorder {
   void storage_released(StorageImpl& s);
   void storage_reallocated(StorageImpl& s);
   void key(const PhiloxKey& k, std::function<PhiloxKey()> producer);
+  // Batch blocks: registered only when remake_blocks is set (see above).
+  bool remake_blocks = false;
+  void block(const GlobalBlock& b, std::function<GlobalBlock()> producer);
   // Depth of kernel and collective calls on this thread: only depth 0 is
   // recorded (what a kernel or a collective does inside runs again inside it).
   int depth = 0;
@@ -209,6 +232,15 @@ class Recorder {
     Recorder* r_;
   };
 
+  // Takes this recorder off its thread (nothing is recorded or seen) and
+  // puts it back: a recording in two parts with other work between them
+  // (mixed mode, nn/compiled_module.h: a module's forward, then its
+  // backward when the engine reaches it). Resuming needs no other recorder
+  // active on the thread.
+  void suspend();
+  void resume();
+  bool suspended() const { return suspended_; }
+
   // Ends the recording; throws NotCapturable if anything seen was refused.
   // CompareOnly: a program to compare with the next recording (difference)
   // but never replay -- it holds no memory of the step (no arena, no
@@ -219,6 +251,7 @@ class Recorder {
   // For the hooks' templates.
   int tensor_buffer(const Tensor& t, TensorArg* arg);
   int key_slot(const PhiloxKey& k) const;
+  int block_slot(const GlobalBlock& b) const;
   void refuse(std::string why);
   const std::string& label() const { return label_; }
   int64_t launches() const { return int64_t(launches_.size()); }
@@ -258,6 +291,8 @@ class Recorder {
   std::unordered_set<const StorageImpl*> born_;
   std::vector<PhiloxKey> keys_;
   std::vector<std::function<PhiloxKey()>> producers_;
+  std::vector<GlobalBlock> blocks_;
+  std::vector<std::function<GlobalBlock()>> block_producers_;
   std::unordered_set<const StorageImpl*> born_unrecorded_;  // made inside an Unrecorded scope
   std::unordered_set<const StorageImpl*> checked_;           // read through checked_read
   std::string refused_;
@@ -265,6 +300,7 @@ class Recorder {
   int in_flight_ = 0;
   std::string in_flight_what_;
   uint64_t serial_ = 0;
+  bool suspended_ = false;
 };
 
 // Thrown by Program::replay when a checked read sees other bytes than the
@@ -291,6 +327,9 @@ class Program {
   // Runs every launch; keys re-made by their producers first. The first
   // replay (or output) allocates the arena.
   void replay();
+  // Runs launches [begin, end) only (a program recorded in parts); the keys
+  // are re-made when begin is 0, for the whole program.
+  void replay_range(int64_t begin, int64_t end);
   // The bytes the program holds for the step: its arenas and the buffers
   // of its own outside them (not the tensors from before the step).
   int64_t bytes() const;
@@ -319,7 +358,8 @@ class Program {
   std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object
   std::vector<char> in_arena_;          // per buffer: a view of an arena
   std::vector<std::function<PhiloxKey()>> producers_;
-  std::vector<PhiloxKey> keys_;
+  std::vector<std::function<GlobalBlock()>> block_producers_;
+  PerCall values_;
 };
 
 // ---- arguments as stored in a launch -------------------------------------------------------------------
@@ -327,10 +367,18 @@ template <class T, class = void>
 struct Stored {
   static_assert(std::is_copy_constructible_v<T>, "capture: a kernel argument type that cannot be copied");
   T value;
-  std::vector<int> key_slots;  // for_each_key order
+  std::vector<int> key_slots;    // for_each_key order
+  std::vector<int> block_slots;  // for_each_block order
   void record(Recorder& r, std::string& fp, const T& v) {
     value = v;
-    fingerprint(fp, value);
+    // A block a producer makes is compared by its slot, not its value.
+    T masked = v;
+    for_each_block(masked, [&](GlobalBlock& b) {
+      const int slot = r.block_slot(b);
+      block_slots.push_back(slot);
+      if (slot >= 0) b = GlobalBlock{Dims{-1 - int64_t(slot)}, Dims{}};
+    });
+    fingerprint(fp, masked);
     for_each_key(value, [&](PhiloxKey& k) {
       const int slot = r.key_slot(k);
       key_slots.push_back(slot);
@@ -342,11 +390,16 @@ struct Stored {
     });
   }
   void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
-  void refresh(const std::vector<PhiloxKey>& keys) {
+  void refresh(const PerCall& values) {
     size_t i = 0;
     for_each_key(value, [&](PhiloxKey& k) {
-      if (key_slots[i] >= 0) k = keys[size_t(key_slots[i])];
+      if (key_slots[i] >= 0) k = values.keys[size_t(key_slots[i])];
       ++i;
+    });
+    size_t j = 0;
+    for_each_block(value, [&](GlobalBlock& b) {
+      if (block_slots[j] >= 0) b = values.blocks[size_t(block_slots[j])];
+      ++j;
     });
   }
   const T& get() const { return value; }
@@ -365,7 +418,7 @@ struct Stored<Tensor> {
     }
   }
   void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers);
-  void refresh(const std::vector<PhiloxKey>&) {}
+  void refresh(const PerCall&) {}
   const Tensor& get() const { return arg.view; }
 };
 
@@ -378,7 +431,7 @@ struct Stored<const char*> {
     fp.push_back('\0');
   }
   void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
-  void refresh(const std::vector<PhiloxKey>&) {}
+  void refresh(const PerCall&) {}
   const char* get() const { return value.c_str(); }
 };
 
@@ -389,7 +442,7 @@ struct Stored<int64_t*> {
   mutable int64_t slot = 0;
   void record(Recorder&, std::string&, int64_t*) {}
   void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
-  void refresh(const std::vector<PhiloxKey>&) {}
+  void refresh(const PerCall&) {}
   int64_t* get() const { return &slot; }
 };
 
@@ -420,8 +473,8 @@ class KernelLaunch final : public Launch {
   void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) override {
     std::apply([&](auto&... s) { (s.bind(buffers), ...); }, args_);
   }
-  void refresh_keys(const std::vector<PhiloxKey>& keys) override {
-    std::apply([&](auto&... s) { (s.refresh(keys), ...); }, args_);
+  void refresh(const PerCall& values) override {
+    std::apply([&](auto&... s) { (s.refresh(values), ...); }, args_);
   }
 
  private:

@@ -92,6 +92,9 @@ const std::vector<Field>& fields() {
       {"compile", &C::compile,
        "compile mode: record the step's kernels and collectives at steps 2 and 3, replay them from step 4 with no dispatch (the same "
        "bits; not with MoE; docs/compile.md)"},
+      {"compile_modules", &C::compile_modules,
+       "mixed mode: record and replay these modules, forward and backward, the rest eager: none | attention | "
+       "blocks (the same bits; one device; docs/compile.md)"},
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
@@ -269,6 +272,7 @@ void TrainConfig::validate() const {
   TESSEL_CHECK(heldout_percent >= 0 && heldout_percent < 100, kOp, "heldout_percent must be in [0, 100), got {}",
                heldout_percent);
   one_of("recompute", recompute, {"none", "selective", "full"});
+  one_of("compile_modules", compile_modules, {"none", "attention", "blocks"});
   TESSEL_CHECK(recompute == "none" || zero < 3, kOp,
                "recompute = {} with zero = 3: FSDP's parameter gathering does not combine with recomputation yet; "
                "use zero <= 2",

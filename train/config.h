@@ -89,6 +89,7 @@ struct TrainConfig {
   std::string pipeline_split = "layers";   // cut the blocks into stages by: layers | params
   int64_t zero = 0;               // data parallelism over dp: 0 DDP | 1 ZeRO-1 | 2 ZeRO-2 | 3 FSDP
   std::string recompute = "none"; // activation recomputation: none | selective | full (nn/recompute.h)
+  std::string compile_modules = "none";  // mixed mode: none | attention | blocks (nn/compiled_module.h)
   double ddp_bucket_mb = 25;      // gradient bucket size (MiB) of DDP and ZeRO-1/2; 0: one per parameter
   // checkpoints (docs/checkpoint.md)
   int64_t ckpt_every = 0;         // steps between checkpoints (0: none); the last step always saves when > 0

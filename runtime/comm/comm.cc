@@ -360,7 +360,7 @@ class CollectiveLaunch final : public capture::Launch {
     a_.bind(buffers);
     b_.bind(buffers);
   }
-  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+  void refresh(const capture::PerCall&) override {}
   int buffer_a() const { return a_.arg.buffer; }
   int buffer_b() const { return b_.arg.buffer; }
   WorkPtr pending;  // a replayed asynchronous call, until its WaitLaunch
@@ -393,7 +393,7 @@ class WaitLaunch final : public capture::Launch {
     if (WorkPtr w = std::move(of_->pending)) w->wait();
   }
   void bind(const std::vector<std::shared_ptr<StorageImpl>>&) override {}
-  void refresh_keys(const std::vector<PhiloxKey>&) override {}
+  void refresh(const capture::PerCall&) override {}
 
  private:
   CollectiveLaunch* of_;  // owned by the same program, before this launch

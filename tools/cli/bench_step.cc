@@ -199,7 +199,10 @@ int run_cuda_step_bench(const tools::StepBenchOptions& o, CLI::App& cmd, bool bi
 // the step's own bytes -- eager: the allocator's peak during the step above
 // what was held before it; compiled: the recording's buffers (held between
 // steps) plus the same peak-above-start of the replay.
-int run_compile_step_bench(const tools::StepBenchOptions& o) {
+// With `modules` (--compile-modules) the compiled side is mixed mode
+// instead (RunOptions::compile_modules): those modules replayed, the rest
+// eager.
+int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules modules) {
   const char* op = "bench step --compile";
   const int threads = o.threads > 0 ? o.threads : num_threads();
   set_num_threads(threads);
@@ -236,7 +239,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
     try {
       RunOptions ro;
       ro.seed = o.seed;
-      ro.compile = k == 1;
+      ro.compile = k == 1 && modules == nn::CompileModules::None;
+      if (k == 1) ro.compile_modules = modules;
       d.run.emplace(parallelize(models::make_language_model(mc, o.seed), adamw(ao), ro));
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lk(mu);
@@ -253,6 +257,7 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
       if (turn == 2) break;
       lk.unlock();
       if (failure.empty() && d.run && step_now >= warmup + o.steps) {
+        // (Mixed mode: nothing to profile here; its steps are mostly eager ops.)
         // One more step, not timed: the replay with each launch timed, for
         // where the compiled step's time goes (the gap to the goal).
         try {
@@ -282,7 +287,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
             d.fb_times.push_back(std::chrono::duration<double>(t1 - t0).count());
             d.opt_times.push_back(std::chrono::duration<double>(t2 - t1).count());
             d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
-                                   double(d.run->compile_stats().buffer_bytes));
+                                   double(d.run->compile_stats().buffer_bytes) +
+                                   double(d.run->compile_stats().modules.buffer_bytes));
           }
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> g(mu);
@@ -305,8 +311,12 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
     cv.wait(lk, [&] { return setup_done[0] && setup_done[1]; });
   }
   std::cout << fmt::format(FMT_STRING("bench step --compile: {}; batch {} x {} tokens, {} threads, fp32, AdamW; eager "
-                                      "and compiled in turn, {} warm-up + {} timed steps each\n"),
-                           mc.describe(), B, T, threads, warmup, o.steps);
+                                      "and compiled{} in turn, {} warm-up + {} timed steps each\n"),
+                           mc.describe(), B, T, threads,
+                           modules == nn::CompileModules::None
+                               ? std::string()
+                               : fmt::format(FMT_STRING(" (mixed mode: the {} only)"), nn::compile_modules_name(modules)),
+                           warmup, o.steps);
   tools::BenchMachine machine = tools::begin_bench(std::cout);
   for (int s = 0; s < warmup + o.steps && failure.empty(); ++s) {
     Tensor stream = randint(0, mc.vocab_size, {B, T + 1}, PhiloxKey{o.seed, stream_for("bench.step.batch", {uint64_t(s)})});
@@ -324,7 +334,7 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
       std::cout << fmt::format(FMT_STRING("  step {}/{}: eager {:.4f} s, compiled {:.4f} s\n"), s + 1, warmup + o.steps,
                                side[0].times.back(), side[1].times.back());
   }
-  constexpr int kProfiledSteps = 3;
+  const int kProfiledSteps = modules == nn::CompileModules::None ? 3 : 0;
   for (int i = 0; i < kProfiledSteps && failure.empty(); ++i) {
     step_now = warmup + o.steps + i;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -341,7 +351,12 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   for (std::thread& t : threads_of) t.join();
   TESSEL_CHECK(failure.empty(), op, "{}", failure);
   tools::end_bench(machine);
-  const CompileStats cs = side[1].stats;
+  CompileStats cs = side[1].stats;
+  if (modules != nn::CompileModules::None) {  // mixed mode: the modules' figures
+    cs.launches = cs.modules.launches;
+    cs.buffer_bytes = cs.modules.buffer_bytes;
+    cs.refused = cs.modules.refused;
+  }
   const bool same_bits = side[0].loss_bits == side[1].loss_bits && side[0].hash == side[1].hash;
   const double eager = tools::median(side[0].times), compiled = tools::median(side[1].times);
   const double eager_mb = tools::median(side[0].step_bytes) / (1 << 20), compiled_mb = tools::median(side[1].step_bytes) / (1 << 20);
@@ -364,8 +379,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   std::vector<profile::Row> rows = replay_profile.rows();
   double kernels_s = 0;
   for (profile::Row& r : rows) {
-    r.self_s /= kProfiledSteps;
-    r.calls /= kProfiledSteps;
+    r.self_s /= std::max(kProfiledSteps, 1);
+    r.calls /= std::max(kProfiledSteps, 1);
     if (is_kernel(r)) kernels_s += r.self_s;
   }
   nlohmann::ordered_json top = nlohmann::ordered_json::array();
@@ -389,6 +404,7 @@ int run_compile_step_bench(const tools::StepBenchOptions& o) {
   j["step_memory_mib"] = {{"ours", compiled_mb}, {"reference", eager_mb}};
   j["parts_s"] = {{"forward_backward", {{"ours", fb[1]}, {"reference", fb[0]}}},
                   {"step_optimizer", {{"ours", opt[1]}, {"reference", opt[0]}}}};
+  j["compile_modules"] = nn::compile_modules_name(modules);
   j["kernels_per_step"] = cs.launches;
   j["replay_kernels_s"] = kernels_s;
   j["replay_top_kernels"] = top;
@@ -488,11 +504,15 @@ void register_bench_step(CLI::App& app) {
   static int64_t micro_batches = 2;
   static int rounds = 3;
   static int zero = 0;
-  static std::string device = "cpu", dtype;
+  static std::string device = "cpu", dtype, compile_modules = "none";
   CLI::App* cmd = add_command(*bench_command(app), "step",
                               "Time a training step (forward, backward, AdamW) against PyTorch on the CPU; with "
                               "--bitwise, bitwise against fast mode on a mesh",
                               [] {
+                                TESSEL_CHECK(compile_modules == "none" || (compile && meshes.empty() && !bitwise && device == "cpu"), "bench step",
+                                             "--compile-modules {} times mixed mode on one device: give it with "
+                                             "--compile and without --mesh",
+                                             compile_modules);
                                 if (profile && (device != "cpu" || bitwise || compile || !meshes.empty()))
                                   throw Error("bench step: --profile compares one device against PyTorch; it does not "
                                               "combine with --device cuda, --bitwise, --compile or --mesh (`tessel train --profile` "
@@ -518,7 +538,7 @@ void register_bench_step(CLI::App& app) {
                                 if (compile && !meshes.empty())
                                   return run_compile_mesh_step_bench(o, meshes[0], micro_batches, rounds, schedule, zero);
                                 if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
-                                if (compile) return run_compile_step_bench(o);
+                                if (compile) return run_compile_step_bench(o, nn::parse_compile_modules(compile_modules));
                                 o.reference = !no_reference;
                                 o.profile_steps = profile ? profile_steps : 0;
                                 return tools::run_step_bench(o, std::cout);
@@ -533,6 +553,10 @@ void register_bench_step(CLI::App& app) {
   cmd->add_flag("--compile", compile,
                 "time compile mode (RunOptions::compile) against eager in the same run: one device, or --mesh "
                 "(ranks as threads, --rounds interleaved runs; docs/compile.md)");
+  cmd->add_option("--compile-modules", compile_modules,
+                  "with --compile, one device: the compiled side is mixed mode, these modules replayed and the rest "
+                  "eager: attention | blocks (RunOptions::compile_modules)")
+      ->capture_default_str();
   cmd->add_option("--mesh", meshes,
                   "layouts to time against one device (repeatable: --mesh dp=2 --mesh tp=2,pp=2); with --bitwise "
                   "the mesh (default dp=2,tp=2)");

@@ -209,6 +209,7 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.trace_steps = cfg.trace_steps;
   o.compile = cfg.compile;
   o.recompute = nn::parse_recompute(cfg.recompute);
+  o.compile_modules = nn::parse_compile_modules(cfg.compile_modules);
   return o;
 }
 
@@ -586,6 +587,15 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                   (long long)c.eager_steps, (long long)c.captures);
     else
       std::printf("  compile: stopped, every step ran eagerly after it: %s\n", c.refused.c_str());
+  }
+
+  if (cfg.compile_modules != "none" && main_rank && !hooks.quiet) {
+    const nn::ModuleCompileStats& m = result.compile.modules;
+    std::printf("  compile (%s, %lld modules): %lld of %lld calls replayed (%lld launches per call, summed; %.1f MiB of "
+                "buffers), %lld recorded, %lld recorded again%s%s\n",
+                cfg.compile_modules.c_str(), (long long)m.modules, (long long)m.replayed, (long long)m.calls,
+                (long long)m.launches, double(m.buffer_bytes) / (1 << 20), (long long)m.recordings,
+                (long long)m.recaptures, m.refused.empty() ? "" : "; eager for good: ", m.refused.c_str());
   }
 
   // ---- after training: parameters, held-out loss, samples, plot --------------------------------

@@ -1,0 +1,381 @@
+#include "nn/compiled_module.h"
+
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <vector>
+
+#include "autograd/api.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "dtensor/dist_call.h"
+#include "nn/attention.h"
+#include "nn/autocast.h"
+#include "nn/container.h"
+#include "nn/moe.h"
+#include "nn/staged.h"
+#include "runtime/capture.h"
+#include "runtime/error.h"
+#include "runtime/numerics.h"
+
+namespace tessel::nn {
+
+namespace {
+constexpr const char* kOp = "compiled module";
+
+// A tensor's place in a program's buffer: how to view it again.
+capture::TensorArg layout_in(int buffer, const Tensor& t) {
+  capture::TensorArg a;
+  a.buffer = buffer;
+  if (!t.defined()) return a;
+  a.shape = t.shape();
+  a.strides = t.strides();
+  a.offset = t.offset();
+  a.dtype = t.dtype();
+  a.device = t.device();
+  return a;
+}
+
+std::string describe(const capture::TensorArg& a) {
+  if (a.buffer < 0) return "none";
+  return fmt::format(FMT_STRING("{}@{}+{}{}"), a.buffer, a.shape.str(), a.offset, dtype_name(a.dtype));
+}
+}  // namespace
+
+// Mixed mode's state of one module.
+class CompiledModule {
+ public:
+  enum class State { Warmup, Recording, Ready, Refused };
+  State state = State::Warmup;
+  std::string key;  // the guard the recordings were made under
+  std::unique_ptr<capture::Program> first;  // the first recording, to compare with the second
+  std::string first_outputs;                // its outputs' layouts
+  std::unique_ptr<capture::Program> program;  // the recording in use
+  int64_t forward_launches = 0;               // launches [0, this) are the forward's
+  capture::TensorArg y;                       // the output
+  std::vector<capture::TensorArg> grads;      // per gradient computed: where it lies (buffer -1: none)
+  std::vector<size_t> grad_edges;             // per gradient: its edge (0: the input, 1 + i: parameter i)
+  bool busy = false;  // a recorded or replayed call waits for its backward
+  ModuleCompileStats stats;
+
+  void refuse(const std::string& who, const std::string& why) {
+    state = State::Refused;
+    first.reset();
+    program.reset();
+    stats.refused = fmt::format(FMT_STRING("'{}': {}"), who, why);
+    spdlog::warn("tessel: compiled module '{}' runs eagerly from now on (the same results, without the replay's "
+                 "speed): {}",
+                 who, why);
+  }
+};
+
+namespace {
+
+std::string who_of(const UnaryModule& m) { return m.path().empty() ? m.type_name() : m.path(); }
+
+// What a call depends on that the recording does not read from a tensor.
+std::string guard_key(const Module& m, const Tensor& x, const std::vector<Tensor>& params) {
+  std::string k = fmt::format(FMT_STRING("{} {} {} {} {:x} {}|"), x.shape().str(), dtype_name(x.dtype()),
+                              x.device().str(), int(x.requires_grad()),
+                              numerics::encode_settings(numerics::current_settings()),
+                              autocast_dtype() ? dtype_name(*autocast_dtype()) : "-");
+  for (const auto& [path, sub] : m.named_modules()) k.push_back(sub->is_training() ? 't' : 'e');
+  k.push_back('|');
+  for (const Tensor& p : params)
+    k += fmt::format(FMT_STRING("{}:{}:{};"), static_cast<const void*>(p.storage().get()), p.offset(),
+                     int(p.requires_grad()));
+  return k;
+}
+
+// Why this call cannot be compiled at all ("" if it can).
+std::string unsupported(const Tensor& x, const std::vector<Tensor>& params) {
+  auto bad = [](const Tensor& t) -> std::string {
+    if (t.is_distributed()) return fmt::format(FMT_STRING("the distributed tensor {} (one device in this version)"), t.desc());
+    if (!t.device().is_cpu()) return fmt::format(FMT_STRING("{} is not on the CPU (CPU in this version)"), t.desc());
+    return std::string();
+  };
+  std::string why = bad(x);
+  for (size_t i = 0; i < params.size() && why.empty(); ++i) why = bad(params[i]);
+  return why;
+}
+
+// The module's node in the step's graph: edges to the input, then to each
+// parameter. Its backward finishes a recording (runs autograd::grad through
+// the module's own graph under the recorder) or replays the recorded
+// backward.
+struct CompiledModuleNode final : Node {
+  std::shared_ptr<CompiledModule> c;
+  std::string who;
+  bool open = true;  // this call holds c->busy
+  // A recording: the recorder (suspended), the module's graph and its leaves.
+  std::unique_ptr<capture::Recorder> rec;
+  Tensor y_inner, x_in;
+  std::vector<Tensor> params;
+
+  const char* name() const override { return "compiled_module"; }
+  ~CompiledModuleNode() override { close(); }
+  void close() {
+    if (!open) return;
+    open = false;
+    c->busy = false;
+    rec.reset();  // a recording whose backward never came is dropped
+    y_inner = Tensor();
+    x_in = Tensor();
+    params.clear();
+  }
+  void release_saved() override { close(); }
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    std::vector<Tensor> out(next_edges.size());
+    TESSEL_CHECK(open, kOp, "'{}': backward through a compiled module whose graph was already freed; call "
+                 "backward(..., retain_graph=true) the first time", who);
+    if (!grads[0].defined()) {
+      close();
+      return out;
+    }
+    if (rec) return finish_recording(grads[0]);
+    // A replay: the recorded backward on this call's buffers.
+    CompiledModule& m = *c;
+    m.program->set_input(1, grads[0].contiguous());
+    m.program->replay_range(m.forward_launches, m.program->launches());
+    for (size_t i = 0; i < m.grads.size(); ++i)
+      if (m.grads[i].buffer >= 0) out[m.grad_edges[i]] = m.program->output(m.grads[i]).clone();  // the arena's is reused
+    close();
+    return out;
+  }
+
+  std::vector<Tensor> finish_recording(const Tensor& g) {
+    CompiledModule& m = *c;
+    std::vector<Tensor> out(next_edges.size());
+    Tensor g_in = g.contiguous().clone();  // the program's own (made before it resumes: not the step's)
+    std::vector<Tensor> wrt;
+    std::vector<size_t> edges;
+    if (next_edges[0].valid()) wrt.push_back(x_in), edges.push_back(0);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (next_edges[1 + i].valid()) wrt.push_back(params[i]), edges.push_back(1 + i);
+    rec->resume();
+    rec->input(g_in);
+    std::vector<Tensor> gs = wrt.empty() ? std::vector<Tensor>() : autograd::grad({y_inner}, wrt, {g_in});
+    std::vector<capture::TensorArg> layouts;
+    std::string outputs;
+    for (size_t i = 0; i < gs.size(); ++i) {
+      // A gradient that is the incoming one itself (an identity) would be
+      // the input buffer: copied, so outputs have buffers of their own.
+      if (gs[i].defined() && gs[i].shares_storage(g_in)) gs[i] = gs[i].clone();
+      layouts.push_back(layout_in(gs[i].defined() ? rec->output(gs[i]) : -1, gs[i]));
+      outputs += describe(layouts.back()) + ";";
+      out[edges[i]] = gs[i];
+    }
+    std::unique_ptr<capture::Program> p;
+    std::string why;
+    const bool second = m.first != nullptr;
+    try {
+      p = rec->finish(second ? capture::Recorder::Use::Replay : capture::Recorder::Use::CompareOnly);
+    } catch (const capture::NotCapturable& e) {
+      why = e.what();
+    }
+    rec.reset();
+    // (Both recordings must also split forward and backward at the same launch.)
+    outputs += fmt::format(FMT_STRING("y={} forward={}"), describe(m.y), m.forward_launches);
+    ++m.stats.recordings;
+    if (!why.empty()) {
+      m.refuse(who, why);
+    } else if (!second) {
+      m.first = std::move(p);
+      m.first_outputs = outputs;
+    } else {
+      std::string diff = m.first->difference(*p);
+      if (diff.empty() && outputs != m.first_outputs)
+        diff = fmt::format(FMT_STRING("the outputs or the end of the forward differ ({} then {})"), m.first_outputs, outputs);
+      m.first.reset();
+      if (!diff.empty()) {
+        m.refuse(who, "two calls recorded differently: " + diff);
+      } else {
+        m.program = std::move(p);
+        m.grads = layouts;
+        m.grad_edges = edges;
+        m.state = CompiledModule::State::Ready;
+        m.stats.launches = m.program->launches();
+        m.stats.buffer_bytes = m.program->bytes();
+      }
+    }
+    close();
+    return out;
+  }
+};
+
+std::shared_ptr<CompiledModuleNode> attach(const std::shared_ptr<CompiledModule>& c, const std::string& who,
+                                           const Tensor& x, const std::vector<Tensor>& params, Tensor& y_out) {
+  auto node = std::make_shared<CompiledModuleNode>();
+  node->c = c;
+  node->who = who;
+  c->busy = true;
+  std::vector<const Tensor*> edges{&x};
+  for (const Tensor& p : params) edges.push_back(&p);
+  detail::connect(*node, edges);
+  node->num_outputs = 1;
+  detail::set_history(y_out, node, 0);
+  return node;
+}
+
+}  // namespace
+
+void UnaryModule::set_compiled(bool on) {
+  TESSEL_CHECK(!on || !recompute(), kOp,
+               "'{}' is marked for recomputation (set_recompute): a module is either recomputed or compiled, not "
+               "both",
+               who_of(*this));
+  if (!on) compiled_.reset();
+  else if (!compiled_) compiled_ = std::make_shared<CompiledModule>();
+}
+
+ModuleCompileStats UnaryModule::compile_stats() const {
+  if (!compiled_) return ModuleCompileStats{};
+  ModuleCompileStats s = compiled_->stats;
+  s.modules = 1;
+  return s;
+}
+
+Tensor UnaryModule::call_compiled(const Tensor& x) {
+  std::shared_ptr<CompiledModule> c = compiled_;
+  CompiledModule& m = *c;
+  std::vector<Tensor> params = parameters();
+  bool needs_grad = GradMode::is_enabled() && x.requires_grad();
+  for (const Tensor& p : params) needs_grad = needs_grad || (GradMode::is_enabled() && p.requires_grad());
+  // Eager: calls without gradients; inside a whole-step recording (which
+  // records this module with the step); anomaly detection; for good after
+  // a refusal.
+  if (!needs_grad || capture::active() != nullptr || anomaly::enabled() || m.state == CompiledModule::State::Refused)
+    return call_eager(x);
+  const std::string who = who_of(*this);
+  if (const std::string why = unsupported(x, params); !why.empty()) {
+    m.refuse(who, why);
+    return call_eager(x);
+  }
+  ++m.stats.calls;
+  if (m.busy) {  // the recording's buffers wait for another call's backward
+    ++m.stats.busy;
+    return call_eager(x);
+  }
+  const std::string key = guard_key(*this, x, params);
+  if (m.state == CompiledModule::State::Warmup) {
+    // The first call eagerly: what it builds lazily (caches), later calls reuse.
+    m.state = CompiledModule::State::Recording;
+    m.key = key;
+    return call_eager(x);
+  }
+  if (key != m.key) {  // another shape, mode or parameter: record again
+    if (m.state == CompiledModule::State::Ready || m.first) ++m.stats.recaptures;
+    m.first.reset();
+    m.program.reset();
+    m.state = CompiledModule::State::Recording;
+    m.key = key;
+  }
+
+  if (m.state == CompiledModule::State::Ready) {
+    m.program->set_input(0, x.contiguous());
+    m.program->replay_range(0, m.forward_launches);
+    Tensor y = m.program->output(m.y).clone();  // the arena's is reused by the next call
+    ++m.stats.replayed;
+    attach(c, who, x, params, y);
+    return y;
+  }
+
+  // Recording: the forward now, the backward when the engine reaches the node.
+  Tensor x_in = x.detach().contiguous().clone();  // the program's own input buffer (made before the recorder)
+  if (x.requires_grad()) x_in.requires_grad_(true);
+  auto rec = std::make_unique<capture::Recorder>(fmt::format(FMT_STRING("module '{}'"), who));
+  rec->remake_blocks = true;  // replayed for every micro-batch: where it sits in the batch is per call
+  rec->input(x_in);
+  Tensor y;
+  try {
+    y = call_eager(x_in);
+  } catch (...) {
+    rec.reset();
+    throw;
+  }
+  if (!y.defined() || y.is_distributed() || y.shares_storage(x_in) || !y.requires_grad()) {
+    rec.reset();
+    m.refuse(who, fmt::format(FMT_STRING("its output {} is not a new local tensor with a gradient (compile a module "
+                                         "that computes something)"),
+                              y.defined() ? y.desc() : std::string("(undefined)")));
+    return call_eager(x);
+  }
+  const int y_buffer = rec->output(y);
+  const capture::TensorArg y_layout = layout_in(y_buffer, y);
+  const int64_t forward_launches = rec->launches();
+  m.forward_launches = forward_launches;
+  m.y = y_layout;
+  rec->suspend();
+  Tensor y_out = y.detach();
+  auto node = attach(c, who, x, params, y_out);
+  node->rec = std::move(rec);
+  node->y_inner = y;
+  node->x_in = x_in;
+  node->params = params;
+  return y_out;
+}
+
+CompileModules parse_compile_modules(const std::string& name) {
+  if (name == "none") return CompileModules::None;
+  if (name == "attention") return CompileModules::Attention;
+  if (name == "blocks") return CompileModules::Blocks;
+  TESSEL_FAIL(kOp, "unknown choice '{}' of modules to compile (none, attention, blocks)", name);
+}
+
+const char* compile_modules_name(CompileModules which) {
+  switch (which) {
+    case CompileModules::None: return "none";
+    case CompileModules::Attention: return "attention";
+    case CompileModules::Blocks: return "blocks";
+  }
+  return "?";
+}
+
+int apply_compile_modules(Module& model, CompileModules which) {
+  auto* staged = dynamic_cast<StagedModel*>(&model);
+  TESSEL_CHECK(which != CompileModules::Blocks || staged, kOp,
+               "compile_modules = blocks marks the blocks of an nn::StagedModel, and {} is not one: mark your own "
+               "modules with UnaryModule::set_compiled(true)",
+               model.type_name());
+  int marked = 0;
+  if (staged)
+    for (const auto& block : staged->blocks()) {
+      // An MoE layer routes tokens on the host (a recording refuses it) and
+      // leaves its router loss in the block (a side output no replay makes).
+      TESSEL_CHECK(which != CompileModules::Blocks || moe_layers(*block).empty(), kOp,
+                   "compile_modules = blocks: block '{}' holds an MoE layer, which routes tokens on the host and "
+                   "hands out its router loss beside the block's output; compile the attention layers "
+                   "(compile_modules = attention) and let the MoE layers run eagerly",
+                   block->path());
+      block->set_compiled(which == CompileModules::Blocks);
+      marked += which == CompileModules::Blocks;
+    }
+  for (const auto& [path, m] : model.named_modules())
+    if (auto* attn = dynamic_cast<Attention*>(m)) {
+      attn->set_compiled(which == CompileModules::Attention);
+      marked += which == CompileModules::Attention;
+    }
+  return marked;
+}
+
+ModuleCompileStats compiled_module_stats(const Module& root) {
+  ModuleCompileStats s;
+  for (const auto& [path, m] : root.named_modules()) {
+    auto* u = dynamic_cast<const UnaryModule*>(m);
+    if (!u || !u->compiled()) continue;
+    const ModuleCompileStats one = u->compile_stats();
+    s.modules += 1;
+    s.calls += one.calls;
+    s.replayed += one.replayed;
+    s.recordings += one.recordings;
+    s.recaptures += one.recaptures;
+    s.busy += one.busy;
+    s.launches += one.launches;
+    s.buffer_bytes += one.buffer_bytes;
+    if (s.refused.empty()) s.refused = one.refused;
+  }
+  return s;
+}
+
+}  // namespace tessel::nn
