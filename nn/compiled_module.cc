@@ -15,6 +15,7 @@
 #include "nn/moe.h"
 #include "nn/staged.h"
 #include "runtime/capture.h"
+#include "runtime/comm/comm.h"
 #include "runtime/error.h"
 #include "runtime/numerics.h"
 
@@ -23,22 +24,72 @@ namespace tessel::nn {
 namespace {
 constexpr const char* kOp = "compiled module";
 
-// A tensor's place in a program's buffer: how to view it again.
-capture::TensorArg layout_in(int buffer, const Tensor& t) {
-  capture::TensorArg a;
-  a.buffer = buffer;
-  if (!t.defined()) return a;
-  a.shape = t.shape();
-  a.strides = t.strides();
-  a.offset = t.offset();
-  a.dtype = t.dtype();
-  a.device = t.device();
-  return a;
+// Where a tensor the module hands out lies: its local piece's place in a
+// program's buffer, and (distributed) its mesh, placements and global shape.
+struct Layout {
+  capture::TensorArg local;  // buffer -1: none
+  MeshPtr mesh;
+  Placements placements;
+  Dims global_shape;
+};
+
+// `t` (a tensor the recording made) as a recorded output.
+Layout output_layout(capture::Recorder& rec, const Tensor& t) {
+  Layout l;
+  if (!t.defined()) return l;
+  const Tensor& local = raw::local_of(t);
+  capture::TensorArg& a = l.local;
+  a.buffer = rec.output(local);
+  a.shape = local.shape();
+  a.strides = local.strides();
+  a.offset = local.offset();
+  a.dtype = local.dtype();
+  a.device = local.device();
+  if (t.is_distributed()) {
+    l.mesh = t.mesh();
+    l.placements = t.placements();
+    l.global_shape = t.shape();
+  }
+  return l;
 }
 
-std::string describe(const capture::TensorArg& a) {
+std::string describe(const Layout& l) {
+  const capture::TensorArg& a = l.local;
   if (a.buffer < 0) return "none";
-  return fmt::format(FMT_STRING("{}@{}+{}{}"), a.buffer, a.shape.str(), a.offset, dtype_name(a.dtype));
+  std::string s = fmt::format(FMT_STRING("{}@{}+{}{}"), a.buffer, a.shape.str(), a.offset, dtype_name(a.dtype));
+  if (l.mesh) s += " " + l.placements.str() + " of " + l.global_shape.str();
+  return s;
+}
+
+// A copy of the recorded output (the buffer is the next call's), distributed
+// as the recording's was.
+Tensor copy_out(capture::Program& p, const Layout& l) {
+  Tensor local = p.output(l.local).clone();
+  return l.mesh ? raw::make_distributed(local, l.mesh, l.placements, l.global_shape) : local;
+}
+
+// A copy of `t` the program owns (made outside the recording: not one of
+// the step's buffers), distributed like `t`; its local piece in `local`.
+Tensor own_copy(const Tensor& t, Tensor& local) {
+  local = raw::local_of(t).contiguous().clone();
+  return t.is_distributed() ? raw::make_distributed(local, t.mesh(), t.placements(), t.shape()) : local;
+}
+
+// Every rank that runs the module decides alike whether it is refused: a
+// rank running it eagerly while the others replay would reach the
+// collectives of its backward (and the data-parallel hooks' reductions) in
+// another order. One small all-reduce per recording, over the module's mesh.
+bool agreed(const MeshPtr& mesh, bool ok) {
+  if (!mesh) return ok;
+  Tensor v = raw::empty({1}, DType::Int32);
+  v.data<int32_t>()[0] = ok ? 1 : 0;
+  for (int d = 0; d < mesh->ndim(); ++d)
+    if (mesh->comm(d)) mesh->comm(d)->all_reduce(v, comm::ReduceOp::Min)->wait();
+  return v.data<int32_t>()[0] == 1;
+}
+
+std::string placement_of(const Tensor& t) {
+  return t.is_distributed() ? t.placements().str() + " of " + t.shape().str() : std::string("local");
 }
 }  // namespace
 
@@ -52,8 +103,9 @@ class CompiledModule {
   std::string first_outputs;                // its outputs' layouts
   std::unique_ptr<capture::Program> program;  // the recording in use
   int64_t forward_launches = 0;               // launches [0, this) are the forward's
-  capture::TensorArg y;                       // the output
-  std::vector<capture::TensorArg> grads;      // per gradient computed: where it lies (buffer -1: none)
+  Layout y;                                   // the output
+  std::string g_placement;                    // the incoming gradient's placements, as recorded
+  std::vector<Layout> grads;                  // per gradient computed: where it lies (buffer -1: none)
   std::vector<size_t> grad_edges;             // per gradient: its edge (0: the input, 1 + i: parameter i)
   bool busy = false;  // a recorded or replayed call waits for its backward
   ModuleCompileStats stats;
@@ -75,23 +127,26 @@ std::string who_of(const UnaryModule& m) { return m.path().empty() ? m.type_name
 
 // What a call depends on that the recording does not read from a tensor.
 std::string guard_key(const Module& m, const Tensor& x, const std::vector<Tensor>& params) {
-  std::string k = fmt::format(FMT_STRING("{} {} {} {} {:x} {}|"), x.shape().str(), dtype_name(x.dtype()),
-                              x.device().str(), int(x.requires_grad()),
+  std::string k = fmt::format(FMT_STRING("{} {} {} {} {} {:x} {}|"), x.shape().str(), dtype_name(x.dtype()),
+                              x.device().str(), placement_of(x), int(x.requires_grad()),
                               numerics::encode_settings(numerics::current_settings()),
                               autocast_dtype() ? dtype_name(*autocast_dtype()) : "-");
   for (const auto& [path, sub] : m.named_modules()) k.push_back(sub->is_training() ? 't' : 'e');
   k.push_back('|');
   for (const Tensor& p : params)
-    k += fmt::format(FMT_STRING("{}:{}:{};"), static_cast<const void*>(p.storage().get()), p.offset(),
-                     int(p.requires_grad()));
+    k += fmt::format(FMT_STRING("{}:{}:{}:{};"), static_cast<const void*>(raw::local_of(p).storage().get()),
+                     raw::local_of(p).offset(), int(p.requires_grad()), placement_of(p));
   return k;
 }
 
 // Why this call cannot be compiled at all ("" if it can).
 std::string unsupported(const Tensor& x, const std::vector<Tensor>& params) {
   auto bad = [](const Tensor& t) -> std::string {
-    if (t.is_distributed()) return fmt::format(FMT_STRING("the distributed tensor {} (one device in this version)"), t.desc());
     if (!t.device().is_cpu()) return fmt::format(FMT_STRING("{} is not on the CPU (CPU in this version)"), t.desc());
+    if (t.is_distributed() && t.impl()->dist->on_use)
+      return fmt::format(FMT_STRING("parameter {} is gathered by FSDP (ZeRO-3) in module hooks, whose backward half "
+                                    "a replay would not run"),
+                         t.desc());
     return std::string();
   };
   std::string why = bad(x);
@@ -111,6 +166,7 @@ struct CompiledModuleNode final : Node {
   std::unique_ptr<capture::Recorder> rec;
   Tensor y_inner, x_in;
   std::vector<Tensor> params;
+  MeshPtr mesh;  // the module's tensors' mesh (null: one device), for agreeing on a refusal
 
   const char* name() const override { return "compiled_module"; }
   ~CompiledModuleNode() override { close(); }
@@ -136,10 +192,17 @@ struct CompiledModuleNode final : Node {
     if (rec) return finish_recording(grads[0]);
     // A replay: the recorded backward on this call's buffers.
     CompiledModule& m = *c;
-    m.program->set_input(1, grads[0].contiguous());
+    // The rest of the step is the same code every call, so the gradient
+    // arrives laid out as it was recorded; if not, an error (the recorded
+    // backward would read it wrongly), never a guess.
+    TESSEL_CHECK(placement_of(grads[0]) == m.g_placement, kOp,
+                 "'{}': the gradient of the output arrived as {} ({}), but the recorded backward took {}: call "
+                 "set_compiled(false) on this module",
+                 who, grads[0].desc(), placement_of(grads[0]), m.g_placement);
+    m.program->set_input(1, raw::local_of(grads[0]).contiguous());
     m.program->replay_range(m.forward_launches, m.program->launches());
     for (size_t i = 0; i < m.grads.size(); ++i)
-      if (m.grads[i].buffer >= 0) out[m.grad_edges[i]] = m.program->output(m.grads[i]).clone();  // the arena's is reused
+      if (m.grads[i].local.buffer >= 0) out[m.grad_edges[i]] = copy_out(*m.program, m.grads[i]);
     close();
     return out;
   }
@@ -147,22 +210,23 @@ struct CompiledModuleNode final : Node {
   std::vector<Tensor> finish_recording(const Tensor& g) {
     CompiledModule& m = *c;
     std::vector<Tensor> out(next_edges.size());
-    Tensor g_in = g.contiguous().clone();  // the program's own (made before it resumes: not the step's)
+    Tensor g_local;
+    Tensor g_in = own_copy(g, g_local);  // the program's own (made before it resumes: not the step's)
     std::vector<Tensor> wrt;
     std::vector<size_t> edges;
     if (next_edges[0].valid()) wrt.push_back(x_in), edges.push_back(0);
     for (size_t i = 0; i < params.size(); ++i)
       if (next_edges[1 + i].valid()) wrt.push_back(params[i]), edges.push_back(1 + i);
     rec->resume();
-    rec->input(g_in);
+    rec->input(g_local);
     std::vector<Tensor> gs = wrt.empty() ? std::vector<Tensor>() : autograd::grad({y_inner}, wrt, {g_in});
-    std::vector<capture::TensorArg> layouts;
-    std::string outputs;
+    std::vector<Layout> layouts;
+    std::string outputs = "g=" + placement_of(g) + ";";
     for (size_t i = 0; i < gs.size(); ++i) {
       // A gradient that is the incoming one itself (an identity) would be
       // the input buffer: copied, so outputs have buffers of their own.
-      if (gs[i].defined() && gs[i].shares_storage(g_in)) gs[i] = gs[i].clone();
-      layouts.push_back(layout_in(gs[i].defined() ? rec->output(gs[i]) : -1, gs[i]));
+      if (gs[i].defined() && raw::local_of(gs[i]).shares_storage(g_local)) gs[i] = gs[i].clone();
+      layouts.push_back(output_layout(*rec, gs[i]));
       outputs += describe(layouts.back()) + ";";
       out[edges[i]] = gs[i];
     }
@@ -178,26 +242,29 @@ struct CompiledModuleNode final : Node {
     // (Both recordings must also split forward and backward at the same launch.)
     outputs += fmt::format(FMT_STRING("y={} forward={}"), describe(m.y), m.forward_launches);
     ++m.stats.recordings;
+    if (why.empty() && second) {
+      const std::string diff = m.first->difference(*p);
+      if (!diff.empty()) why = "two calls recorded differently: " + diff;
+      else if (outputs != m.first_outputs)
+        why = fmt::format(FMT_STRING("two calls recorded differently: the outputs or the end of the forward differ ({} "
+                                     "then {})"),
+                          m.first_outputs, outputs);
+    }
+    if (!agreed(mesh, why.empty()) && why.empty()) why = "another rank's recording of this module was refused";
     if (!why.empty()) {
       m.refuse(who, why);
     } else if (!second) {
       m.first = std::move(p);
       m.first_outputs = outputs;
     } else {
-      std::string diff = m.first->difference(*p);
-      if (diff.empty() && outputs != m.first_outputs)
-        diff = fmt::format(FMT_STRING("the outputs or the end of the forward differ ({} then {})"), m.first_outputs, outputs);
       m.first.reset();
-      if (!diff.empty()) {
-        m.refuse(who, "two calls recorded differently: " + diff);
-      } else {
-        m.program = std::move(p);
-        m.grads = layouts;
-        m.grad_edges = edges;
-        m.state = CompiledModule::State::Ready;
-        m.stats.launches = m.program->launches();
-        m.stats.buffer_bytes = m.program->bytes();
-      }
+      m.program = std::move(p);
+      m.g_placement = placement_of(g);
+      m.grads = layouts;
+      m.grad_edges = edges;
+      m.state = CompiledModule::State::Ready;
+      m.stats.launches = m.program->launches();
+      m.stats.buffer_bytes = m.program->bytes();
     }
     close();
     return out;
@@ -273,20 +340,21 @@ Tensor UnaryModule::call_compiled(const Tensor& x) {
   }
 
   if (m.state == CompiledModule::State::Ready) {
-    m.program->set_input(0, x.contiguous());
+    m.program->set_input(0, raw::local_of(x).contiguous());
     m.program->replay_range(0, m.forward_launches);
-    Tensor y = m.program->output(m.y).clone();  // the arena's is reused by the next call
+    Tensor y = copy_out(*m.program, m.y);  // the arena's is reused by the next call
     ++m.stats.replayed;
     attach(c, who, x, params, y);
     return y;
   }
 
   // Recording: the forward now, the backward when the engine reaches the node.
-  Tensor x_in = x.detach().contiguous().clone();  // the program's own input buffer (made before the recorder)
+  Tensor x_local;
+  Tensor x_in = own_copy(x.detach(), x_local);  // the program's own input buffer (made before the recorder)
   if (x.requires_grad()) x_in.requires_grad_(true);
   auto rec = std::make_unique<capture::Recorder>(fmt::format(FMT_STRING("module '{}'"), who));
   rec->remake_blocks = true;  // replayed for every micro-batch: where it sits in the batch is per call
-  rec->input(x_in);
+  rec->input(x_local);
   Tensor y;
   try {
     y = call_eager(x_in);
@@ -294,15 +362,14 @@ Tensor UnaryModule::call_compiled(const Tensor& x) {
     rec.reset();
     throw;
   }
-  if (!y.defined() || y.is_distributed() || y.shares_storage(x_in) || !y.requires_grad()) {
+  if (!y.defined() || raw::local_of(y).shares_storage(x_local) || !y.requires_grad()) {
     rec.reset();
     m.refuse(who, fmt::format(FMT_STRING("its output {} is not a new local tensor with a gradient (compile a module "
                                          "that computes something)"),
                               y.defined() ? y.desc() : std::string("(undefined)")));
     return call_eager(x);
   }
-  const int y_buffer = rec->output(y);
-  const capture::TensorArg y_layout = layout_in(y_buffer, y);
+  const Layout y_layout = output_layout(*rec, y);
   const int64_t forward_launches = rec->launches();
   m.forward_launches = forward_launches;
   m.y = y_layout;
@@ -313,6 +380,10 @@ Tensor UnaryModule::call_compiled(const Tensor& x) {
   node->y_inner = y;
   node->x_in = x_in;
   node->params = params;
+  if (x.is_distributed()) node->mesh = x.mesh();
+  else if (y.is_distributed()) node->mesh = y.mesh();
+  for (size_t i = 0; i < params.size() && !node->mesh; ++i)
+    if (params[i].is_distributed()) node->mesh = params[i].mesh();
   return y_out;
 }
 

@@ -32,9 +32,18 @@
 // before the first one's backward (the recording's buffers are in use:
 // pipeline schedules, a module applied twice in one forward).
 //
-// This version: one device, CPU tensors (a distributed or CUDA input or
-// parameter runs eagerly, with the reason); not with recomputation of the
-// same module; not inside a whole-step recording (RunOptions::compile),
+// On a mesh every rank records and replays its own piece of the module,
+// the collectives inside it included (tensor and sequence parallel layers,
+// context-parallel attention); the output and gradients it hands out are
+// distributed as eager's were. Every rank that runs the module agrees on a
+// refusal (one small all-reduce per recording): a rank running the module
+// eagerly while another replays would reach the collectives of the backward
+// and the data-parallel reductions in another order.
+//
+// This version: CPU tensors (a CUDA input or parameter runs eagerly, with
+// the reason); not with FSDP (ZeRO-3: parameters gathered in module hooks
+// whose backward half a replay would not run); not with recomputation of
+// the same module; not inside a whole-step recording (RunOptions::compile),
 // where the module is recorded with the step anyway.
 #include <cstdint>
 #include <string>

@@ -301,7 +301,8 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
     const char* with = opts.compile                              ? "compile (the whole step is recorded already)"
                        : opts.recompute != nn::Recompute::None    ? "recompute (a module is recomputed or compiled)"
                        : opts.detect_anomaly                       ? "detect_anomaly (it reads every op's output)"
-                       : s->mesh && s->mesh->num_devices() > 1     ? "a mesh (mixed mode runs on one device in this version)"
+                       : opts.zero == 3                            ? "zero = 3 (FSDP gathers parameters in module hooks whose "
+                                                                     "backward half a replay would not run)"
                                                                    : nullptr;
     TESSEL_CHECK(with == nullptr, kOp, "RunOptions::compile_modules = {} with {}: not in this version",
                  nn::compile_modules_name(opts.compile_modules), with);

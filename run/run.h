@@ -152,8 +152,8 @@ struct RunOptions {
   // attention (every nn::Attention) or blocks (every block of an
   // nn::StagedModel) are recorded and replayed, forward and backward, while
   // the rest of the step runs eagerly -- MoE layers, a loss that reads
-  // values on the host. Same bits as eager. One device in this version;
-  // not with compile, recompute or anomaly detection.
+  // values on the host. Same bits as eager, on every layout but FSDP; not
+  // with compile, recompute or anomaly detection.
   nn::CompileModules compile_modules = nn::CompileModules::None;
 };
 

@@ -337,14 +337,21 @@ void Recorder::key(const PhiloxKey& k, std::function<PhiloxKey()> producer) {
 
 void Recorder::block(const GlobalBlock& b, std::function<GlobalBlock()> producer) {
   if (!remake_blocks || b.is_whole()) return;
-  if (block_slot(b) >= 0) return;
+  if (const int slot = block_slot(b); slot >= 0) {
+    // Two blocks of one global shape in one call: the same micro-batch, so
+    // the same place (a different one could not be told apart: refused).
+    if (blocks_[size_t(slot)].offset != b.offset)
+      refuse(fmt::format(FMT_STRING("two batch blocks of global shape {} at offsets {} and {} in one recording"),
+                         b.global_shape.str(), blocks_[size_t(slot)].offset.str(), b.offset.str()));
+    return;
+  }
   blocks_.push_back(b);
   block_producers_.push_back(std::move(producer));
 }
 
 int Recorder::block_slot(const GlobalBlock& b) const {
   for (size_t i = 0; i < blocks_.size(); ++i)
-    if (blocks_[i].global_shape == b.global_shape && blocks_[i].offset == b.offset) return int(i);
+    if (blocks_[i].global_shape == b.global_shape && blocks_[i].offset.size() == b.offset.size()) return int(i);
   return -1;
 }
 

@@ -251,7 +251,10 @@ class Recorder {
   // For the hooks' templates.
   int tensor_buffer(const Tensor& t, TensorArg* arg);
   int key_slot(const PhiloxKey& k) const;
+  // The slot of the registered block with b's global shape (b is it, or
+  // derived from it by a shard's offset), or -1.
   int block_slot(const GlobalBlock& b) const;
+  const GlobalBlock& block_value(int slot) const { return blocks_[size_t(slot)]; }
   void refuse(std::string why);
   const std::string& label() const { return label_; }
   int64_t launches() const { return int64_t(launches_.size()); }
@@ -369,14 +372,22 @@ struct Stored {
   T value;
   std::vector<int> key_slots;    // for_each_key order
   std::vector<int> block_slots;  // for_each_block order
+  std::vector<Dims> block_deltas;  // per block with a slot: its offset minus the slot's
   void record(Recorder& r, std::string& fp, const T& v) {
     value = v;
-    // A block a producer makes is compared by its slot, not its value.
+    // A block derived from one a producer makes (the same global shape; a
+    // shard's offset added: tensor parallel heads, a sequence piece) is
+    // compared by its slot and its offset from the slot's, not by value.
     T masked = v;
     for_each_block(masked, [&](GlobalBlock& b) {
       const int slot = r.block_slot(b);
       block_slots.push_back(slot);
-      if (slot >= 0) b = GlobalBlock{Dims{-1 - int64_t(slot)}, Dims{}};
+      if (slot < 0) return;
+      Dims delta = b.offset;
+      const Dims& base = r.block_value(slot).offset;
+      for (size_t d = 0; d < delta.size(); ++d) delta[d] -= base[d];
+      block_deltas.push_back(delta);
+      b = GlobalBlock{Dims{-1 - int64_t(slot)}, delta};
     });
     fingerprint(fp, masked);
     for_each_key(value, [&](PhiloxKey& k) {
@@ -396,9 +407,14 @@ struct Stored {
       if (key_slots[i] >= 0) k = values.keys[size_t(key_slots[i])];
       ++i;
     });
-    size_t j = 0;
+    size_t j = 0, with_slot = 0;
     for_each_block(value, [&](GlobalBlock& b) {
-      if (block_slots[j] >= 0) b = values.blocks[size_t(block_slots[j])];
+      if (block_slots[j] >= 0) {
+        const GlobalBlock& now = values.blocks[size_t(block_slots[j])];
+        const Dims& delta = block_deltas[with_slot++];
+        b.global_shape = now.global_shape;
+        for (size_t d = 0; d < delta.size(); ++d) b.offset[d] = now.offset[d] + delta[d];
+      }
       ++j;
     });
   }

@@ -10,6 +10,7 @@
 
 #include "models/language_model.h"
 #include "tessel.h"
+#include "test/util/dist.h"
 #include "test/util/error_of.h"
 #include "test/util/util.h"
 
@@ -45,7 +46,9 @@ struct Spec {
   DType compute = DType::Float32;
 };
 
-Result train(const Spec& spec) {
+// `mesh` (inside comm::run_local): the model laid out by its built-in plan,
+// with sequence parallelism when the mesh has tp.
+Result train(const Spec& spec, const MeshPtr& mesh = nullptr) {
   models::ModelConfig cfg = models::model_config(spec.arch, "tiny");
   cfg.dropout = spec.dropout;
   auto model = models::make_language_model(cfg, kSeed);
@@ -55,7 +58,10 @@ Result train(const Spec& spec) {
   o.micro_batches = spec.micro_batches;
   o.compile_modules = spec.modules;
   o.compute = spec.compute;
-  auto run = parallelize(model, adamw({1e-3}), o);
+  bool tp = false;
+  for (int d = 0; mesh && d < mesh->ndim(); ++d) tp = tp || mesh->name(d) == "tp";
+  auto run = parallelize(model, mesh, mesh ? parallel::builtin_plan(spec.arch, tp) : parallel::ParallelPlan{},
+                         adamw({1e-3}), o);
   Result r;
   for (int64_t step = 0; step < spec.steps; ++step) {
     const int64_t t = spec.change_seq_at > 0 && step >= spec.change_seq_at ? spec.changed_seq : spec.seq;
@@ -205,6 +211,84 @@ TEST_CASE("compiled modules: Mixtral's attention layers compile while its MoE la
   CHECK(compiled.modules.replayed == 2 * (8 - 3));
 }
 
+// On a mesh every rank records and replays its modules' kernels and
+// collectives (tensor and sequence parallel, expert parallel beside them);
+// in bitwise mode the one-device run's bits.
+TEST_CASE("compiled modules on dp=2 x tp=2 + sp and dp=2 x ep=2: the one-device bits", "[compile][comm]") {
+  numerics::BitwiseGuard bitwise(true);
+  struct Layout {
+    std::string arch;
+    std::vector<Mesh::DimSpec> dims;
+    nn::CompileModules modules;
+  };
+  for (const Layout& l : {Layout{"nanogpt", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Blocks},
+                          Layout{"llama", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Attention},
+                          Layout{"mixtral", {{"dp", 2}, {"ep", 2}}, nn::CompileModules::Attention}}) {
+    INFO(l.arch << " " << nn::compile_modules_name(l.modules));
+    Spec spec;
+    spec.arch = l.arch;
+    spec.steps = 8;
+    spec.micro_batches = 2;
+    const Result one = train(spec);
+    spec.modules = l.modules;
+    std::vector<Result> ranks(4);
+    comm::run_local(4, [&](int rank) { ranks[size_t(rank)] = train(spec, Mesh::world(l.dims)); });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << ranks[size_t(r)].modules.refused);
+      check_same(one, ranks[size_t(r)]);
+      CHECK(ranks[size_t(r)].modules.refused.empty());
+      CHECK(ranks[size_t(r)].modules.replayed == 2 * (2 * 8 - 3));
+    }
+  }
+}
+
+// A model whose module reads a value on the host on rank 0 only: rank 0's
+// recording is refused, rank 1's is not. Both must run the module eagerly
+// (a rank replaying while the other runs eagerly would reach the backward's
+// collectives in another order), with the eager bits.
+struct RankDependent : nn::UnaryModule {
+  std::shared_ptr<nn::Linear> a;
+  RankDependent() : UnaryModule("RankDependent") { a = child("a", std::make_shared<nn::Linear>(8, 8)); }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = (*a)(x);
+    if (comm::world()->rank() == 0) (void)raw::local_of(h).to_vector<float>();  // a host read, this rank only
+    return h;
+  }
+};
+struct RankDependentModel : nn::Module {
+  std::shared_ptr<RankDependent> body;
+  RankDependentModel() : nn::Module("RankDependentModel") { body = child("body", std::make_shared<RankDependent>()); }
+  Tensor loss(const Tensor& x) { return sum((*body)(x) * (*body)(x)); }
+};
+
+TEST_CASE("compiled modules on dp=2: a refusal on one rank makes every rank run the module eagerly", "[compile][comm]") {
+  std::vector<std::string> refused(2), hash(4);
+  std::vector<int64_t> replayed(2, -1);
+  comm::run_local(2, [&](int rank) {
+    for (const bool compiled : {false, true}) {
+      auto model = nn::make_model<RankDependentModel>();
+      model->reset_parameters(kSeed);
+      auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::builtin_plan("none"), adamw({0.1}));
+      if (compiled) run.model().body->set_compiled(true);
+      for (int64_t step = 0; step < 6; ++step) {
+        Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(step)});
+        run.model().loss(run.input(x)).backward();
+        run.step_optimizer();
+      }
+      hash[size_t(2 * rank + int(compiled))] = run.param_hash();
+      if (compiled) {
+        refused[size_t(rank)] = run.model().body->compile_stats().refused;
+        replayed[size_t(rank)] = run.model().body->compile_stats().replayed;
+      }
+    }
+  });
+  CHECK(contains(refused[0], "the host read the values of"));
+  CHECK(contains(refused[1], "another rank's recording of this module was refused"));
+  CHECK(replayed == std::vector<int64_t>{0, 0});
+  CHECK(hash[0] == hash[1]);
+  CHECK(hash[2] == hash[3]);
+}
+
 TEST_CASE("compiled modules: a module of your own, in a loop of your own", "[compile]") {
   // One call per step, and two calls of the same module per step: the second
   // call finds the recording's buffers in use and runs eagerly.
@@ -276,6 +360,13 @@ TEST_CASE("compiled modules: what this version does not do is an error naming it
   o.recompute = nn::Recompute::Full;
   CHECK(contains(error_of([&] { parallelize(model(), adamw(), o); }), "with recompute"));
   o.recompute = nn::Recompute::None;
+  o.zero = 3;
+  std::vector<std::string> fsdp(2);
+  comm::run_local(2, [&](int rank) {
+    fsdp[size_t(rank)] = error_of([&] { parallelize(model(), Mesh::world({{"dp", 2}}), parallel::ParallelPlan{}, adamw(), o); });
+  });
+  CHECK(contains(fsdp[0], "with zero = 3 (FSDP gathers parameters in module hooks"));
+  o.zero = 0;
   auto mixtral = models::make_language_model(models::model_config("mixtral", "tiny"), kSeed);
   CHECK(contains(error_of([&] { parallelize(mixtral, adamw(), o); }),
                  "block 'layers.0' holds an MoE layer, which routes tokens on the host"));
