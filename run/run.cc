@@ -297,6 +297,24 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   // Before the layout: pipeline stages and plans keep the same block objects.
   // (None leaves alone what the model marked itself.)
   if (opts.recompute != nn::Recompute::None) nn::apply_recompute(m, opts.recompute);
+  if (opts.compile && opts.compile_modules == nn::CompileModules::None && !opts.detect_anomaly &&
+      !nn::moe_layers(m).empty()) {
+    // MoE routing is host work (the router's choices sort the tokens by
+    // expert) that a whole-step recording refuses: the step is split around
+    // it instead -- the attention layers compiled (mixed mode), the MoE
+    // layers and the rest eager (docs/compile.md, "Mixed mode").
+    TESSEL_CHECK(opts.zero < 3 && opts.recompute == nn::Recompute::None, kOp,
+                 "RunOptions::compile on {}: its MoE layers route tokens on the host, so compile mode compiles the "
+                 "attention layers only (mixed mode), which does not combine with {} yet; run eagerly (compile = "
+                 "false)",
+                 model_type, opts.zero == 3 ? "FSDP (zero = 3)" : "recompute");
+    s->options.compile = false;
+    s->options.compile_modules = nn::CompileModules::Attention;
+    if (!comm::has_world() || comm::world()->rank() == 0)
+      spdlog::info("tessel::Run: {} has MoE layers, whose routing a whole-step recording cannot replay: compile mode "
+                   "compiles its attention layers (mixed mode) and runs the MoE layers and the rest eagerly",
+                   model_type);
+  }
   if (opts.compile_modules != nn::CompileModules::None) {
     const char* with = opts.compile                              ? "compile (the whole step is recorded already)"
                        : opts.recompute != nn::Recompute::None    ? "recompute (a module is recomputed or compiled)"

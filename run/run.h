@@ -145,8 +145,10 @@ struct RunOptions {
   // with no producer, data-dependent work) runs eagerly from then on, with
   // a warning and the reason in compile_stats(); new input shapes or
   // replaced parameters (or a new loss scale) record again. On a mesh every
-  // rank records and replays its collectives too. Not in this version:
-  // MoE, anomaly detection.
+  // rank records and replays its collectives too. A model with MoE layers
+  // (host routing) is split around them: its attention layers compiled
+  // (compile_modules = attention), the rest eager. Not with anomaly
+  // detection.
   bool compile = false;
   // Mixed mode (nn/compiled_module.h, docs/compile.md "Mixed mode"): none,
   // attention (every nn::Attention) or blocks (every block of an

@@ -298,7 +298,26 @@ TEST_CASE("compile: what this version does not record is refused at parallelize,
   CHECK(contains(e, "RunOptions::compile with anomaly detection"));
   auto moe = models::make_language_model(models::model_config("mixtral", "tiny"), kSeed);
   o.detect_anomaly = false;
-  CHECK(contains(error_of([&] { parallelize(moe, adamw(), o); }), "MoE layers"));
+  o.zero = 0;
+  o.recompute = nn::Recompute::Full;  // (MoE: compiles the attention layers, mixed mode, which recompute excludes)
+  CHECK(contains(error_of([&] { parallelize(moe, adamw(), o); }),
+                 "its MoE layers route tokens on the host, so compile mode compiles the attention layers only"));
+}
+
+// MoE routing is host work: compile splits the step around it, compiling
+// the attention layers (mixed mode), with the eager bits.
+TEST_CASE("compile: a model with MoE layers compiles its attention layers, the eager bits", "[compile]") {
+  Spec spec;
+  spec.arch = "mixtral";
+  spec.steps = 8;
+  const Result eager = train(spec);
+  spec.compile = true;
+  const Result compiled = train(spec);
+  check_same(eager, compiled);
+  CHECK(!compiled.stats.enabled);  // not the whole step
+  CHECK(compiled.stats.modules.modules == 2);
+  CHECK(compiled.stats.modules.replayed == 2 * (8 - 3));
+  CHECK(compiled.stats.modules.refused.empty());
 }
 
 // ---- the recorder itself -------------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ const std::vector<Field>& fields() {
       {"trace_steps", &C::trace_steps, "steps the --trace timeline covers, from the first (0: every step)"},
       {"compile", &C::compile,
        "compile mode: record the step's kernels and collectives at steps 2 and 3, replay them from step 4 with no dispatch (the same "
-       "bits; not with MoE; docs/compile.md)"},
+       "bits; with MoE layers: the attention layers only, mixed mode; docs/compile.md)"},
       {"compile_modules", &C::compile_modules,
        "mixed mode: record and replay these modules, forward and backward, the rest eager: none | attention | "
        "blocks (the same bits; not with --zero 3; docs/compile.md)"},

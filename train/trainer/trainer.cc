@@ -579,7 +579,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   const std::string trace_path = run.write_trace();  // when the run ended inside the trace's steps
   if (!trace_path.empty() && !hooks.quiet) std::printf("  wrote the timeline %s\n", trace_path.c_str());
   result.compile = run.compile_stats();
-  if (cfg.compile && main_rank && !hooks.quiet) {
+  if (cfg.compile && result.compile.enabled && main_rank && !hooks.quiet) {
     const CompileStats& c = result.compile;
     if (c.refused.empty())
       std::printf("  compile: %lld step(s) replayed (%lld launches each, %.1f MiB of buffers), %lld eager, %lld recording(s)\n",
@@ -589,11 +589,11 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
       std::printf("  compile: stopped, every step ran eagerly after it: %s\n", c.refused.c_str());
   }
 
-  if (cfg.compile_modules != "none" && main_rank && !hooks.quiet) {
+  if (result.compile.modules.modules > 0 && main_rank && !hooks.quiet) {
     const nn::ModuleCompileStats& m = result.compile.modules;
-    std::printf("  compile (%s, %lld modules): %lld of %lld calls replayed (%lld launches per call, summed; %.1f MiB of "
-                "buffers), %lld recorded, %lld recorded again%s%s\n",
-                cfg.compile_modules.c_str(), (long long)m.modules, (long long)m.replayed, (long long)m.calls,
+    std::printf("  compile (mixed mode, %s, %lld modules): %lld of %lld calls replayed (%lld launches per call, summed; "
+                "%.1f MiB of buffers), %lld recorded, %lld recorded again%s%s\n",
+                cfg.compile_modules != "none" ? cfg.compile_modules.c_str() : "attention: MoE model", (long long)m.modules, (long long)m.replayed, (long long)m.calls,
                 (long long)m.launches, double(m.buffer_bytes) / (1 << 20), (long long)m.recordings,
                 (long long)m.recaptures, m.refused.empty() ? "" : "; eager for good: ", m.refused.c_str());
   }
