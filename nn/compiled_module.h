@@ -26,7 +26,7 @@
 // numerics settings and the autocast dtype with the recording's; a
 // difference records again (`recaptures`). A module whose recording cannot
 // be replayed faithfully (a host read of a computed value, data-dependent
-// host work, a collective, the two recordings differ) runs eagerly for good,
+// host work, the two recordings differ) runs eagerly for good,
 // with a warning and the reason in its stats. Calls without gradients
 // (eval, NoGradGuard) run eagerly; so does a second call of the module
 // before the first one's backward (the recording's buffers are in use:
