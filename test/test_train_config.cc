@@ -265,6 +265,7 @@ TEST_CASE("validate names the offending field", "[config]") {
   CHECK_THAT(validation_error([](TrainConfig& c) { c.zero = 3, c.mesh = "tp=2"; }),
              Catch::Contains("zero = 3 needs a mesh with a dp dim of size > 1"));
   CHECK_THAT(validation_error([](TrainConfig& c) { c.ddp_bucket_mb = -1; }), Catch::Contains("ddp_bucket_mb"));
+  CHECK_THAT(validation_error([](TrainConfig& c) { c.compile_modules = "all"; }), Catch::Contains("compile_modules"));
   CHECK(validation_error([](TrainConfig& c) { c.zero = 2, c.mesh = "dp=2,tp=2"; }) == "(valid)");
 }
 
@@ -279,7 +280,7 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
       "steps", "batch_size", "seq_len", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay",
       "betas", "grad_clip", "seed", "eval_every", "eval_batches", "log_every", "data", "heldout_percent",
       "tokenizer", "vocab", "merges", "tokenizer_json", "out_dir", "metrics", "sample_length", "temperature", "top_k",
-      "mesh", "devices", "backend", "plan", "sequence_parallel", "bitwise", "profile", "detect_anomaly", "dump", "trace", "trace_steps", "compile", "pipeline_schedule",
+      "mesh", "devices", "backend", "plan", "sequence_parallel", "bitwise", "profile", "detect_anomaly", "dump", "trace", "trace_steps", "compile", "compile_modules", "pipeline_schedule",
       "virtual_stages", "pipeline_split",
       "zero", "recompute", "ddp_bucket_mb", "capacity_factor",
       "ckpt_every", "final_ckpt", "keep_last", "resume", "ckpt_dir", "ckpt_sync"};
