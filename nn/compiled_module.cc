@@ -430,6 +430,19 @@ int apply_compile_modules(Module& model, CompileModules which) {
   return marked;
 }
 
+void record_modules_again(const Module& root) {
+  for (const auto& [path, m] : root.named_modules()) {
+    auto* u = dynamic_cast<const UnaryModule*>(m);
+    if (u && u->compiled()) u->forget_recording();
+  }
+}
+
+void UnaryModule::forget_recording() const {
+  // The next call's guard differs from this one, so it records again; a
+  // call in flight keeps replaying the recording it began with.
+  if (compiled_) compiled_->key.clear();
+}
+
 ModuleCompileStats compiled_module_stats(const Module& root) {
   ModuleCompileStats s;
   for (const auto& [path, m] : root.named_modules()) {

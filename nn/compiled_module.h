@@ -80,4 +80,10 @@ int apply_compile_modules(Module& model, CompileModules which);
 // Summed over the compiled modules under `root` (refused: the first reason).
 ModuleCompileStats compiled_module_stats(const Module& root);
 
+// Every compiled module under `root` records again at its next training
+// call (a replay would not see host state of a module's own that changed:
+// a dropout rate set by hand, a flag its forward reads). RunBase::
+// record_again calls it.
+void record_modules_again(const Module& root);
+
 }  // namespace tessel::nn

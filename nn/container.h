@@ -41,6 +41,8 @@ class UnaryModule : public Module {
   bool compiled() const { return compiled_ != nullptr; }
   // What mixed mode did for this module (zeros when not compiled).
   ModuleCompileStats compile_stats() const;  // nn/compiled_module.cc
+  // The next training call records again (nn::record_modules_again).
+  void forget_recording() const;  // nn/compiled_module.cc
 
  private:
   Tensor call_recomputed(const Tensor& x);  // nn/recompute.cc

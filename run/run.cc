@@ -1017,7 +1017,10 @@ CompileStats RunBase::compile_stats() const {
   return c;
 }
 
-void RunBase::record_again() { state_->compiled.record_again = true; }
+void RunBase::record_again() {
+  state_->compiled.record_again = true;
+  nn::record_modules_again(*state_->model);  // mixed mode's compiled modules too
+}
 
 Tensor RunBase::forward(const Tensor& inputs) {
   RunState& s = *state_;

@@ -244,7 +244,8 @@ class RunBase {
   // RunOptions::compile: what it did so far.
   CompileStats compile_stats() const;
   // RunOptions::compile: the next forward_backward records again (steps N
-  // and N+1), then replays the new recording. Call it after changing host
+  // and N+1), then replays the new recording; mixed mode's compiled
+  // modules record again at their next calls. Call it after changing host
   // state the step depends on that no tensor carries -- a flag your loss
   // reads, a schedule of your own: a replay runs the recorded kernels and
   // cannot see such a change. (Modules' train()/eval() and parameters'

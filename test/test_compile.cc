@@ -782,6 +782,32 @@ TEST_CASE("compiled modules: a module of your own, in a loop of your own", "[com
   }
 }
 
+// Host state of the module's own (a scale it multiplies by) is an argument
+// of a recorded kernel: after changing it, record_modules_again.
+struct Scaled : nn::UnaryModule {
+  std::shared_ptr<nn::Linear> a;
+  double scale = 1.0;
+  Scaled() : UnaryModule("Scaled") { a = child("a", std::make_shared<nn::Linear>(8, 8)); }
+  Tensor forward(const Tensor& x) override { return (*a)(x) * Scalar(scale); }
+};
+
+TEST_CASE("compiled modules: record_modules_again after a change of the module's host state", "[compile]") {
+  auto plain = std::make_shared<Scaled>();
+  auto compiled = std::make_shared<Scaled>();
+  plain->reset_parameters(kSeed);
+  compiled->reset_parameters(kSeed);
+  compiled->set_compiled(true);
+  auto a = hand_loop(*plain, 5), b = hand_loop(*compiled, 5);
+  plain->scale = compiled->scale = 0.5;
+  nn::record_modules_again(*compiled);
+  auto a2 = hand_loop(*plain, 5), b2 = hand_loop(*compiled, 5);
+  CHECK(a == b);
+  CHECK(a2 == b2);
+  const nn::ModuleCompileStats s = compiled->compile_stats();
+  CHECK(s.recaptures == 1);
+  CHECK(s.replayed == (5 - 3) + (5 - 2));
+}
+
 TEST_CASE("compiled modules: eval and no-grad calls run eagerly; train() records again", "[compile]") {
   auto net = std::make_shared<TwoLayer>();
   net->reset_parameters(kSeed);
