@@ -24,36 +24,12 @@ namespace tessel::nn {
 namespace {
 constexpr const char* kOp = "compiled module";
 
-// Where a tensor the module hands out lies: its local piece's place in a
-// program's buffer, and (distributed) its mesh, placements and global shape.
-struct Layout {
-  capture::TensorArg local;  // buffer -1: none
-  MeshPtr mesh;
-  Placements placements;
-  Dims global_shape;
-};
-
 // `t` (a tensor the recording made) as a recorded output.
-Layout output_layout(capture::Recorder& rec, const Tensor& t) {
-  Layout l;
-  if (!t.defined()) return l;
-  const Tensor& local = raw::local_of(t);
-  capture::TensorArg& a = l.local;
-  a.buffer = rec.output(local);
-  a.shape = local.shape();
-  a.strides = local.strides();
-  a.offset = local.offset();
-  a.dtype = local.dtype();
-  a.device = local.device();
-  if (t.is_distributed()) {
-    l.mesh = t.mesh();
-    l.placements = t.placements();
-    l.global_shape = t.shape();
-  }
-  return l;
+capture::OutputLayout output_layout(capture::Recorder& rec, const Tensor& t) {
+  return capture::layout_of(t.defined() ? rec.output(raw::local_of(t)) : -1, t);
 }
 
-std::string describe(const Layout& l) {
+std::string describe(const capture::OutputLayout& l) {
   const capture::TensorArg& a = l.local;
   if (a.buffer < 0) return "none";
   std::string s = fmt::format(FMT_STRING("{}@{}+{}{}"), a.buffer, a.shape.str(), a.offset, dtype_name(a.dtype));
@@ -61,18 +37,17 @@ std::string describe(const Layout& l) {
   return s;
 }
 
-// A copy of the recorded output (the buffer is the next call's), distributed
-// as the recording's was.
-Tensor copy_out(capture::Program& p, const Layout& l) {
-  Tensor local = p.output(l.local).clone();
-  return l.mesh ? raw::make_distributed(local, l.mesh, l.placements, l.global_shape) : local;
-}
-
-// A copy of `t` the program owns (made outside the recording: not one of
-// the step's buffers), distributed like `t`; its local piece in `local`.
+// A copy of `t` with storage of its own, distributed like `t`; its local
+// piece in `local`. For the program's inputs (made outside the recording:
+// not the step's buffers) and for what a replay hands out (the program's
+// buffers are the next call's).
 Tensor own_copy(const Tensor& t, Tensor& local) {
   local = raw::local_of(t).contiguous().clone();
   return t.is_distributed() ? raw::make_distributed(local, t.mesh(), t.placements(), t.shape()) : local;
+}
+Tensor copy_out(capture::Program& p, const capture::OutputLayout& l) {
+  Tensor local;
+  return own_copy(p.output(l), local);
 }
 
 // Every rank that runs the module decides alike whether it is refused: a
@@ -103,9 +78,9 @@ class CompiledModule {
   std::string first_outputs;                // its outputs' layouts
   std::unique_ptr<capture::Program> program;  // the recording in use
   int64_t forward_launches = 0;               // launches [0, this) are the forward's
-  Layout y;                                   // the output
+  capture::OutputLayout y;                    // the output
   std::string g_placement;                    // the incoming gradient's placements, as recorded
-  std::vector<Layout> grads;                  // per gradient computed: where it lies (buffer -1: none)
+  std::vector<capture::OutputLayout> grads;   // per gradient computed: where it lies (buffer -1: none)
   std::vector<size_t> grad_edges;             // per gradient: its edge (0: the input, 1 + i: parameter i)
   bool busy = false;  // a recorded or replayed call waits for its backward
   ModuleCompileStats stats;
@@ -220,7 +195,7 @@ struct CompiledModuleNode final : Node {
     rec->resume();
     rec->input(g_local);
     std::vector<Tensor> gs = wrt.empty() ? std::vector<Tensor>() : autograd::grad({y_inner}, wrt, {g_in});
-    std::vector<Layout> layouts;
+    std::vector<capture::OutputLayout> layouts;
     std::string outputs = "g=" + placement_of(g) + ";";
     for (size_t i = 0; i < gs.size(); ++i) {
       // A gradient that is the incoming one itself (an identity) would be
@@ -369,7 +344,7 @@ Tensor UnaryModule::call_compiled(const Tensor& x) {
                               y.defined() ? y.desc() : std::string("(undefined)")));
     return call_eager(x);
   }
-  const Layout y_layout = output_layout(*rec, y);
+  const capture::OutputLayout y_layout = output_layout(*rec, y);
   const int64_t forward_launches = rec->launches();
   m.forward_launches = forward_launches;
   m.y = y_layout;

@@ -393,13 +393,11 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   if (opts.compile) {
     // What this version records (docs/compile.md): kernels and collectives
     // of forward, backward and the data-parallel gradient reduction.
-    const char* unsupported = opts.detect_anomaly            ? "anomaly detection (it reads every op's output on the host)"
-                              : !nn::moe_layers(m).empty()     ? "MoE layers (routing sizes buffers from the data)"
-                                                               : nullptr;
-    TESSEL_CHECK(unsupported == nullptr, kOp,
-                 "RunOptions::compile with {} on {}{}: compile mode does not record it in this version; run eagerly "
-                 "(compile = false)",
-                 unsupported, model_type, s->mesh ? " (mesh " + s->mesh->str() + ")" : std::string());
+    // (MoE layers made it mixed mode above.)
+    TESSEL_CHECK(!opts.detect_anomaly, kOp,
+                 "RunOptions::compile with anomaly detection (it reads every op's output on the host) on {}{}: compile "
+                 "mode does not record it in this version; run eagerly (compile = false)",
+                 model_type, s->mesh ? " (mesh " + s->mesh->str() + ")" : std::string());
     s->compiled.stats.enabled = true;
   }
   if (!opts.trace.empty()) {
@@ -799,18 +797,7 @@ bool same_parameters(const RunState& s) {
 // Where the recorded `t` (a loss or a gradient) lies in buffer `buffer`.
 RunState::Compiled::OutputLayout output_layout(int buffer, const Tensor& t, int param) {
   RunState::Compiled::OutputLayout o;
-  const Tensor& local = raw::local_of(t);
-  o.local.buffer = buffer;
-  o.local.shape = local.shape();
-  o.local.strides = local.strides();
-  o.local.offset = local.offset();
-  o.local.dtype = local.dtype();
-  o.local.device = local.device();
-  if (t.is_distributed()) {
-    o.mesh = t.mesh();
-    o.placements = t.placements();
-    o.global_shape = t.shape();
-  }
+  o.where = capture::layout_of(buffer, t);
   o.param = param;
   return o;
 }
@@ -824,8 +811,7 @@ void make_output_views(RunState& s) {
   c.tied.clear();
   if (s.pipe) c.tied.resize(s.params.size());
   for (const RunState::Compiled::OutputLayout& o : c.output_layouts) {
-    const Tensor local = c.program->output(o.local);
-    const Tensor t = o.mesh ? raw::make_distributed(local, o.mesh, o.placements, o.global_shape) : local;
+    const Tensor t = c.program->output(o.where);
     if (o.param < 0) c.losses.push_back(t);
     else if (o.contribution >= 0) c.tied[size_t(o.param)].push_back(t);  // (in micro-batch order)
     else c.grads.emplace_back(s.params[size_t(o.param)], t);

@@ -83,12 +83,9 @@ class RunState {
     // How the losses and gradients lie in the program's buffers, until the
     // first replay makes the views above (the arena exists from then on).
     struct OutputLayout {
-      capture::TensorArg local;  // buffer, shape, strides, offset, dtype of the local piece
-      MeshPtr mesh;              // distributed outputs: how to wrap the piece
-      Placements placements;
-      Dims global_shape;
-      int param = -1;            // a gradient's parameter (index into params), -1: a loss
-      int contribution = -1;     // >= 0: micro-batch k's gradient of a tied parameter (a pipeline in bitwise mode)
+      capture::OutputLayout where;  // the local piece's buffer view, and how to wrap it
+      int param = -1;               // a gradient's parameter (index into params), -1: a loss
+      int contribution = -1;        // >= 0: micro-batch k's gradient of a tied parameter (a pipeline in bitwise mode)
     };
     std::vector<OutputLayout> output_layouts;
     std::vector<const StorageImpl*> param_storages;  // the parameters recorded

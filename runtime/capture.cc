@@ -546,6 +546,29 @@ Tensor Program::output(int buffer, const Tensor& like) {
   return output(a);
 }
 
+Tensor Program::output(const OutputLayout& layout) {
+  const Tensor local = output(layout.local);
+  return layout.mesh ? raw::make_distributed(local, layout.mesh, layout.placements, layout.global_shape) : local;
+}
+
+OutputLayout layout_of(int buffer, const Tensor& t) {
+  OutputLayout o;
+  if (!t.defined()) return o;
+  const Tensor& local = raw::local_of(t);
+  o.local.buffer = buffer;
+  o.local.shape = local.shape();
+  o.local.strides = local.strides();
+  o.local.offset = local.offset();
+  o.local.dtype = local.dtype();
+  o.local.device = local.device();
+  if (t.is_distributed()) {
+    o.mesh = t.mesh();
+    o.placements = t.placements();
+    o.global_shape = t.shape();
+  }
+  return o;
+}
+
 void Program::replay() { replay_range(0, int64_t(launches_.size())); }
 
 void Program::replay_range(int64_t begin, int64_t end) {

@@ -150,6 +150,18 @@ struct TensorArg {
   Tensor view;  // bound to the program's buffer
 };
 
+// Where a recorded output lies: its local piece's place in a buffer and,
+// for a distributed tensor, how to wrap the piece again (mesh, placements,
+// global shape). Program::output(layout) makes the view.
+struct OutputLayout {
+  TensorArg local;  // local.buffer -1: none
+  MeshPtr mesh;     // null: a local tensor
+  Placements placements;
+  Dims global_shape;
+};
+// `t`, whose local piece is (in) buffer `buffer`, as such a layout.
+OutputLayout layout_of(int buffer, const Tensor& t);
+
 class Program;
 
 // Thrown (and caught by the caller of the capture) when a step cannot be
@@ -239,7 +251,6 @@ class Recorder {
   // active on the thread.
   void suspend();
   void resume();
-  bool suspended() const { return suspended_; }
 
   // Ends the recording; throws NotCapturable if anything seen was refused.
   // CompareOnly: a program to compare with the next recording (difference)
@@ -327,6 +338,8 @@ class Program {
   Tensor output(const TensorArg& layout);
   // The same, laid out like `like` (its metadata only).
   Tensor output(int buffer, const Tensor& like);
+  // The view of a recorded output, distributed as the recorded tensor was.
+  Tensor output(const OutputLayout& layout);
   // Runs every launch; keys re-made by their producers first. The first
   // replay (or output) allocates the arena.
   void replay();
@@ -370,9 +383,12 @@ template <class T, class = void>
 struct Stored {
   static_assert(std::is_copy_constructible_v<T>, "capture: a kernel argument type that cannot be copied");
   T value;
-  std::vector<int> key_slots;    // for_each_key order
-  std::vector<int> block_slots;  // for_each_block order
-  std::vector<Dims> block_deltas;  // per block with a slot: its offset minus the slot's
+  std::vector<int> key_slots;  // for_each_key order
+  struct BlockSlot {
+    int slot = -1;  // -1: a constant of the launch
+    Dims delta;     // its offset minus the slot's
+  };
+  std::vector<BlockSlot> block_slots;  // for_each_block order
   void record(Recorder& r, std::string& fp, const T& v) {
     value = v;
     // A block derived from one a producer makes (the same global shape; a
@@ -380,14 +396,15 @@ struct Stored {
     // compared by its slot and its offset from the slot's, not by value.
     T masked = v;
     for_each_block(masked, [&](GlobalBlock& b) {
-      const int slot = r.block_slot(b);
-      block_slots.push_back(slot);
-      if (slot < 0) return;
-      Dims delta = b.offset;
-      const Dims& base = r.block_value(slot).offset;
-      for (size_t d = 0; d < delta.size(); ++d) delta[d] -= base[d];
-      block_deltas.push_back(delta);
-      b = GlobalBlock{Dims{-1 - int64_t(slot)}, delta};
+      BlockSlot bs;
+      bs.slot = r.block_slot(b);
+      if (bs.slot >= 0) {
+        bs.delta = b.offset;
+        const Dims& base = r.block_value(bs.slot).offset;
+        for (size_t d = 0; d < bs.delta.size(); ++d) bs.delta[d] -= base[d];
+        b = GlobalBlock{Dims{-1 - int64_t(bs.slot)}, bs.delta};
+      }
+      block_slots.push_back(std::move(bs));
     });
     fingerprint(fp, masked);
     for_each_key(value, [&](PhiloxKey& k) {
@@ -407,15 +424,13 @@ struct Stored {
       if (key_slots[i] >= 0) k = values.keys[size_t(key_slots[i])];
       ++i;
     });
-    size_t j = 0, with_slot = 0;
+    size_t j = 0;
     for_each_block(value, [&](GlobalBlock& b) {
-      if (block_slots[j] >= 0) {
-        const GlobalBlock& now = values.blocks[size_t(block_slots[j])];
-        const Dims& delta = block_deltas[with_slot++];
-        b.global_shape = now.global_shape;
-        for (size_t d = 0; d < delta.size(); ++d) b.offset[d] = now.offset[d] + delta[d];
-      }
-      ++j;
+      const BlockSlot& bs = block_slots[j++];
+      if (bs.slot < 0) return;
+      const GlobalBlock& now = values.blocks[size_t(bs.slot)];
+      b.global_shape = now.global_shape;
+      for (size_t d = 0; d < bs.delta.size(); ++d) b.offset[d] = now.offset[d] + bs.delta[d];
     });
   }
   const T& get() const { return value; }
