@@ -26,16 +26,16 @@ constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq && op <= B
 constexpr bool is_logical(BinaryOp op) { return op >= BinaryOp::LogicalAnd; }
 
 // out = op(a, b).
-inline KernelTable<void(BinaryOp, const Tensor&, const Tensor&, const Tensor&)> binary{"binary"};
+inline KernelTable<void(BinaryOp, const Tensor&, const Tensor&, const Tensor&)> binary{"binary", capture::Access::Elementwise};
 
 // dst = src, converting dtype (16-bit floats round to nearest even; float to
 // int truncates; to bool is != 0).
-inline KernelTable<void(const Tensor& src, const Tensor& dst)> copy{"copy"};
+inline KernelTable<void(const Tensor& src, const Tensor& dst)> copy{"copy", capture::Access::Elementwise};
 
 // dst[...] = value converted to dst's dtype.
-inline KernelTable<void(const Tensor& dst, Scalar value)> fill{"fill"};
+inline KernelTable<void(const Tensor& dst, Scalar value)> fill{"fill", capture::Access::Elementwise};
 
 // out = cond ? a : b (cond bool; a, b, out one dtype).
-inline KernelTable<void(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out)> where{"where"};
+inline KernelTable<void(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out)> where{"where", capture::Access::Elementwise};
 
 }  // namespace tessel::kernels

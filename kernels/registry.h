@@ -28,7 +28,10 @@ template <class... A>
 class KernelTable<void(A...)> {
  public:
   using Fn = void (*)(A...);
-  constexpr explicit KernelTable(const char* name) : name_(name), fns_{} {}
+  // `access`: how the kernel treats its tensors (capture::Access; compile
+  // mode fuses runs of Elementwise kernels).
+  constexpr explicit KernelTable(const char* name, capture::Access access = capture::Access::Other)
+      : name_(name), access_(access), fns_{} {}
 
   bool set(DeviceType d, Fn fn) {
     fns_[static_cast<int>(d)] = fn;
@@ -44,7 +47,7 @@ class KernelTable<void(A...)> {
     if (TESSEL_UNLIKELY(!fn)) throw_missing_kernel(name_, d);
     if (TESSEL_UNLIKELY(capture::active() != nullptr)) {  // compile mode: recorded too (runtime/capture.h)
       capture::Recorder& r = *capture::active();
-      if (r.depth == 0) r.kernel(name_, fn, args...);
+      if (r.depth == 0) r.kernel(name_, access_, fn, args...);
       struct Depth {
         int& d;
         ~Depth() { --d; }
@@ -57,6 +60,7 @@ class KernelTable<void(A...)> {
 
  private:
   const char* name_;
+  capture::Access access_;
   Fn fns_[kNumDeviceTypes];
 };
 

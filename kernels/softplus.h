@@ -40,10 +40,9 @@ TESSEL_HOST_DEVICE_INLINE C softplus_grad(C g, C x, C beta, C threshold) {
 }
 
 // out = softplus(x); x and out share shape and floating dtype, any strides.
-inline KernelTable<void(const Tensor& x, double beta, double threshold, const Tensor& out)> softplus_forward{
-    "softplus_forward"};
+inline KernelTable<void(const Tensor& x, double beta, double threshold, const Tensor& out)> softplus_forward{"softplus_forward", capture::Access::Elementwise};
 // dx = softplus'(x) * g; g, x and dx share shape and floating dtype.
 inline KernelTable<void(const Tensor& g, const Tensor& x, double beta, double threshold, const Tensor& dx)>
-    softplus_backward{"softplus_backward"};
+    softplus_backward{"softplus_backward", capture::Access::Elementwise};
 
 }  // namespace tessel::kernels

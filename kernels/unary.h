@@ -26,10 +26,10 @@ constexpr bool is_piecewise_constant(UnaryOp op) {
 
 // out = op(x); x and out have the same shape and dtype (Neg/Abs/Sign/Square
 // also accept integers; the rest are floating point).
-inline KernelTable<void(UnaryOp, const Tensor& x, const Tensor& out)> unary{"unary"};
+inline KernelTable<void(UnaryOp, const Tensor& x, const Tensor& out)> unary{"unary", capture::Access::Elementwise};
 // dx = op'(x) * g, written to dx. y = op(x) is passed too (some derivatives
 // are cheaper from the output). All floating, same shape and dtype.
 inline KernelTable<void(UnaryOp, const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& dx)>
-    unary_backward{"unary_backward"};
+    unary_backward{"unary_backward", capture::Access::Elementwise};
 
 }  // namespace tessel::kernels

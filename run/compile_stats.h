@@ -18,6 +18,8 @@ struct CompileStats {
   int64_t recaptures = 0;   // recordings dropped for new input shapes or replaced parameters
   int64_t launches = 0;     // launches in the recording in use (kernels, collectives, waits, checks)
   int64_t buffer_bytes = 0;  // bytes the recording's buffers hold
+  int64_t fused_chains = 0;    // runs of elementwise launches replayed as one pass (RunOptions::compile_fusion)
+  int64_t fused_launches = 0;  // the launches in them
   std::string refused;       // why compile mode stopped (empty: it did not)
   // Mixed mode (RunOptions::compile_modules): the compiled modules, summed.
   nn::ModuleCompileStats modules;

@@ -891,6 +891,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   std::string refused;
   {
     capture::Recorder rec(fmt::format(FMT_STRING("{}'s forward_backward at step {}"), s.model_type, s.step + 1));
+    rec.fuse_elementwise = s.options.compile_fusion;
     rec.input(x);
     rec.input(y);
     out = eager_step(run, x, y, &losses);
@@ -968,6 +969,8 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   c.stats.replaying = true;
   c.stats.launches = c.program->launches();
   c.stats.buffer_bytes = c.program->bytes();
+  c.stats.fused_chains = c.program->fused_chains();
+  c.stats.fused_launches = c.program->fused_launches();
   return out;
 }
 

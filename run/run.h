@@ -150,6 +150,11 @@ struct RunOptions {
   // (compile_modules = attention), the rest eager. Not with anomaly
   // detection.
   bool compile = false;
+  // Compile mode's fusion (docs/compile.md, "Fusion"): runs of elementwise
+  // kernels are replayed tile by tile, as one pass over memory (the same
+  // bits). false: every launch replays alone -- to measure what fusion
+  // gives, or to rule it out.
+  bool compile_fusion = true;
   // Mixed mode (nn/compiled_module.h, docs/compile.md "Mixed mode"): none,
   // attention (every nn::Attention) or blocks (every block of an
   // nn::StagedModel) are recorded and replayed, forward and backward, while

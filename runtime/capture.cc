@@ -27,8 +27,7 @@ std::string bytes_of(const StorageImpl& s) {
 }
 }  // namespace
 
-namespace {
-// `a`'s layout over `storage` (a buffer of the program).
+namespace detail {
 Tensor view_of(const TensorArg& a, std::shared_ptr<StorageImpl> storage) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
@@ -39,10 +38,10 @@ Tensor view_of(const TensorArg& a, std::shared_ptr<StorageImpl> storage) {
   impl->device = a.device;
   return Tensor(std::move(impl));
 }
-}  // namespace
+}  // namespace detail
 
 void Stored<Tensor>::bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) {
-  arg.view = arg.buffer < 0 ? Tensor() : view_of(arg, buffers[size_t(arg.buffer)]);
+  arg.view = arg.buffer < 0 ? Tensor() : detail::view_of(arg, buffers[size_t(arg.buffer)]);
 }
 
 // ---- host output checks -----------------------------------------------------------------------------
@@ -89,6 +88,7 @@ Recorder::~Recorder() {
 void Recorder::suspend() {
   TESSEL_CHECK(detail::t_recorder == this && !suspended_, kOp, "suspending '{}', which is not the active recording",
                label_);
+  boundaries_.push_back(int64_t(launches_.size()));
   detail::t_recorder = prev_;
   suspended_ = true;
 }
@@ -382,7 +382,7 @@ void Recorder::place_in_arenas(Program& p) {
     // (A born buffer still alive at the end and not an output is held
     // elsewhere -- a cache, a tensor the step hands out -- and keeps its own.)
     if (!b.storage && b.weak.expired()) b.died = true;
-    const bool temporary = b.born && b.used && !b.input && !b.host_written && (b.output || b.died);
+    const bool temporary = b.born && b.used && !b.input && !b.host_written && (b.output || b.died) && !b.scratch;
     if (!temporary) continue;
     const Device d = b.device;
     int key = -1;
@@ -450,7 +450,10 @@ std::unique_ptr<Program> Recorder::finish(Use use) {
   p->block_producers_ = std::move(block_producers_);
   p->values_.blocks = std::move(blocks_);
   const bool replay = use == Use::Replay;
-  if (replay) place_in_arenas(*p);
+  if (replay) {
+    plan_fusion(*p);  // first: it widens its buffers' liveness, and takes some out of the arena
+    place_in_arenas(*p);
+  }
   for (size_t i = 0; i < buffers_.size(); ++i) {
     Buffer& b = buffers_[i];
     p->sizes_.push_back(int64_t(b.nbytes));
@@ -464,7 +467,7 @@ std::unique_ptr<Program> Recorder::finish(Use use) {
       continue;
     }
     if (!b.storage && !b.in_arena) b.storage = b.weak.lock();  // alive at the end, held elsewhere (escaping)
-    TESSEL_CHECK(b.storage != nullptr || b.in_arena, kOp, "capturing {}: buffer {} ({} bytes) was freed during the step but is not "
+    TESSEL_CHECK(b.storage != nullptr || b.in_arena || b.scratch, kOp, "capturing {}: buffer {} ({} bytes) was freed during the step but is not "
                  "a temporary of it (an internal error of the recorder)", label_, i, b.nbytes);
     p->storages_.push_back(std::move(b.storage));
     p->constants_.push_back(std::move(b.constant));
@@ -527,12 +530,14 @@ void Program::materialize() {
                                                             std::function<void(void*)>());
   }
   for (auto& l : launches_) l->bind(storages_);
+  plan_scratch();
+  for (Chain& c : chains_) make_tiles(c);  // views of the bound buffers and of the scratch
   materialized_ = true;
 }
 
 Tensor Program::output(const TensorArg& a) {
   materialize();
-  return view_of(a, storages_[size_t(a.buffer)]);
+  return detail::view_of(a, storages_[size_t(a.buffer)]);
 }
 
 Tensor Program::output(int buffer, const Tensor& like) {
@@ -579,24 +584,50 @@ void Program::replay_range(int64_t begin, int64_t end) {
     for (size_t i = 0; i < producers_.size(); ++i) values_.keys[i] = producers_[i]();
     for (size_t i = 0; i < block_producers_.size(); ++i) values_.blocks[i] = block_producers_[i]();
     for (auto& l : launches_) l->refresh(values_);
+    for (Chain& c : chains_)
+      for (auto& tile : c.tiles)
+        for (auto& l : tile) l->refresh(values_);
   }
-  const auto first = launches_.begin() + begin, last = launches_.begin() + end;
-  if (profile::current() == nullptr && timeline::current() == nullptr) {
-    for (auto it = first; it != last; ++it) (*it)->run();
-    return;
-  }
-  // Profiled (`--profile`, TESSEL_PROFILE=1) or traced: each launch is a row
-  // / span of its own under its kernel's name, so a replayed step's profile
-  // says where its time goes (the eager profile's op rows include dispatch).
-  for (auto it = first; it != last; ++it) {
-    profile::Timer timer((*it)->name, nullptr, "kernel");
-    (*it)->run();
+  // Profiled (`--profile`, TESSEL_PROFILE=1) or traced: each launch (or
+  // fused chain) is a row / span of its own under its kernel's name, so a
+  // replayed step's profile says where its time goes (the eager profile's
+  // op rows include dispatch).
+  const bool timed = profile::current() != nullptr || timeline::current() != nullptr;
+  auto chain = std::lower_bound(chains_.begin(), chains_.end(), begin,
+                                [](const Chain& c, int64_t at) { return c.end <= at; });
+  TESSEL_CHECK(chain == chains_.end() || chain->begin >= begin, kOp,
+               "replaying launches [{}, {}) of {}: launch {} is inside the fused chain [{}, {})", begin, end, label_,
+               begin, chain->begin, chain->end);
+  for (int64_t i = begin; i < end;) {
+    if (chain != chains_.end() && chain->begin == i) {
+      TESSEL_CHECK(chain->end <= end, kOp, "replaying launches [{}, {}) of {}: the range ends inside the fused chain [{}, {})",
+                   begin, end, label_, chain->begin, chain->end);
+      if (timed) {
+        profile::Timer timer(chain->name.c_str(), nullptr, "kernel");
+        run_chain(*chain);
+      } else {
+        run_chain(*chain);
+      }
+      i = chain->end;
+      ++chain;
+      continue;
+    }
+    Launch& l = *launches_[size_t(i++)];
+    if (timed) {
+      profile::Timer timer(l.name, nullptr, "kernel");
+      l.run();
+    } else {
+      l.run();
+    }
   }
 }
 
 int64_t Program::bytes() const {
   int64_t n = 0;
   for (const ArenaPlan& a : arena_plans_) n += a.bytes;
+  int64_t scratch = 0;  // (what plan_scratch allocates at the first replay)
+  for (const Chain& c : chains_) scratch = std::max(scratch, c.slots_now() * c.slot_bytes);
+  n += scratch_ ? int64_t(scratch_->nbytes()) : scratch;
   for (size_t i = 0; i < storages_.size(); ++i)
     if (storages_[i] && !in_arena_[i] && !outside_[i]) n += int64_t(storages_[i]->nbytes());
   return n;

@@ -127,17 +127,17 @@ struct PerCall {
 
 // ---- the recorder ---------------------------------------------------------------------------------------
 
-// One recorded launch, runnable again.
-class Launch {
- public:
-  virtual ~Launch() = default;
-  virtual void run() = 0;
-  // Tensors become views of the program's buffers (after recording ends).
-  virtual void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) = 0;
-  // Keys and blocks re-made for this replay (by slot).
-  virtual void refresh(const PerCall& values) = 0;
-  const char* name = "";
-  std::string fingerprint;  // arguments, buffer numbers and key slots
+// How a kernel reads and writes its tensor arguments (KernelTable's second
+// constructor argument): what lets a replay fuse it with its neighbours.
+enum class Access : uint8_t {
+  Other,  // anything (the default)
+  // Every tensor argument has one shape (broadcast ones by zero strides);
+  // the last one is the only one written, and its element i depends on
+  // element i of the others alone: no reduction, no position, no state. So
+  // running the kernel on row ranges of its arguments, one after another,
+  // writes every element with exactly its whole-tensor arithmetic
+  // (kernels/elementwise.h's contract).
+  Elementwise,
 };
 
 // A tensor argument: a view of buffer `buffer` (-1: an undefined tensor).
@@ -148,6 +148,28 @@ struct TensorArg {
   DType dtype = DType::Float32;
   Device device;
   Tensor view;  // bound to the program's buffer
+};
+
+// One recorded launch, runnable again.
+class Launch {
+ public:
+  virtual ~Launch() = default;
+  virtual void run() = 0;
+  // Tensors become views of the program's buffers (after recording ends).
+  virtual void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers) = 0;
+  // Keys and blocks re-made for this replay (by slot).
+  virtual void refresh(const PerCall& values) = 0;
+  // Its tensor arguments, in order (a kernel's; others have none listed).
+  virtual void tensor_args(std::vector<const TensorArg*>& out) const { (void)out; }
+  // A copy of this launch whose i-th tensor argument is view(i, arg)
+  // instead (a fused chain's tile: capture_fusion.cc). Null: not a kernel.
+  virtual std::unique_ptr<Launch> with_views(const std::function<Tensor(int, const TensorArg&)>& view) const {
+    (void)view;
+    return nullptr;
+  }
+  const char* name = "";
+  Access access = Access::Other;
+  std::string fingerprint;  // arguments, buffer numbers and key slots
 };
 
 // Where a recorded output lies: its local piece's place in a buffer and,
@@ -161,6 +183,11 @@ struct OutputLayout {
 };
 // `t`, whose local piece is (in) buffer `buffer`, as such a layout.
 OutputLayout layout_of(int buffer, const Tensor& t);
+
+namespace detail {
+// `a`'s layout over `storage`.
+Tensor view_of(const TensorArg& a, std::shared_ptr<StorageImpl> storage);
+}
 
 class Program;
 
@@ -187,7 +214,7 @@ class Recorder {
 
   // ---- hooks (runtime and kernels call these; nothing else needs to) ----
   template <class... A, class... Args>
-  void kernel(const char* name, void (*fn)(A...), Args&&... args);
+  void kernel(const char* name, Access access, void (*fn)(A...), Args&&... args);
   void storage_created(const StorageImpl* s);
   void storage_destroyed(const StorageImpl* s);
   void host_access(const Tensor& t);
@@ -252,6 +279,11 @@ class Recorder {
   void suspend();
   void resume();
 
+  // Runs of elementwise kernels become fused chains of the program, run
+  // tile by tile (docs/compile.md, "Fusion"). false: every launch replays
+  // as it was recorded (RunOptions::compile_fusion).
+  bool fuse_elementwise = true;
+
   // Ends the recording; throws NotCapturable if anything seen was refused.
   // CompareOnly: a program to compare with the next recording (difference)
   // but never replay -- it holds no memory of the step (no arena, no
@@ -290,11 +322,13 @@ class Recorder {
     std::string constant;     // its bytes at first use (host_written buffers)
     int64_t first = -1, last = -1;  // launch indices
     bool in_arena = false;
+    bool scratch = false;     // lives only inside one fused chain: a tile-sized scratch (capture_fusion.cc)
   };
   int buffer_of(const std::shared_ptr<StorageImpl>& s);
   // The launch about to be added uses `b` (its liveness for the arena).
   void used_by_next_launch(Buffer& b);
   void place_in_arenas(Program& p);
+  void plan_fusion(Program& p);  // capture_fusion.cc
   void storage_op(StorageImpl& s, bool release);
 
   std::string label_;
@@ -315,6 +349,7 @@ class Recorder {
   std::string in_flight_what_;
   uint64_t serial_ = 0;
   bool suspended_ = false;
+  std::vector<int64_t> boundaries_;  // launch counts at suspend(): a fused chain never crosses one
 };
 
 // Thrown by Program::replay when a checked read sees other bytes than the
@@ -351,11 +386,37 @@ class Program {
   int64_t bytes() const;
   int64_t launches() const { return int64_t(launches_.size()); }
   const std::string& label() const { return label_; }
+  // Fused chains and the launches in them (docs/compile.md, "Fusion").
+  int64_t fused_chains() const { return int64_t(chains_.size()); }
+  int64_t fused_launches() const;
 
  private:
   friend class Recorder;
+  // Launches [begin, end), all elementwise over one [rows, cols] iteration
+  // space, replayed tile by tile: tile t runs every launch of the chain on
+  // its rows before tile t + 1 starts, so the chain passes over memory once
+  // and its intermediates stay in cache -- or, when nothing outside the
+  // chain uses one, live in a tile-sized scratch only (capture_fusion.cc).
+  struct Chain {
+    int64_t begin = 0, end = 0;
+    int64_t rows = 0, cols = 0, tile_rows = 0;
+    std::vector<int64_t> prologue;      // small launches in [begin, end) run whole before the tiles (scalar fills)
+    std::vector<int> scratch;           // buffers held by the scratch
+    std::vector<int64_t> scratch_offset;  // their bytes' offset in a slot's scratch
+    int64_t slot_bytes = 0;             // one worker's scratch
+    int64_t slots = 0;                  // workers (fixed when the tiles are made: each has its scratch)
+    std::string name;                   // "fused(binary+unary)": profile rows, trace spans
+    std::vector<std::vector<std::unique_ptr<Launch>>> tiles;  // per tile, per launch (made by materialize)
+    int64_t tile_count() const { return (rows + tile_rows - 1) / tile_rows; }
+    int64_t slots_now() const;  // workers for it with the thread pool as it is now
+  };
+  void plan_scratch();         // capture_fusion.cc (at materialize)
+  void make_tiles(Chain& c);
+  void run_chain(Chain& c);
   std::string label_;
   std::vector<std::unique_ptr<Launch>> launches_;
+  std::vector<Chain> chains_;  // in launch order
+  std::shared_ptr<StorageImpl> scratch_;  // the chains' scratch (they run one at a time)
   // Where the step's temporaries and outputs go in a device's arena.
   struct ArenaPlan {
     Device device;
@@ -452,6 +513,8 @@ struct Stored<Tensor> {
   void refresh(const PerCall&) {}
   const Tensor& get() const { return arg.view; }
 };
+template <class S>
+constexpr bool is_stored_tensor_v = std::is_same_v<S, Stored<Tensor>>;
 
 template <>
 struct Stored<const char*> {
@@ -507,8 +570,25 @@ class KernelLaunch final : public Launch {
   void refresh(const PerCall& values) override {
     std::apply([&](auto&... s) { (s.refresh(values), ...); }, args_);
   }
+  void tensor_args(std::vector<const TensorArg*>& out) const override {
+    std::apply([&](const auto&... s) { (push_tensor(out, s), ...); }, args_);
+  }
+  std::unique_ptr<Launch> with_views(const std::function<Tensor(int, const TensorArg&)>& view) const override {
+    auto copy = std::make_unique<KernelLaunch>(*this);
+    int i = 0;
+    std::apply([&](auto&... s) { (set_view(view, i, s), ...); }, copy->args_);
+    return copy;
+  }
 
  private:
+  template <class S>
+  static void push_tensor(std::vector<const TensorArg*>& out, const S& s) {
+    if constexpr (is_stored_tensor_v<S>) out.push_back(&s.arg);
+  }
+  template <class S>
+  static void set_view(const std::function<Tensor(int, const TensorArg&)>& view, int& i, S& s) {
+    if constexpr (is_stored_tensor_v<S>) s.arg.view = view(i++, s.arg);
+  }
   template <class S>
   static void push_host_output(std::vector<int64_t>& v, const S& s) {
     if constexpr (std::is_same_v<S, Stored<int64_t*>>) v.push_back(s.slot);
@@ -522,7 +602,7 @@ class KernelLaunch final : public Launch {
 };
 
 template <class... A, class... Args>
-void Recorder::kernel(const char* name, void (*fn)(A...), Args&&... args) {
+void Recorder::kernel(const char* name, Access access, void (*fn)(A...), Args&&... args) {
   // A launch with no tensor is a query of static facts (does the fast
   // attention apply to these shapes?): nothing to replay.
   if constexpr (!(is_tensor_arg_v<A> || ...)) {
@@ -539,6 +619,7 @@ void Recorder::kernel(const char* name, void (*fn)(A...), Args&&... args) {
     }
     auto launch = std::make_unique<KernelLaunch<void (*)(A...), A...>>(fn);
     launch->name = name;
+    launch->access = access;
     launch->fingerprint = name;
     launch->fingerprint.push_back('\0');
     launch->record(*this, args...);

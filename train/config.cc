@@ -92,6 +92,9 @@ const std::vector<Field>& fields() {
       {"compile", &C::compile,
        "compile mode: record the step's kernels and collectives at steps 2 and 3, replay them from step 4 with no dispatch (the same "
        "bits; with MoE layers: the attention layers only, mixed mode; docs/compile.md)"},
+      {"no_fusion", &C::no_fusion,
+       "compile mode without fusion: every launch replays alone (fused elementwise chains are the default; the same "
+       "bits either way; docs/compile.md)"},
       {"compile_modules", &C::compile_modules,
        "mixed mode: record and replay these modules, forward and backward, the rest eager: none | attention | "
        "blocks (the same bits; not with --zero 3; docs/compile.md)"},

@@ -22,6 +22,7 @@ const Bench kBenches[] = {
     {"collectives",
      "all_reduce / all_gather / reduce_scatter of the MPI backend against raw MPI (launches mpirun, --ranks N)"},
     {"dispatch", "time a distributed op call adds over the same op on a plain tensor, per stage"},
+    {"fusion", "compile mode's fused elementwise chains against the same recorded launches unfused"},
     {"ckpt", "checkpoint save/load GB/s against a plain sequential copy of the same bytes; resharded load"},
     {"step_cuda", "a training step on a GPU: tokens/s and MFU (vs PyTorch eager / torch.compile when available)"},
 };

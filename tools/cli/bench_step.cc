@@ -202,8 +202,12 @@ int run_cuda_step_bench(const tools::StepBenchOptions& o, CLI::App& cmd, bool bi
 // With `modules` (--compile-modules) the compiled side is mixed mode
 // instead (RunOptions::compile_modules): those modules replayed, the rest
 // eager.
-int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules modules) {
+// With `fusion_reference` (--fusion-reference) the reference side is compile
+// mode too, without fusion (RunOptions::compile_fusion = false): what fusing
+// elementwise chains gives, both sides replaying.
+int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules modules, bool fusion_reference) {
   const char* op = "bench step --compile";
+  const char* name[2] = {fusion_reference ? "unfused" : "eager", fusion_reference ? "fused" : "compiled"};
   const int threads = o.threads > 0 ? o.threads : num_threads();
   set_num_threads(threads);
   models::ModelConfig mc = models::model_config(o.model, o.config);
@@ -239,7 +243,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
     try {
       RunOptions ro;
       ro.seed = o.seed;
-      ro.compile = k == 1 && modules == nn::CompileModules::None;
+      ro.compile = (k == 1 || fusion_reference) && modules == nn::CompileModules::None;
+      ro.compile_fusion = k == 1;
       if (k == 1) ro.compile_modules = modules;
       d.run.emplace(parallelize(models::make_language_model(mc, o.seed), adamw(ao), ro));
     } catch (const std::exception& e) {
@@ -310,9 +315,10 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
     std::unique_lock<std::mutex> lk(mu);
     cv.wait(lk, [&] { return setup_done[0] && setup_done[1]; });
   }
-  std::cout << fmt::format(FMT_STRING("bench step --compile: {}; batch {} x {} tokens, {} threads, fp32, AdamW; eager "
-                                      "and compiled{} in turn, {} warm-up + {} timed steps each\n"),
-                           mc.describe(), B, T, threads,
+  std::cout << fmt::format(FMT_STRING("bench step --compile: {}; batch {} x {} tokens, {} threads, fp32, AdamW; {} "
+                                      "and {}{} in turn, {} warm-up + {} timed steps each\n"),
+                           mc.describe(), B, T, threads, fusion_reference ? "compiled without fusion" : "eager",
+                           fusion_reference ? "with fusion" : "compiled",
                            modules == nn::CompileModules::None
                                ? std::string()
                                : fmt::format(FMT_STRING(" (mixed mode: the {} only)"), nn::compile_modules_name(modules)),
@@ -331,8 +337,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
       cv.wait(lk, [&] { return turn == -1; });
     }
     if (s >= warmup && failure.empty())
-      std::cout << fmt::format(FMT_STRING("  step {}/{}: eager {:.4f} s, compiled {:.4f} s\n"), s + 1, warmup + o.steps,
-                               side[0].times.back(), side[1].times.back());
+      std::cout << fmt::format(FMT_STRING("  step {}/{}: {} {:.4f} s, {} {:.4f} s\n"), s + 1, warmup + o.steps, name[0],
+                               side[0].times.back(), name[1], side[1].times.back());
   }
   // (Mixed mode -- asked for, or compile on a model with MoE layers -- is
   // mostly eager ops: no kernel profile of it.)
@@ -362,15 +368,16 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
   const bool same_bits = side[0].loss_bits == side[1].loss_bits && side[0].hash == side[1].hash;
   const double eager = tools::median(side[0].times), compiled = tools::median(side[1].times);
   const double eager_mb = tools::median(side[0].step_bytes) / (1 << 20), compiled_mb = tools::median(side[1].step_bytes) / (1 << 20);
-  std::cout << fmt::format(FMT_STRING("  median step: eager {:.4f} s, compiled {:.4f} s ({:.2f}x); step memory eager "
-                                      "{:.1f} MiB, compiled {:.1f} MiB; {} kernels replayed per step; the same bits: {}\n"),
-                           eager, compiled, eager / compiled, eager_mb, compiled_mb, cs.launches, same_bits ? "yes" : "NO");
+  std::cout << fmt::format(FMT_STRING("  median step: {} {:.4f} s, {} {:.4f} s ({:.2f}x); step memory {} {:.1f} MiB, {} "
+                                      "{:.1f} MiB; {} kernels replayed per step ({} in {} fused chains); the same bits: {}\n"),
+                           name[0], eager, name[1], compiled, eager / compiled, name[0], eager_mb, name[1], compiled_mb,
+                           cs.launches, cs.fused_launches, cs.fused_chains, same_bits ? "yes" : "NO");
   // Where the step goes: forward_backward (replayed) and step_optimizer.
   const double fb[2] = {tools::median(side[0].fb_times), tools::median(side[1].fb_times)};
   const double opt[2] = {tools::median(side[0].opt_times), tools::median(side[1].opt_times)};
-  std::cout << fmt::format(FMT_STRING("  forward_backward: eager {:.4f} s, compiled {:.4f} s ({:.2f}x); step_optimizer: "
-                                      "eager {:.4f} s, compiled {:.4f} s ({:.2f}x)\n"),
-                           fb[0], fb[1], fb[0] / fb[1], opt[0], opt[1], opt[0] / opt[1]);
+  std::cout << fmt::format(FMT_STRING("  forward_backward: {} {:.4f} s, {} {:.4f} s ({:.2f}x); step_optimizer: {} {:.4f} "
+                                      "s, {} {:.4f} s ({:.2f}x)\n"),
+                           name[0], fb[0], name[1], fb[1], fb[0] / fb[1], name[0], opt[0], name[1], opt[1], opt[0] / opt[1]);
   if (!cs.refused.empty()) std::cout << "  compile mode stopped: " << cs.refused << "\n";
   // Where a replayed step's time goes: kProfiledSteps more steps with every
   // launch timed (not among the timed steps), per step. What is left once
@@ -399,8 +406,9 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
     }
   }
   nlohmann::ordered_json j = {{"bench", "step_compile"}, {"model", o.model}, {"config", o.config}, {"ours_s", compiled},
-                              {"reference", "tessel eager (same run)"}, {"reference_s", eager},
-                              {"speedup", eager / compiled}};
+                              {"reference", fusion_reference ? "tessel compiled without fusion (same run)"
+                                                             : "tessel eager (same run)"},
+                              {"reference_s", eager}, {"speedup", eager / compiled}};
   j["tokens_per_s"] = double(B * T) / compiled;
   j["reference_tokens_per_s"] = double(B * T) / eager;
   j["step_memory_mib"] = {{"ours", compiled_mb}, {"reference", eager_mb}};
@@ -410,6 +418,8 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
                              ? "attention (MoE model)"
                              : nn::compile_modules_name(modules);
   j["kernels_per_step"] = cs.launches;
+  j["fused_chains"] = cs.fused_chains;
+  j["fused_launches"] = cs.fused_launches;
   j["replay_kernels_s"] = kernels_s;
   j["replay_top_kernels"] = top;
   j["same_bits"] = same_bits;
@@ -501,7 +511,7 @@ int run_compile_mesh_step_bench(const tools::StepBenchOptions& o, const std::str
 
 void register_bench_step(CLI::App& app) {
   static tools::StepBenchOptions o;
-  static bool no_reference = false, bitwise = false, compile = false, profile = false;
+  static bool no_reference = false, bitwise = false, compile = false, profile = false, fusion_reference = false;
   static int profile_steps = 3;
   static std::vector<std::string> meshes;
   static std::string schedule = "1f1b";
@@ -542,7 +552,12 @@ void register_bench_step(CLI::App& app) {
                                 if (compile && !meshes.empty())
                                   return run_compile_mesh_step_bench(o, meshes[0], micro_batches, rounds, schedule, zero);
                                 if (!meshes.empty()) return run_mesh_step_bench(o, meshes, micro_batches, schedule);
-                                if (compile) return run_compile_step_bench(o, nn::parse_compile_modules(compile_modules));
+                                TESSEL_CHECK(!fusion_reference || (compile && meshes.empty() && compile_modules == "none"),
+                                             "bench step", "--fusion-reference times compile mode with and without "
+                                             "fusion on one device: give it with --compile, without --mesh and "
+                                             "--compile-modules");
+                                if (compile)
+                                  return run_compile_step_bench(o, nn::parse_compile_modules(compile_modules), fusion_reference);
                                 o.reference = !no_reference;
                                 o.profile_steps = profile ? profile_steps : 0;
                                 return tools::run_step_bench(o, std::cout);
@@ -557,6 +572,9 @@ void register_bench_step(CLI::App& app) {
   cmd->add_flag("--compile", compile,
                 "time compile mode (RunOptions::compile) against eager in the same run: one device, or --mesh "
                 "(ranks as threads, --rounds interleaved runs; docs/compile.md)");
+  cmd->add_flag("--fusion-reference", fusion_reference,
+                "with --compile, one device: the reference is compile mode without fusion (RunOptions::"
+                "compile_fusion = false) instead of eager: what fused elementwise chains give");
   cmd->add_option("--compile-modules", compile_modules,
                   "with --compile, one device: the compiled side is mixed mode, these modules replayed and the rest "
                   "eager: attention | blocks (RunOptions::compile_modules)")

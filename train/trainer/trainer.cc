@@ -208,6 +208,7 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.trace = cfg.trace;
   o.trace_steps = cfg.trace_steps;
   o.compile = cfg.compile;
+  o.compile_fusion = !cfg.no_fusion;
   o.recompute = nn::parse_recompute(cfg.recompute);
   o.compile_modules = nn::parse_compile_modules(cfg.compile_modules);
   return o;
@@ -582,9 +583,10 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
   if (cfg.compile && result.compile.enabled && main_rank && !hooks.quiet) {
     const CompileStats& c = result.compile;
     if (c.refused.empty())
-      std::printf("  compile: %lld step(s) replayed (%lld launches each, %.1f MiB of buffers), %lld eager, %lld recording(s)\n",
-                  (long long)c.replays, (long long)c.launches, double(c.buffer_bytes) / (1 << 20),
-                  (long long)c.eager_steps, (long long)c.captures);
+      std::printf("  compile: %lld step(s) replayed (%lld launches each, %lld of them in %lld fused chain(s); %.1f MiB of "
+                  "buffers), %lld eager, %lld recording(s)\n",
+                  (long long)c.replays, (long long)c.launches, (long long)c.fused_launches, (long long)c.fused_chains,
+                  double(c.buffer_bytes) / (1 << 20), (long long)c.eager_steps, (long long)c.captures);
     else
       std::printf("  compile: stopped, every step ran eagerly after it: %s\n", c.refused.c_str());
   }

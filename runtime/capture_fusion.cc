@@ -1,0 +1,330 @@
+// Fusion of elementwise chains in a recorded program (docs/compile.md,
+// "Fusion"): runs of consecutive Elementwise launches over one iteration
+// space are replayed tile by tile instead of launch by launch.
+//
+// Why it keeps every bit: an Elementwise kernel (capture::Access) writes
+// element i of its output from element i of its inputs alone, with the same
+// arithmetic whatever rows it is given. A chain replayed tile by tile runs
+// each launch on every row exactly once, and each element sees the chain's
+// launches in their recorded order. What could still break it is memory
+// that two launches of the chain see at different places -- a tile-major
+// order would let a later launch overwrite what an earlier one has not yet
+// read in a later tile. So a chain only takes a launch when every buffer
+// that the chain writes is seen through one and the same layout by every
+// launch of the chain, no two held storages of the chain overlap where one
+// is written, and the arena gives the chain's buffers bytes of their own
+// for the whole chain (their liveness widened to it).
+//
+// An intermediate that nothing outside the chain uses (a temporary written
+// first inside the chain, dead at its end) never goes to memory at all: it
+// lives in a tile-sized scratch per worker, which is the "one pass over
+// memory" of a fused kernel.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "runtime/capture.h"
+#include "runtime/threadpool.h"
+
+namespace tessel::capture {
+
+namespace {
+constexpr const char* kOp = "compile";
+// Elements of one tile: a chain's operands for a tile (a few of these) stay
+// in the core's L2 cache between the launches of the chain.
+constexpr int64_t kTileElements = 16384;
+constexpr int64_t kAlign = 64;
+// A launch this small (a scalar operand's fill) may move ahead of a chain.
+constexpr int64_t kHoistElements = 64;
+
+// A tensor argument as a [rows, cols] matrix: its leading dims merged into
+// rows (they must merge with one stride: contiguous or broadcast alike),
+// the last dim the columns.
+struct RowLayout {
+  int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 0;
+};
+bool row_layout(const TensorArg& a, RowLayout* out) {
+  const int k = a.shape.size();
+  if (k == 0) return false;
+  if (k == 1) {  // a vector: one column
+    *out = {a.shape[0], 1, a.strides[0], 1};
+    return true;
+  }
+  RowLayout r;
+  r.cols = a.shape[k - 1];
+  r.col_stride = a.strides[k - 1];
+  r.rows = 1;
+  bool have = false;
+  int64_t expect = 0;
+  for (int d = k - 2; d >= 0; --d) {
+    r.rows *= a.shape[d];
+    if (a.shape[d] == 1) continue;
+    if (have && a.strides[d] != expect) return false;
+    if (!have) r.row_stride = a.strides[d];
+    have = true;
+    expect = a.strides[d] * a.shape[d];
+  }
+  *out = r;
+  return true;
+}
+
+// One launch that may join a chain: its tensors and their row layouts.
+struct Candidate {
+  std::vector<const TensorArg*> args;
+  std::vector<RowLayout> layouts;
+  int64_t rows = 0, cols = 0;
+};
+bool candidate(const Launch& l, Candidate* c) {
+  if (l.access != Access::Elementwise) return false;
+  c->args.clear();
+  c->layouts.clear();
+  l.tensor_args(c->args);
+  if (c->args.empty()) return false;
+  const Dims& shape = c->args[0]->shape;
+  for (const TensorArg* a : c->args) {
+    RowLayout r;
+    if (a->buffer < 0 || !a->device.is_cpu() || a->shape != shape || !row_layout(*a, &r)) return false;
+    c->layouts.push_back(r);
+  }
+  c->rows = c->layouts[0].rows;
+  c->cols = c->layouts[0].cols;
+  // Worth it from two tiles on: a smaller chain's operands fit in cache anyway.
+  return c->rows >= 2 && c->rows * c->cols > kTileElements;
+}
+
+// How a chain sees one buffer so far.
+struct Seen {
+  const TensorArg* layout = nullptr;  // the first access
+  bool written = false;
+  bool one_layout = true;             // every access had `layout`'s offset, strides and dtype
+  int64_t first_launch = -1;          // the first launch of the chain that uses it
+  bool first_writes_only = false;     // ... and only as its output
+};
+bool same_layout(const TensorArg& a, const TensorArg& b) {
+  return a.offset == b.offset && a.strides == b.strides && a.dtype == b.dtype;
+}
+}  // namespace
+
+void Recorder::plan_fusion(Program& p) {
+  if (!fuse_elementwise) return;
+  const int64_t n = int64_t(p.launches_.size());
+  // Held storages (tensors from before the step, inputs, outputs): their
+  // memory, to refuse a chain that sees one piece of memory through two.
+  auto range_of = [&](int id) -> std::pair<const char*, const char*> {
+    const Buffer& b = buffers_[size_t(id)];
+    std::shared_ptr<StorageImpl> s = b.storage ? b.storage : b.weak.lock();
+    if (!s || !s->data()) return {nullptr, nullptr};
+    const char* at = static_cast<const char*>(s->data());
+    return {at, at + s->nbytes()};
+  };
+  Candidate cand;
+  int64_t i = 0;
+  while (i < n) {
+    if (!candidate(*p.launches_[size_t(i)], &cand)) {
+      ++i;
+      continue;
+    }
+    const int64_t rows = cand.rows, cols = cand.cols;
+    std::map<int, Seen> seen;         // buffers the tiled launches use
+    std::set<int> before;             // buffers the prologue writes (whole, before any tile)
+    std::vector<int64_t> prologue;    // small launches in the chain, run before its tiles
+    int64_t j = i, last_tiled = i;
+    // Adds tiled launch j's accesses to `seen` if the chain stays sound;
+    // false (and `seen` unchanged) if not.
+    auto admit = [&](const Candidate& c) {
+      std::map<int, Seen> next = seen;
+      for (size_t k = 0; k < c.args.size(); ++k) {
+        const TensorArg& a = *c.args[k];
+        const bool writes = k + 1 == c.args.size();
+        // A written view that holds one element at two positions (zero
+        // strides) would be written twice: left to whole launches.
+        if (writes && ((c.layouts[k].row_stride == 0 && rows > 1) || (c.layouts[k].col_stride == 0 && cols > 1)))
+          return false;
+        // Written whole by the prologue before any tile: read it through any
+        // view; writing it again would reorder the two writes.
+        if (before.count(a.buffer) > 0) {
+          if (writes) return false;
+          continue;
+        }
+        auto [it, fresh] = next.try_emplace(a.buffer);
+        Seen& s = it->second;
+        if (fresh) {
+          s.layout = &a;
+          s.first_launch = j;
+          s.first_writes_only = writes;
+        } else {
+          s.one_layout = s.one_layout && same_layout(*s.layout, a);
+          if (s.first_launch == j && !writes) s.first_writes_only = false;  // read by the launch that writes it
+        }
+        s.written = s.written || writes;
+        if (s.written && !s.one_layout) return false;
+      }
+      for (const auto& [id, s] : next) {
+        if (!s.written) continue;
+        const auto [lo, hi] = range_of(id);
+        if (!lo) continue;
+        for (const auto& [other, t] : next) {
+          if (other == id) continue;
+          const auto [olo, ohi] = range_of(other);
+          if (olo && olo < hi && lo < ohi) return false;
+        }
+      }
+      seen = std::move(next);
+      return true;
+    };
+    // A small elementwise launch between two of the chain's (the fill of a
+    // scalar operand) may run before the chain's tiles: when it touches no
+    // buffer the chain's launches before it use, moving it ahead of them
+    // changes nothing they compute.
+    auto hoist = [&](const Launch& l) {
+      if (l.access != Access::Elementwise) return false;
+      std::vector<const TensorArg*> args;
+      l.tensor_args(args);
+      if (args.empty()) return false;
+      for (const TensorArg* a : args) {
+        if (a->buffer < 0 || !a->device.is_cpu() || seen.count(a->buffer) > 0) return false;
+        int64_t numel = 1;
+        for (int64_t d : a->shape) numel *= d;
+        if (numel > kHoistElements) return false;
+      }
+      before.insert(args.back()->buffer);
+      return true;
+    };
+    for (; j < n; ++j) {
+      if (j > i && std::find(boundaries_.begin(), boundaries_.end(), j) != boundaries_.end()) break;
+      const Launch& l = *p.launches_[size_t(j)];
+      if (j > i && !candidate(l, &cand)) {
+        if (!hoist(l)) break;
+        prologue.push_back(j);
+        continue;
+      }
+      if (cand.rows != rows || cand.cols != cols || !admit(cand)) break;
+      last_tiled = j;
+    }
+    // The chain ends at its last tiled launch (a trailing small launch stays alone).
+    const int64_t end = last_tiled + 1;
+    while (!prologue.empty() && prologue.back() >= end) prologue.pop_back();
+    if (end - i - int64_t(prologue.size()) < 2) {
+      ++i;
+      continue;
+    }
+    Program::Chain c;
+    c.begin = i;
+    c.end = end;
+    c.rows = rows;
+    c.cols = cols;
+    c.tile_rows = std::max<int64_t>(1, kTileElements / cols);
+    c.prologue = prologue;
+    c.name = "fused(";
+    for (int64_t l = i; l < end; ++l) {
+      if (std::find(prologue.begin(), prologue.end(), l) != prologue.end()) continue;
+      if (l > i) c.name += "+";
+      c.name += p.launches_[size_t(l)]->name;
+    }
+    c.name += ")";
+    for (const auto& [id, s] : seen) {
+      Buffer& b = buffers_[size_t(id)];
+      if (!b.storage && b.weak.expired()) b.died = true;
+      // Only this chain uses it, and writes it before anything reads it: a
+      // tile-sized scratch instead of memory of its own.
+      const bool temporary = b.born && b.used && b.died && !b.input && !b.output && !b.host_written;
+      if (temporary && s.written && s.first_writes_only && b.first >= i && b.last < end) {
+        b.scratch = true;
+        c.scratch.push_back(id);
+        c.scratch_offset.push_back(c.slot_bytes);
+        const int64_t bytes = c.tile_rows * cols * int64_t(itemsize(s.layout->dtype));
+        c.slot_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
+        continue;
+      }
+      // The rest keep bytes of their own across the whole chain.
+      b.first = std::min(b.first, i);
+      b.last = std::max(b.last, end - 1);
+    }
+    for (int id : before) {  // (the prologue's too: they are written before the chain's first launch)
+      Buffer& b = buffers_[size_t(id)];
+      b.first = std::min(b.first, i);
+      b.last = std::max(b.last, end - 1);
+    }
+    p.chains_.push_back(std::move(c));
+    i = end;
+  }
+}
+
+void Program::plan_scratch() {
+  int64_t bytes = 0;
+  for (Chain& c : chains_) {
+    c.slots = c.slots_now();
+    bytes = std::max(bytes, c.slots * c.slot_bytes);
+  }
+  if (bytes > 0) scratch_ = std::make_shared<StorageImpl>(size_t(bytes), Device());
+}
+
+int64_t Program::Chain::slots_now() const { return std::max<int64_t>(1, std::min<int64_t>(num_threads(), tile_count())); }
+
+int64_t Program::fused_launches() const {
+  int64_t n = 0;
+  for (const Chain& c : chains_) n += c.end - c.begin;
+  return n;
+}
+
+namespace {
+// Rows [r0, r1) of `a` (its layout as rows and columns), over `storage`.
+Tensor row_view(const TensorArg& a, const std::shared_ptr<StorageImpl>& storage, int64_t r0, int64_t r1) {
+  RowLayout r;
+  row_layout(a, &r);
+  TensorArg t = a;
+  t.shape = Dims{r1 - r0, r.cols};
+  t.strides = Dims{r.row_stride, r.col_stride};
+  t.offset = a.offset + r0 * r.row_stride;
+  return detail::view_of(t, storage);
+}
+
+// Slot of tile t when `tiles` tiles are split over `slots` workers in
+// contiguous runs: tiles [w * tiles / slots, (w + 1) * tiles / slots).
+int64_t slot_begin(int64_t w, int64_t tiles, int64_t slots) { return w * tiles / slots; }
+}  // namespace
+
+void Program::make_tiles(Chain& c) {
+  const int64_t tiles = c.tile_count();
+  const int64_t slots = c.slots;
+  c.tiles.clear();
+  c.tiles.resize(size_t(tiles));
+  for (int64_t w = 0; w < slots; ++w) {
+    for (int64_t t = slot_begin(w, tiles, slots); t < slot_begin(w + 1, tiles, slots); ++t) {
+      const int64_t r0 = t * c.tile_rows, r1 = std::min(c.rows, r0 + c.tile_rows);
+      for (int64_t l = c.begin; l < c.end; ++l) {
+        if (std::find(c.prologue.begin(), c.prologue.end(), l) != c.prologue.end()) continue;
+        auto view = [&](int, const TensorArg& a) -> Tensor {
+          const auto at = std::find(c.scratch.begin(), c.scratch.end(), a.buffer);
+          if (at == c.scratch.end()) return row_view(a, a.view.storage(), r0, r1);
+          // The scratch: this worker's tile of the buffer, rows packed.
+          TensorArg s = a;
+          s.shape = Dims{r1 - r0, c.cols};
+          s.strides = Dims{c.cols, 1};
+          const int64_t bytes = w * c.slot_bytes + c.scratch_offset[size_t(at - c.scratch.begin())];
+          s.offset = bytes / int64_t(itemsize(a.dtype));
+          return detail::view_of(s, scratch_);
+        };
+        std::unique_ptr<Launch> tile = launches_[size_t(l)]->with_views(view);
+        TESSEL_CHECK(tile != nullptr, kOp, "fusing launch {} ('{}') of {}: not a kernel launch (an internal error)", l,
+                     launches_[size_t(l)]->name, label_);
+        c.tiles[size_t(t)].push_back(std::move(tile));
+      }
+    }
+  }
+}
+
+void Program::run_chain(Chain& c) {
+  const int64_t tiles = int64_t(c.tiles.size());
+  const int64_t slots = c.slots;
+  for (int64_t l : c.prologue) launches_[size_t(l)]->run();
+  // Each worker runs its own slot's tiles (its scratch is its own), each
+  // tile through the whole chain before the next.
+  parallel_for(slots, 1, [&](int64_t wb, int64_t we) {
+    for (int64_t w = wb; w < we; ++w)
+      for (int64_t t = slot_begin(w, tiles, slots); t < slot_begin(w + 1, tiles, slots); ++t)
+        for (auto& l : c.tiles[size_t(t)]) l->run();
+  });
+}
+
+}  // namespace tessel::capture
