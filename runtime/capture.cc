@@ -369,10 +369,20 @@ int Recorder::key_slot(const PhiloxKey& k) const {
 // outside (escaping), and constants written on the host.
 void Recorder::place_in_arenas(Program& p) {
   constexpr int64_t kAlign = 64;
-  struct Placed {
-    int64_t offset, size, first, last;
+  constexpr int64_t kForever = std::numeric_limits<int64_t>::max();
+  // What is placed: a buffer, with those that take its bytes (Buffer::shares,
+  // capture_fusion.cc) -- one region alive from the first one's first use to
+  // the last one's last.
+  struct Group {
+    int64_t nbytes = 0, size = 0, first = kForever, last = -1;
+    std::vector<int> members;
   };
-  std::unordered_map<int, std::vector<size_t>> by_device;  // device index -> buffers
+  auto root_of = [&](int id) {
+    while (buffers_[size_t(id)].shares >= 0) id = buffers_[size_t(id)].shares;
+    return id;
+  };
+  std::unordered_map<int, Group> groups;  // root -> its group
+  std::unordered_map<int, std::vector<int>> by_device;  // device index -> roots
   std::vector<Device> devices;
   for (size_t i = 0; i < buffers_.size(); ++i) {
     Buffer& b = buffers_[i];
@@ -384,7 +394,16 @@ void Recorder::place_in_arenas(Program& p) {
     if (!b.storage && b.weak.expired()) b.died = true;
     const bool temporary = b.born && b.used && !b.input && !b.host_written && (b.output || b.died) && !b.scratch;
     if (!temporary) continue;
-    const Device d = b.device;
+    const int root = root_of(int(i));
+    auto [it, fresh] = groups.try_emplace(root);
+    Group& g = it->second;
+    g.members.push_back(int(i));
+    g.nbytes = std::max(g.nbytes, int64_t(b.nbytes));
+    g.size = (g.nbytes + kAlign - 1) / kAlign * kAlign;
+    g.first = std::min(g.first, b.first);
+    g.last = std::max(g.last, b.output ? kForever : b.last);
+    if (!fresh) continue;
+    const Device d = buffers_[size_t(root)].device;
     int key = -1;
     for (size_t k = 0; k < devices.size(); ++k)
       if (devices[k] == d) key = int(k);
@@ -392,45 +411,44 @@ void Recorder::place_in_arenas(Program& p) {
       key = int(devices.size());
       devices.push_back(d);
     }
-    by_device[key].push_back(i);
+    by_device[key].push_back(root);
   }
-  for (auto& [key, ids] : by_device) {
+  struct Placed {
+    int64_t offset, size, first, last;
+  };
+  for (auto& [key, roots] : by_device) {
     // Largest first, each at the lowest offset free for its whole lifetime.
-    std::sort(ids.begin(), ids.end(), [&](size_t a, size_t b) {
-      return buffers_[a].nbytes > buffers_[b].nbytes || (buffers_[a].nbytes == buffers_[b].nbytes && a < b);
+    std::sort(roots.begin(), roots.end(), [&](int a, int b) {
+      return groups[a].nbytes > groups[b].nbytes || (groups[a].nbytes == groups[b].nbytes && a < b);
     });
     std::vector<Placed> placed;
-    std::vector<int64_t> offsets(ids.size());
     int64_t total = 0;
-    for (size_t n = 0; n < ids.size(); ++n) {
-      const Buffer& b = buffers_[ids[n]];
-      const int64_t size = (int64_t(b.nbytes) + kAlign - 1) / kAlign * kAlign;
-      std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of buffers alive at the same time
-      const int64_t last = b.output ? std::numeric_limits<int64_t>::max() : b.last;
+    Program::ArenaPlan plan;
+    plan.device = devices[size_t(key)];
+    for (int root : roots) {
+      const Group& g = groups[root];
+      std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of regions alive at the same time
       for (const Placed& q : placed)
-        if (q.first <= last && b.first <= q.last) busy.emplace_back(q.offset, q.offset + q.size);
+        if (q.first <= g.last && g.first <= q.last) busy.emplace_back(q.offset, q.offset + q.size);
       std::sort(busy.begin(), busy.end());
       int64_t at = 0;
       for (const auto& [lo, hi] : busy) {
-        if (at + size <= lo) break;
+        if (at + g.size <= lo) break;
         at = std::max(at, hi);
       }
-      placed.push_back({at, size, b.first, b.output ? std::numeric_limits<int64_t>::max() : b.last});
-      offsets[n] = at;
-      total = std::max(total, at + size);
+      placed.push_back({at, g.size, g.first, g.last});
+      total = std::max(total, at + g.size);
+      for (int id : g.members) {
+        Buffer& b = buffers_[size_t(id)];
+        plan.buffers.emplace_back(id, at);
+        b.storage.reset();  // (an output's eager tensor is no longer held)
+        b.in_arena = true;
+      }
     }
     // The arena itself is allocated at the first replay (Program::materialize):
     // until then the eager step's outputs (its gradients) are alive, and
     // both at once would be a peak eager never has.
-    Program::ArenaPlan plan;
-    plan.device = devices[size_t(key)];
     plan.bytes = total;
-    for (size_t n = 0; n < ids.size(); ++n) {
-      Buffer& b = buffers_[ids[n]];
-      plan.buffers.emplace_back(int(ids[n]), offsets[n]);
-      b.storage.reset();  // (an output's eager tensor is no longer held)
-      b.in_arena = true;
-    }
     p.arena_plans_.push_back(std::move(plan));
   }
 }

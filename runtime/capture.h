@@ -323,6 +323,7 @@ class Recorder {
     int64_t first = -1, last = -1;  // launch indices
     bool in_arena = false;
     bool scratch = false;     // lives only inside one fused chain: a tile-sized scratch (capture_fusion.cc)
+    int shares = -1;          // takes the bytes of this (dead) buffer in the arena (capture_fusion.cc)
   };
   int buffer_of(const std::shared_ptr<StorageImpl>& s);
   // The launch about to be added uses `b` (its liveness for the arena).

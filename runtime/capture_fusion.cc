@@ -222,6 +222,7 @@ void Recorder::plan_fusion(Program& p) {
       c.name += p.launches_[size_t(l)]->name;
     }
     c.name += ")";
+    std::vector<int> dying, born;  // arena buffers whose life ends / begins inside the chain
     for (const auto& [id, s] : seen) {
       Buffer& b = buffers_[size_t(id)];
       if (!b.storage && b.weak.expired()) b.died = true;
@@ -236,7 +237,37 @@ void Recorder::plan_fusion(Program& p) {
         c.slot_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
         continue;
       }
-      // The rest keep bytes of their own across the whole chain.
+      const bool in_arena = b.born && b.used && !b.input && !b.host_written && (b.output || b.died);
+      if (in_arena && s.one_layout && !b.output && b.last < end - 1) dying.push_back(id);
+      if (in_arena && s.written && s.first_writes_only && b.first > i) born.push_back(id);
+    }
+    // A buffer born in the chain may take the bytes of one that dies in it
+    // when both are seen through one layout (element k at the same bytes)
+    // and it is first written at or after the other's last read: a tile
+    // then only overwrites what its own launches have read. Without this
+    // the two would need bytes of their own for the whole chain, where
+    // eager (and an unfused replay) reuses them.
+    std::sort(born.begin(), born.end(), [&](int a, int b) { return buffers_[size_t(a)].first < buffers_[size_t(b)].first; });
+    for (int id : born) {
+      Buffer& b = buffers_[size_t(id)];
+      const TensorArg& layout = *seen.at(id).layout;
+      for (auto it = dying.begin(); it != dying.end(); ++it) {
+        const Buffer& d = buffers_[size_t(*it)];
+        const TensorArg& dl = *seen.at(*it).layout;
+        if (d.last > b.first || d.nbytes != b.nbytes || !(d.device == b.device) || dl.shape != layout.shape ||
+            !same_layout(dl, layout))
+          continue;
+        b.shares = *it;
+        dying.erase(it);
+        break;
+      }
+    }
+    // The rest keep bytes of their own (or shared as above) across the
+    // whole chain. (place_in_arenas places buffers that share bytes as one,
+    // alive from the first one's first use to the last one's last.)
+    for (const auto& [id, s] : seen) {
+      Buffer& b = buffers_[size_t(id)];
+      if (b.scratch) continue;
       b.first = std::min(b.first, i);
       b.last = std::max(b.last, end - 1);
     }

@@ -112,6 +112,29 @@ TEST_CASE("fusion: an intermediate only the chain uses lives in a tile-sized scr
   CHECK(fused.program->bytes() < tensor_bytes + tensor_bytes / 2);
 }
 
+TEST_CASE("fusion: a buffer born in a chain takes the bytes of one that dies in it", "[compile][fusion]") {
+  // h (a GEMM's output, made before the chain) dies at the chain's first
+  // launch; the chain's output is born at its last, through the same layout.
+  const int64_t R = 512, C = 512;
+  Tensor p = noise({R, 64}, 1), q = noise({64, C}, 2), b = noise({R, C}, 3), c = noise({R, C}, 4);
+  auto fn = [&] {
+    Tensor h = matmul(p, q);
+    return (h * b) + c;
+  };
+  const Replayed fused = record_and_replay(fn, true);
+  const Replayed unfused = record_and_replay(fn, false);
+  CHECK(same_bytes(fused.output, fused.eager));
+  CHECK(same_bytes(fused.output, unfused.output));
+  REQUIRE(fused.program->fused_chains() == 1);
+  // Unfused: h and the output share bytes, the product has its own. Fused:
+  // the product is scratch, and the output takes h's bytes.
+  const int64_t tensor_bytes = R * C * 4;
+  CHECK(unfused.program->bytes() >= 2 * tensor_bytes);
+  CHECK(fused.program->bytes() < tensor_bytes + tensor_bytes / 2);
+  fused.program->replay();
+  CHECK(same_bytes(fused.output, fused.eager));
+}
+
 TEST_CASE("fusion: a chain written in place through another view is not fused into a wrong answer", "[compile][fusion]") {
   // t is written by one launch and then read transposed, then written in
   // place: a tile-major order would read rows of t not written yet.
