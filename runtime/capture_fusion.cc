@@ -10,10 +10,12 @@
 // that two launches of the chain see at different places -- a tile-major
 // order would let a later launch overwrite what an earlier one has not yet
 // read in a later tile. So a chain only takes a launch when every buffer
-// that the chain writes is seen through one and the same layout by every
-// launch of the chain, no two held storages of the chain overlap where one
-// is written, and the arena gives the chain's buffers bytes of their own
-// for the whole chain (their liveness widened to it).
+// that the chain writes is seen through one and the same placement of its
+// elements by every launch of the chain, no two held storages of the chain
+// overlap where one is written, and the arena gives the chain's buffers
+// bytes of their own for the whole chain (their liveness widened to it) --
+// or, for one born in the chain, the bytes of one that died in it through
+// the same placement, which a tile overwrites only after reading them.
 //
 // An intermediate that nothing outside the chain uses (a temporary written
 // first inside the chain, dead at its end) never goes to memory at all: it
@@ -92,17 +94,22 @@ bool candidate(const Launch& l, Candidate* c) {
   return c->rows >= 2 && c->rows * c->cols > kTileElements;
 }
 
+// Where element (row, col) of the chain's [rows, cols] lies in a buffer.
+struct Placement {
+  int64_t offset = 0, row_stride = 0, col_stride = 0;
+  DType dtype = DType::Float32;
+  bool operator==(const Placement& o) const {
+    return offset == o.offset && row_stride == o.row_stride && col_stride == o.col_stride && dtype == o.dtype;
+  }
+};
 // How a chain sees one buffer so far.
 struct Seen {
-  const TensorArg* layout = nullptr;  // the first access
+  Placement at;                     // the first access
   bool written = false;
-  bool one_layout = true;             // every access had `layout`'s offset, strides and dtype
-  int64_t first_launch = -1;          // the first launch of the chain that uses it
-  bool first_writes_only = false;     // ... and only as its output
+  bool one_layout = true;           // every access had `at`
+  int64_t first_launch = -1;        // the first launch of the chain that uses it
+  bool first_writes_only = false;   // ... and only as its output
 };
-bool same_layout(const TensorArg& a, const TensorArg& b) {
-  return a.offset == b.offset && a.strides == b.strides && a.dtype == b.dtype;
-}
 }  // namespace
 
 void Recorder::plan_fusion(Program& p) {
@@ -146,14 +153,15 @@ void Recorder::plan_fusion(Program& p) {
           if (writes) return false;
           continue;
         }
+        const Placement at{a.offset, c.layouts[k].row_stride, c.layouts[k].col_stride, a.dtype};
         auto [it, fresh] = next.try_emplace(a.buffer);
         Seen& s = it->second;
         if (fresh) {
-          s.layout = &a;
+          s.at = at;
           s.first_launch = j;
           s.first_writes_only = writes;
         } else {
-          s.one_layout = s.one_layout && same_layout(*s.layout, a);
+          s.one_layout = s.one_layout && s.at == at;
           if (s.first_launch == j && !writes) s.first_writes_only = false;  // read by the launch that writes it
         }
         s.written = s.written || writes;
@@ -233,7 +241,7 @@ void Recorder::plan_fusion(Program& p) {
         b.scratch = true;
         c.scratch.push_back(id);
         c.scratch_offset.push_back(c.slot_bytes);
-        const int64_t bytes = c.tile_rows * cols * int64_t(itemsize(s.layout->dtype));
+        const int64_t bytes = c.tile_rows * cols * int64_t(itemsize(s.at.dtype));
         c.slot_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
         continue;
       }
@@ -250,12 +258,9 @@ void Recorder::plan_fusion(Program& p) {
     std::sort(born.begin(), born.end(), [&](int a, int b) { return buffers_[size_t(a)].first < buffers_[size_t(b)].first; });
     for (int id : born) {
       Buffer& b = buffers_[size_t(id)];
-      const TensorArg& layout = *seen.at(id).layout;
       for (auto it = dying.begin(); it != dying.end(); ++it) {
         const Buffer& d = buffers_[size_t(*it)];
-        const TensorArg& dl = *seen.at(*it).layout;
-        if (d.last > b.first || d.nbytes != b.nbytes || !(d.device == b.device) || dl.shape != layout.shape ||
-            !same_layout(dl, layout))
+        if (d.last > b.first || d.nbytes != b.nbytes || !(d.device == b.device) || !(seen.at(*it).at == seen.at(id).at))
           continue;
         b.shares = *it;
         dying.erase(it);

@@ -75,6 +75,8 @@ TEST_CASE("fusion: elementwise chains replay tile by tile with the eager and unf
       {"((a * b) + c) * a - b", [&] { return ((a * b) + c) * a - b; }, 4},
       {"a transposed view read by the chain", [&] { return exp(cols_major) * a + b; }, 3},
       {"a 3-d tensor: leading dims merged", [&] { return tanh(three_d) * Scalar(2.0) + three_d; }, 3},
+      {"a 3-d result read as 2-d (one placement of its elements)",
+       [&] { return (tanh(three_d) + three_d).reshape({7 * 43, C}) * a; }, 3},
       {"comparisons and where (bool intermediates)",
        [&] { return where(gt(a, b), a * c, b - c); }, 3},
       {"a cast to bfloat16 and back", [&] { return (a * b).to(DType::BFloat16).to(DType::Float32) + c; }, 3},
