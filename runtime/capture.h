@@ -136,7 +136,8 @@ enum class Access : uint8_t {
   // element i of the others alone: no reduction, no position, no state. So
   // running the kernel on row ranges of its arguments, one after another,
   // writes every element with exactly its whole-tensor arithmetic
-  // (kernels/elementwise.h's contract).
+  // (kernels/elementwise.h's contract). It reads no thread-local setting
+  // (bitwise mode, autocast): a fused chain runs it on a pool thread.
   Elementwise,
 };
 

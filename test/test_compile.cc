@@ -192,6 +192,28 @@ TEST_CASE("compile: replayed steps give the eager run's bits (NanoGPT, LLaMA; fa
   }
 }
 
+// Fusion (runtime/capture_fusion.cc) on a mesh: each rank fuses the chains of
+// its own pieces (SwiGLU's, on tp's shard of the hidden features) and still
+// gives the one-device bits.
+TEST_CASE("compile with fused chains on dp=2 x tp=2 + sp: the one-device bits (LLaMA)", "[compile][comm][fusion]") {
+  numerics::BitwiseGuard bitwise(true);
+  Spec spec;
+  spec.arch = "llama";
+  spec.steps = 6;
+  spec.batch = 16;
+  spec.seq = 64;  // a rank's SwiGLU chains span more than one tile
+  const Result one = train(spec);
+  spec.compile = true;
+  std::vector<Result> ranks(4);
+  comm::run_local(4, [&](int rank) { ranks[size_t(rank)] = train(spec, Mesh::world({{"dp", 2}, {"tp", 2}})); });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << ranks[size_t(r)].stats.refused);
+    check_same(one, ranks[size_t(r)]);
+    CHECK(ranks[size_t(r)].stats.replays == spec.steps - 3);
+    CHECK(ranks[size_t(r)].stats.fused_chains >= 4);  // SwiGLU's forward and backward, per block
+  }
+}
+
 // The scale is an argument of the recorded loss multiplication: a replay at
 // another scale would scale by the old one and unscale by the new one. A
 // scale that grows (every 4 clean steps here) or backs off (after steps whose
