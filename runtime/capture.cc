@@ -391,9 +391,7 @@ void Recorder::place_in_arenas(Program& p) {
     // eager frees activations as gradients appear, and so does the arena.
     // (A born buffer still alive at the end and not an output is held
     // elsewhere -- a cache, a tensor the step hands out -- and keeps its own.)
-    if (!b.storage && b.weak.expired()) b.died = true;
-    const bool temporary = b.born && b.used && !b.input && !b.host_written && (b.output || b.died) && !b.scratch;
-    if (!temporary) continue;
+    if (!b.temporary() || b.scratch) continue;
     const int root = root_of(int(i));
     auto [it, fresh] = groups.try_emplace(root);
     Group& g = it->second;
@@ -467,6 +465,8 @@ std::unique_ptr<Program> Recorder::finish(Use use) {
   p->values_.keys = std::move(keys_);
   p->block_producers_ = std::move(block_producers_);
   p->values_.blocks = std::move(blocks_);
+  for (Buffer& b : buffers_)  // (dead without storage_destroyed seeing it: freed on another thread)
+    if (!b.storage && b.weak.expired()) b.died = true;
   const bool replay = use == Use::Replay;
   if (replay) {
     plan_fusion(*p);  // first: it widens its buffers' liveness, and takes some out of the arena
@@ -611,6 +611,11 @@ void Program::replay_range(int64_t begin, int64_t end) {
   // replayed step's profile says where its time goes (the eager profile's
   // op rows include dispatch).
   const bool timed = profile::current() != nullptr || timeline::current() != nullptr;
+  auto run = [timed](const char* name, auto&& work) {
+    if (!timed) return work();
+    profile::Timer timer(name, nullptr, "kernel");
+    work();
+  };
   auto chain = std::lower_bound(chains_.begin(), chains_.end(), begin,
                                 [](const Chain& c, int64_t at) { return c.end <= at; });
   TESSEL_CHECK(chain == chains_.end() || chain->begin >= begin, kOp,
@@ -620,23 +625,13 @@ void Program::replay_range(int64_t begin, int64_t end) {
     if (chain != chains_.end() && chain->begin == i) {
       TESSEL_CHECK(chain->end <= end, kOp, "replaying launches [{}, {}) of {}: the range ends inside the fused chain [{}, {})",
                    begin, end, label_, chain->begin, chain->end);
-      if (timed) {
-        profile::Timer timer(chain->name.c_str(), nullptr, "kernel");
-        run_chain(*chain);
-      } else {
-        run_chain(*chain);
-      }
+      run(chain->name.c_str(), [&] { run_chain(*chain); });
       i = chain->end;
       ++chain;
       continue;
     }
     Launch& l = *launches_[size_t(i++)];
-    if (timed) {
-      profile::Timer timer(l.name, nullptr, "kernel");
-      l.run();
-    } else {
-      l.run();
-    }
+    run(l.name, [&] { l.run(); });
   }
 }
 

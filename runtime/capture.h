@@ -325,6 +325,9 @@ class Recorder {
     bool in_arena = false;
     bool scratch = false;     // lives only inside one fused chain: a tile-sized scratch (capture_fusion.cc)
     int shares = -1;          // takes the bytes of this (dead) buffer in the arena (capture_fusion.cc)
+    // One of the step's own temporaries: made in the step, used by its
+    // launches, dropped by its end or an output (the arena's, unless scratch).
+    bool temporary() const { return born && used && !input && !host_written && (output || died); }
   };
   int buffer_of(const std::shared_ptr<StorageImpl>& s);
   // The launch about to be added uses `b` (its liveness for the arena).
@@ -403,8 +406,11 @@ class Program {
     int64_t begin = 0, end = 0;
     int64_t rows = 0, cols = 0, tile_rows = 0;
     std::vector<int64_t> prologue;      // small launches in [begin, end) run whole before the tiles (scalar fills)
-    std::vector<int> scratch;           // buffers held by the scratch
-    std::vector<int64_t> scratch_offset;  // their bytes' offset in a slot's scratch
+    struct Scratch {
+      int buffer = -1;
+      int64_t offset = 0;  // its tile's bytes in a worker's scratch
+    };
+    std::vector<Scratch> scratch;       // buffers held by the scratch
     int64_t slot_bytes = 0;             // one worker's scratch
     int64_t slots = 0;                  // workers (fixed when the tiles are made: each has its scratch)
     std::string name;                   // "fused(binary+unary)": profile rows, trace spans

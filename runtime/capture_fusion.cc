@@ -107,8 +107,7 @@ struct Seen {
   Placement at;                     // the first access
   bool written = false;
   bool one_layout = true;           // every access had `at`
-  int64_t first_launch = -1;        // the first launch of the chain that uses it
-  bool first_writes_only = false;   // ... and only as its output
+  bool first_writes_only = false;   // the first launch of the chain that uses it only writes it
 };
 }  // namespace
 
@@ -158,11 +157,9 @@ void Recorder::plan_fusion(Program& p) {
         Seen& s = it->second;
         if (fresh) {
           s.at = at;
-          s.first_launch = j;
-          s.first_writes_only = writes;
+          s.first_writes_only = writes;  // (the written argument is a launch's last: a read of it comes first)
         } else {
           s.one_layout = s.one_layout && s.at == at;
-          if (s.first_launch == j && !writes) s.first_writes_only = false;  // read by the launch that writes it
         }
         s.written = s.written || writes;
         if (s.written && !s.one_layout) return false;
@@ -190,10 +187,8 @@ void Recorder::plan_fusion(Program& p) {
       l.tensor_args(args);
       if (args.empty()) return false;
       for (const TensorArg* a : args) {
-        if (a->buffer < 0 || !a->device.is_cpu() || seen.count(a->buffer) > 0) return false;
-        int64_t numel = 1;
-        for (int64_t d : a->shape) numel *= d;
-        if (numel > kHoistElements) return false;
+        if (a->buffer < 0 || !a->device.is_cpu() || seen.count(a->buffer) > 0 || numel_of(a->shape) > kHoistElements)
+          return false;
       }
       before.insert(args.back()->buffer);
       return true;
@@ -233,21 +228,17 @@ void Recorder::plan_fusion(Program& p) {
     std::vector<int> dying, born;  // arena buffers whose life ends / begins inside the chain
     for (const auto& [id, s] : seen) {
       Buffer& b = buffers_[size_t(id)];
-      if (!b.storage && b.weak.expired()) b.died = true;
       // Only this chain uses it, and writes it before anything reads it: a
       // tile-sized scratch instead of memory of its own.
-      const bool temporary = b.born && b.used && b.died && !b.input && !b.output && !b.host_written;
-      if (temporary && s.written && s.first_writes_only && b.first >= i && b.last < end) {
+      if (b.temporary() && !b.output && s.written && s.first_writes_only && b.first >= i && b.last < end) {
         b.scratch = true;
-        c.scratch.push_back(id);
-        c.scratch_offset.push_back(c.slot_bytes);
+        c.scratch.push_back({id, c.slot_bytes});
         const int64_t bytes = c.tile_rows * cols * int64_t(itemsize(s.at.dtype));
         c.slot_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
         continue;
       }
-      const bool in_arena = b.born && b.used && !b.input && !b.host_written && (b.output || b.died);
-      if (in_arena && s.one_layout && !b.output && b.last < end - 1) dying.push_back(id);
-      if (in_arena && s.written && s.first_writes_only && b.first > i) born.push_back(id);
+      if (b.temporary() && s.one_layout && !b.output && b.last < end - 1) dying.push_back(id);
+      if (b.temporary() && s.written && s.first_writes_only && b.first > i) born.push_back(id);
     }
     // A buffer born in the chain may take the bytes of one that dies in it
     // when both are seen through one layout (element k at the same bytes)
@@ -331,13 +322,14 @@ void Program::make_tiles(Chain& c) {
       for (int64_t l = c.begin; l < c.end; ++l) {
         if (std::find(c.prologue.begin(), c.prologue.end(), l) != c.prologue.end()) continue;
         auto view = [&](int, const TensorArg& a) -> Tensor {
-          const auto at = std::find(c.scratch.begin(), c.scratch.end(), a.buffer);
+          const auto at = std::find_if(c.scratch.begin(), c.scratch.end(),
+                                       [&](const Chain::Scratch& s) { return s.buffer == a.buffer; });
           if (at == c.scratch.end()) return row_view(a, a.view.storage(), r0, r1);
           // The scratch: this worker's tile of the buffer, rows packed.
           TensorArg s = a;
           s.shape = Dims{r1 - r0, c.cols};
           s.strides = Dims{c.cols, 1};
-          const int64_t bytes = w * c.slot_bytes + c.scratch_offset[size_t(at - c.scratch.begin())];
+          const int64_t bytes = w * c.slot_bytes + at->offset;
           s.offset = bytes / int64_t(itemsize(a.dtype));
           return detail::view_of(s, scratch_);
         };

@@ -113,6 +113,17 @@ void check_same(const Result& eager, const Result& compiled) {
   CHECK(eager.param_hash == compiled.param_hash);
 }
 
+// Trains `spec` eagerly, then with `compile` applied to it (compile mode or
+// compiled modules); checks that every step's bits agree and returns the
+// compiled run.
+Result compiled_matches_eager(Spec spec, const std::function<void(Spec&)>& compile) {
+  const Result eager = train(spec);
+  compile(spec);
+  const Result compiled = train(spec);
+  check_same(eager, compiled);
+  return compiled;
+}
+
 // ---- mixed mode (nn/compiled_module.h) ----------------------------------------------------------------------
 
 // A small model of a user's own, with a module to compile.
@@ -243,10 +254,7 @@ TEST_CASE("compile: micro-batches (gradient accumulation) replay with the eager 
   Spec spec;
   spec.micro_batches = 2;
   spec.steps = 8;
-  const Result eager = train(spec);
-  spec.compile = true;
-  const Result compiled = train(spec);
-  check_same(eager, compiled);
+  const Result compiled = compiled_matches_eager(spec, [](Spec& s) { s.compile = true; });
   CHECK(compiled.stats.replays == 5);
 }
 
@@ -254,10 +262,7 @@ TEST_CASE("compile: a new sequence length records again; the bits stay the eager
   Spec spec;
   spec.steps = 12;
   spec.change_seq_at = 6;
-  const Result eager = train(spec);
-  spec.compile = true;
-  const Result compiled = train(spec);
-  check_same(eager, compiled);
+  const Result compiled = compiled_matches_eager(spec, [](Spec& s) { s.compile = true; });
   CHECK(compiled.stats.refused.empty());
   CHECK(compiled.stats.recaptures == 1);
   CHECK(compiled.stats.captures == 4);
@@ -329,10 +334,7 @@ TEST_CASE("compile: a step that reads a computed value on the host runs eagerly,
     Tensor loss = lm.token_loss(lm.forward(x), y);
     return loss.item<double>() > 1e6 ? loss * Scalar(0.5) : loss;
   };
-  const Result eager = train(spec);
-  spec.compile = true;
-  const Result compiled = train(spec);
-  check_same(eager, compiled);
+  const Result compiled = compiled_matches_eager(spec, [](Spec& s) { s.compile = true; });
   INFO(compiled.stats.refused);
   CHECK(contains(compiled.stats.refused, "the host read the values of Tensor(float32, cpu, shape=[])"));
   CHECK(contains(compiled.stats.refused, "at step 2"));
@@ -357,10 +359,7 @@ TEST_CASE("compile: a tensor built on the host from the data is caught by compar
     Tensor weights = tensor(w, y.shape());
     return lm.token_loss(logits, y) * mean(weights);
   };
-  const Result eager = train(spec);
-  spec.compile = true;
-  const Result compiled = train(spec);
-  check_same(eager, compiled);
+  const Result compiled = compiled_matches_eager(spec, [](Spec& s) { s.compile = true; });
   INFO(compiled.stats.refused);
   CHECK(contains(compiled.stats.refused, "steps 2 and 3 recorded differently"));
   CHECK(contains(compiled.stats.refused, "filled on the host with other values"));
@@ -397,10 +396,7 @@ TEST_CASE("compile: a model with MoE layers compiles its attention layers, the e
   Spec spec;
   spec.arch = "mixtral";
   spec.steps = 8;
-  const Result eager = train(spec);
-  spec.compile = true;
-  const Result compiled = train(spec);
-  check_same(eager, compiled);
+  const Result compiled = compiled_matches_eager(spec, [](Spec& s) { s.compile = true; });
   CHECK(!compiled.stats.enabled);  // not the whole step
   CHECK(compiled.stats.modules.modules == 2);
   CHECK(compiled.stats.modules.replayed == 2 * (8 - 3));
@@ -664,28 +660,19 @@ TEST_CASE("compiled modules: micro-batches, bfloat16 autocast, a new sequence le
   Spec spec;
   spec.micro_batches = 2;
   spec.steps = 8;
-  const Result eager = train(spec);
-  spec.modules = nn::CompileModules::Blocks;
-  const Result compiled = train(spec);
-  check_same(eager, compiled);
+  const Result compiled = compiled_matches_eager(spec, [](Spec& s) { s.modules = nn::CompileModules::Blocks; });
   CHECK(compiled.stats.modules.replayed == 2 * (2 * 8 - 3));  // every micro-batch's call counts
 
   Spec bf16;
   bf16.compute = DType::BFloat16;
   bf16.steps = 8;
-  const Result eager16 = train(bf16);
-  bf16.modules = nn::CompileModules::Blocks;
-  const Result compiled16 = train(bf16);
-  check_same(eager16, compiled16);
+  const Result compiled16 = compiled_matches_eager(bf16, [](Spec& s) { s.modules = nn::CompileModules::Blocks; });
   CHECK(compiled16.stats.modules.replayed == 2 * (8 - 3));
 
   Spec seq;
   seq.steps = 12;
   seq.change_seq_at = 6;
-  const Result eager_seq = train(seq);
-  seq.modules = nn::CompileModules::Attention;
-  const Result compiled_seq = train(seq);
-  check_same(eager_seq, compiled_seq);
+  const Result compiled_seq = compiled_matches_eager(seq, [](Spec& s) { s.modules = nn::CompileModules::Attention; });
   CHECK(compiled_seq.stats.modules.recaptures == 2);  // once per module
   CHECK(compiled_seq.stats.modules.recordings == 2 * 4);
   CHECK(compiled_seq.stats.modules.replayed == 2 * (12 - 3 - 2));
@@ -695,10 +682,7 @@ TEST_CASE("compiled modules: Mixtral's attention layers compile while its MoE la
   Spec spec;
   spec.arch = "mixtral";
   spec.steps = 8;
-  const Result eager = train(spec);
-  spec.modules = nn::CompileModules::Attention;
-  const Result compiled = train(spec);
-  check_same(eager, compiled);
+  const Result compiled = compiled_matches_eager(spec, [](Spec& s) { s.modules = nn::CompileModules::Attention; });
   CHECK(compiled.stats.modules.refused.empty());
   CHECK(compiled.stats.modules.replayed == 2 * (8 - 3));
 }
