@@ -6,6 +6,7 @@
 #include <atomic>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "autograd/autograd_meta.h"
 #include "autograd/function.h"
@@ -243,6 +244,40 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
     }
   }
 
+  // With captures (autograd::grad), only the nodes that lead to a captured
+  // gradient run: a node past an input -- the input's own grad_fn, when the
+  // input is not a leaf -- is not part of this computation (it may be a
+  // node with side effects, like FSDP's gather node, which reduce-scatters:
+  // it belongs to the enclosing backward). Nothing reaches a node that does
+  // not run, so its dependency counts need no care.
+  std::unordered_set<Node*> runs;
+  if (captures) {
+    std::unordered_set<const Node*> leads;  // to a captured gradient (a captured node, or a node that leads to one)
+    for (const Capture& c : *captures) leads.insert(c.node);
+    // Post-order over the graph: a node is decided after every node it feeds.
+    std::unordered_set<Node*> seen;
+    std::vector<std::pair<Node*, size_t>> path;
+    for (const Edge& e : roots)
+      if (e.fn && seen.insert(e.fn.get()).second) path.emplace_back(e.fn.get(), 0);
+    while (!path.empty()) {
+      Node* n = path.back().first;
+      const size_t i = path.back().second;
+      if (i < n->next_edges.size()) {
+        ++path.back().second;
+        Node* next = n->next_edges[i].fn.get();
+        if (next && seen.insert(next).second) path.emplace_back(next, 0);
+        continue;
+      }
+      path.pop_back();
+      bool feeds = false;
+      for (const Edge& e : n->next_edges) feeds = feeds || (e.fn && leads.count(e.fn.get()));
+      if (feeds) {
+        runs.insert(n);
+        leads.insert(n);
+      }
+    }
+  }
+
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Edge& e = roots[i];
@@ -269,7 +304,14 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
     buffers.erase(node);
     grads.resize(node->num_outputs);
 
+    // (Under captures a node that does not run sees its hooks only if its
+    // gradient is captured: they may change the gradient handed out.)
+    const bool run = !captures || runs.count(node) != 0;  // an accumulator feeds nothing: never runs under captures
+    bool captured_here = false;
+    if (captures)
+      for (const Capture& c : *captures) captured_here = captured_here || c.node == node;
     for (auto& h : node->pre_hooks) {
+      if (!run && !captured_here) break;
       if (h.output_nr < grads.size() && grads[h.output_nr].defined()) {
         Tensor& g = grads[h.output_nr];
         g = hook_result("a hook on a gradient", g, h.fn(g));
@@ -284,7 +326,7 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
     for (auto& g : grads) any = any || g.defined();
     std::vector<Tensor> outs;
     bool is_accumulator = dynamic_cast<AccumulateGrad*>(node) != nullptr;
-    if (any && !(captures && is_accumulator)) {
+    if (any && run) {
       std::vector<Tensor> grads_in;  // anomaly detection names the incoming gradients
       if (TESSEL_UNLIKELY(anomaly::enabled()) && !is_accumulator) grads_in = grads;
       {
@@ -304,7 +346,7 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
         anomaly::check_backward(node->name(), node->forward_module, grads_in, outs);
       if (TESSEL_UNLIKELY(trace::current() != nullptr) && !is_accumulator) trace::backward_grads(node->name(), outs);
     }
-    if (!retain_graph) node->release_saved();
+    if (!retain_graph && run) node->release_saved();
     if (!is_accumulator && !outs.empty() && outs.size() != node->next_edges.size()) {
       TESSEL_FAIL(std::string("backward of ") + node->name(), "returned {} gradients for {} inputs", outs.size(),
                   node->next_edges.size());

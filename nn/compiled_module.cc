@@ -280,31 +280,45 @@ ModuleCompileStats UnaryModule::compile_stats() const {
 
 Tensor UnaryModule::call_compiled(const Tensor& x) {
   std::shared_ptr<CompiledModule> c = compiled_;
-  CompiledModule& m = *c;
-  std::vector<Tensor> params = parameters();
-  bool needs_grad = GradMode::is_enabled() && x.requires_grad();
-  for (const Tensor& p : params) needs_grad = needs_grad || (GradMode::is_enabled() && p.requires_grad());
   // Eager: calls without gradients; inside a whole-step recording (which
   // records this module with the step); anomaly detection; for good after
   // a refusal.
-  if (!needs_grad || capture::active() != nullptr || anomaly::enabled() || m.state == CompiledModule::State::Refused)
+  if (!GradMode::is_enabled() || capture::active() != nullptr || anomaly::enabled() ||
+      c->state == CompiledModule::State::Refused)
     return call_eager(x);
+  // The forward hooks run eagerly around the recorded (or replayed) forward,
+  // at every call: they are the caller's host work, not the module's --
+  // FSDP gathers the parameters in them and releases them after, a module
+  // layout redistributes the input and the output -- and a replay runs no
+  // code of the module's. So the parameters the recording sees are the ones
+  // the pre-hooks installed (FSDP's gathered copies).
+  if (!has_forward_hooks()) return compiled_forward(c, x);
+  Tensor in = run_forward_pre_hooks(x);
+  return run_forward_hooks(in, compiled_forward(c, in));
+}
+
+Tensor UnaryModule::compiled_forward(const std::shared_ptr<CompiledModule>& c, const Tensor& x) {
+  CompiledModule& m = *c;
+  std::vector<Tensor> params = parameters();
+  bool needs_grad = x.requires_grad();
+  for (const Tensor& p : params) needs_grad = needs_grad || p.requires_grad();
+  if (!needs_grad) return forward(x);
   const std::string who = who_of(*this);
   if (const std::string why = unsupported(x, params); !why.empty()) {
     m.refuse(who, why);
-    return call_eager(x);
+    return forward(x);
   }
   ++m.stats.calls;
   if (m.busy) {  // the recording's buffers wait for another call's backward
     ++m.stats.busy;
-    return call_eager(x);
+    return forward(x);
   }
   const std::string key = guard_key(*this, x, params);
   if (m.state == CompiledModule::State::Warmup) {
     // The first call eagerly: what it builds lazily (caches), later calls reuse.
     m.state = CompiledModule::State::Recording;
     m.key = key;
-    return call_eager(x);
+    return forward(x);
   }
   if (key != m.key) {  // another shape, mode or parameter: record again
     if (m.state == CompiledModule::State::Ready || m.first) ++m.stats.recaptures;
@@ -332,7 +346,7 @@ Tensor UnaryModule::call_compiled(const Tensor& x) {
   rec->input(x_local);
   Tensor y;
   try {
-    y = call_eager(x_in);
+    y = forward(x_in);
   } catch (...) {
     rec.reset();
     throw;
@@ -342,7 +356,7 @@ Tensor UnaryModule::call_compiled(const Tensor& x) {
     m.refuse(who, fmt::format(FMT_STRING("its output {} is not a new local tensor with a gradient (compile a module "
                                          "that computes something)"),
                               y.defined() ? y.desc() : std::string("(undefined)")));
-    return call_eager(x);
+    return forward(x);
   }
   const capture::OutputLayout y_layout = output_layout(*rec, y);
   const int64_t forward_launches = rec->launches();

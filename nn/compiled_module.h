@@ -40,11 +40,17 @@
 // eagerly while another replays would reach the collectives of the backward
 // and the data-parallel reductions in another order.
 //
+// The module's forward hooks run eagerly around the recorded or replayed
+// forward, at every call (they are the caller's host work: FSDP gathers
+// the parameters in them, a module layout redistributes), so a recording
+// reads what the pre-hooks installed -- FSDP's gathered copies, whose
+// gradients the replayed backward hands to FSDP's gather node.
+//
 // This version: CPU tensors (a CUDA input or parameter runs eagerly, with
-// the reason); not with FSDP (ZeRO-3: parameters gathered in module hooks
-// whose backward half a replay would not run); not with recomputation of
-// the same module; not inside a whole-step recording (RunOptions::compile),
-// where the module is recorded with the step anyway.
+// the reason); not with recomputation of the same module (inside a
+// recomputed module, the recomputation's call records and replays); not
+// inside a whole-step recording (RunOptions::compile), where the module is
+// recorded with the step anyway.
 #include <cstdint>
 #include <string>
 

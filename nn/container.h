@@ -47,6 +47,8 @@ class UnaryModule : public Module {
  private:
   Tensor call_recomputed(const Tensor& x);  // nn/recompute.cc
   Tensor call_compiled(const Tensor& x);    // nn/compiled_module.cc
+  // The recorded or replayed forward(x), between the forward hooks.
+  Tensor compiled_forward(const std::shared_ptr<CompiledModule>& c, const Tensor& x);  // nn/compiled_module.cc
   Tensor call_eager(const Tensor& x) {
     if (TESSEL_UNLIKELY(anomaly::enabled())) {  // messages name the module an op ran in
       anomaly::ModuleScope scope(path());

@@ -303,11 +303,6 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
     // expert) that a whole-step recording refuses: the step is split around
     // it instead -- the attention layers compiled (mixed mode), the MoE
     // layers and the rest eager (docs/compile.md, "Mixed mode").
-    TESSEL_CHECK(opts.zero < 3 && opts.recompute == nn::Recompute::None, kOp,
-                 "RunOptions::compile on {}: its MoE layers route tokens on the host, so compile mode compiles the "
-                 "attention layers only (mixed mode), which does not combine with {} yet; run eagerly (compile = "
-                 "false)",
-                 model_type, opts.zero == 3 ? "FSDP (zero = 3)" : "recompute");
     s->options.compile = false;
     s->options.compile_modules = nn::CompileModules::Attention;
     if (!comm::has_world() || comm::world()->rank() == 0)
@@ -316,14 +311,15 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
                    model_type);
   }
   if (opts.compile_modules != nn::CompileModules::None) {
-    const char* with = opts.compile                              ? "compile (the whole step is recorded already)"
-                       : opts.recompute != nn::Recompute::None    ? "recompute (a module is recomputed or compiled)"
-                       : opts.detect_anomaly                       ? "detect_anomaly (it reads every op's output)"
-                       : opts.zero == 3                            ? "zero = 3 (FSDP gathers parameters in module hooks whose "
-                                                                     "backward half a replay would not run)"
-                                                                   : nullptr;
+    const char* with = opts.compile          ? "compile (the whole step is recorded already)"
+                       : opts.detect_anomaly ? "detect_anomaly (it reads every op's output)"
+                                             : nullptr;
     TESSEL_CHECK(with == nullptr, kOp, "RunOptions::compile_modules = {} with {}: not in this version",
                  nn::compile_modules_name(opts.compile_modules), with);
+    TESSEL_CHECK(opts.compile_modules != nn::CompileModules::Blocks || opts.recompute != nn::Recompute::Full, kOp,
+                 "RunOptions::compile_modules = blocks with recompute = full: a block is either recomputed or "
+                 "compiled, not both; compile the attention layers (compile_modules = attention) or recompute "
+                 "selectively (recompute = selective)");
     nn::apply_compile_modules(m, opts.compile_modules);
   }
 

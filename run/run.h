@@ -159,8 +159,9 @@ struct RunOptions {
   // attention (every nn::Attention) or blocks (every block of an
   // nn::StagedModel) are recorded and replayed, forward and backward, while
   // the rest of the step runs eagerly -- MoE layers, a loss that reads
-  // values on the host. Same bits as eager, on every layout but FSDP; not
-  // with compile, recompute or anomaly detection.
+  // values on the host. Same bits as eager, on every layout (FSDP and
+  // recomputation included); not with compile or anomaly detection, nor
+  // blocks with recompute = full (a block is recomputed or compiled).
   nn::CompileModules compile_modules = nn::CompileModules::None;
 };
 

@@ -6,6 +6,7 @@
 #include "autograd/api.h"
 #include "autograd/autograd_meta.h"
 #include "autograd/engine.h"
+#include "autograd/function.h"
 #include "test/util/util.h"
 
 using namespace tessel;
@@ -117,6 +118,50 @@ TEST_CASE("autograd::grad returns gradients without touching .grad") {
   auto g = autograd::grad({y}, {x});
   CHECK(g[0].to_vector<float>() == std::vector<float>{2.f, 4.f});
   CHECK_FALSE(x.grad().defined());
+}
+
+namespace {
+// Identity whose backward counts its calls (a node with a side effect, as
+// FSDP's gather node is: it reduce-scatters).
+struct CountedIdentityOp {
+  static constexpr const char* kName = "counted_identity";
+  int* calls;
+  Tensor forward(const Tensor& x) { return x.clone(); }
+  std::vector<Tensor> backward(const GradContext&, std::vector<Tensor>& grads) {
+    ++*calls;
+    return {grads[0]};
+  }
+};
+}  // namespace
+
+TEST_CASE("autograd::grad runs only the nodes that lead to its inputs: a non-leaf input's own history does not run") {
+  int calls = 0;
+  Tensor x = tensor({1.f, 2.f}).requires_grad_();
+  Tensor a = call(CountedIdentityOp{&calls}, x);
+  Tensor b = a * 3.0;  // a non-leaf input
+  Tensor other = tensor({5.f}).requires_grad_();
+  int other_hook = 0;
+  Tensor o = other * 2.0;
+  o.register_hook([&](const Tensor& g) {
+    ++other_hook;
+    return g;
+  });
+  Tensor y = sum(b * b) + sum(o);  // d/db = 2b = {6, 12}
+  auto g = autograd::grad({y}, {b}, {}, /*retain_graph=*/true);
+  CHECK(g[0].to_vector<float>() == std::vector<float>{6.f, 12.f});
+  CHECK(calls == 0);       // past the input: not part of this gradient
+  CHECK(other_hook == 0);  // a branch that leads to no input: not run, its hooks not called
+  // With x among the inputs the path through `a` runs, once.
+  auto both = autograd::grad({y}, {b, x}, {}, true);
+  CHECK(both[0].to_vector<float>() == std::vector<float>{6.f, 12.f});
+  CHECK(both[1].to_vector<float>() == std::vector<float>{18.f, 36.f});
+  CHECK(calls == 1);
+  // The graph is intact for a later backward (nodes that did not run kept what they saved).
+  y.backward();
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{18.f, 36.f});
+  CHECK(other.grad().to_vector<float>() == std::vector<float>{2.f});
+  CHECK(calls == 2);
+  CHECK(other_hook == 1);
 }
 
 TEST_CASE("backward observers run before each backward on their thread only; removal; a throw refuses") {

@@ -225,6 +225,35 @@ TEST_CASE("bitwise: compile mode on dp, tp, sp, dp x tp, ZeRO-1/2, FSDP, cp, pp 
   }
 }
 
+// Compile mode on a model with MoE layers is mixed mode (its attention
+// layers compiled, the MoE layers eager), on every layout Mixtral trains on
+// -- FSDP included: the attention's recording reads the parameters FSDP's
+// hooks gathered. Every attention call from the fourth replays.
+TEST_CASE("bitwise: compile mode on Mixtral (mixed mode) on dp, ep, dp x ep, dp x tp + sp, ZeRO-2, FSDP replays with "
+          "the one-device bits",
+          "[bitwise][train][compile]") {
+  const TrainConfig r = base("mixtral");
+  const Trace ref = run(r);
+  for (const Layout& l : std::vector<Layout>{{"dp=2"},
+                                             {"ep=2"},
+                                             {"dp=2,ep=2"},
+                                             {"dp=2,tp=2", true},
+                                             {"dp=2", false, 2},
+                                             {"dp=2", false, 3},
+                                             {"dp=2,ep=2", false, 3},
+                                             {"dp=2,tp=2", true, 3}}) {
+    TrainConfig c = on_layout(r, l);
+    c.compile = true;
+    const Trace got = run(c);
+    INFO("mixtral compiled on " << layout_name(l));
+    INFO(got.compile.modules.refused);
+    CHECK(first_difference(ref, got) == "");
+    CHECK(got.compile.modules.refused.empty());
+    CHECK(got.compile.modules.modules == 2);
+    CHECK(got.compile.modules.replayed == 2 * (2 * steps() - 3));  // 2 layers, 2 micro-batches per step
+  }
+}
+
 // Context parallelism: sequences cut along time over "cp" (docs/distributed.md),
 // alone and with every other dim; attention keeps its queries local.
 // Micro-batches of one sequence per rank keep every piece local (attention

@@ -97,7 +97,7 @@ const std::vector<Field>& fields() {
        "bits either way; docs/compile.md)"},
       {"compile_modules", &C::compile_modules,
        "mixed mode: record and replay these modules, forward and backward, the rest eager: none | attention | "
-       "blocks (the same bits; not with --zero 3; docs/compile.md)"},
+       "blocks (the same bits, on every layout; docs/compile.md)"},
       {"pipeline_schedule", &C::pipeline_schedule, "pipeline schedule with a pp mesh dim: gpipe | 1f1b | interleaved"},
       {"virtual_stages", &C::virtual_stages, "chunks of layers per pp rank (interleaved; 0: 1, or 2 for interleaved)"},
       {"pipeline_split", &C::pipeline_split, "cut the blocks into pipeline stages by: layers | params"},
