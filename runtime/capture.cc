@@ -411,6 +411,25 @@ void Recorder::place_in_arenas(Program& p) {
     }
     by_device[key].push_back(root);
   }
+  // A fused chain's scratch (one tile-sized slot per worker) is a region of
+  // the CPU arena alive from the chain's first launch to its last: numbered
+  // -1 - chain among the groups.
+  auto cpu_key = [&] {
+    for (size_t k = 0; k < devices.size(); ++k)
+      if (devices[k] == kCPU) return int(k);
+    devices.push_back(kCPU);
+    return int(devices.size()) - 1;
+  };
+  for (size_t k = 0; k < p.chains_.size(); ++k) {
+    const Program::Chain& c = p.chains_[k];
+    if (c.slot_bytes == 0) continue;
+    Group& g = groups[-1 - int(k)];
+    g.nbytes = c.slots * c.slot_bytes;
+    g.size = (g.nbytes + kAlign - 1) / kAlign * kAlign;
+    g.first = c.begin;
+    g.last = c.end - 1;
+    by_device[cpu_key()].push_back(-1 - int(k));
+  }
   struct Placed {
     int64_t offset, size, first, last;
   };
@@ -436,6 +455,7 @@ void Recorder::place_in_arenas(Program& p) {
       }
       placed.push_back({at, g.size, g.first, g.last});
       total = std::max(total, at + g.size);
+      if (root < 0) plan.chain_scratch.emplace_back(size_t(-1 - root), at);
       for (int id : g.members) {
         Buffer& b = buffers_[size_t(id)];
         plan.buffers.emplace_back(id, at);
@@ -546,9 +566,13 @@ void Program::materialize() {
     for (const auto& [id, offset] : plan.buffers)  // views of the arena; the program holds the arena itself
       storages_[size_t(id)] = std::make_shared<StorageImpl>(base + offset, size_t(sizes_[size_t(id)]), plan.device,
                                                             std::function<void(void*)>());
+    for (const auto& [k, offset] : plan.chain_scratch) {
+      Chain& c = chains_[k];
+      c.scratch_storage = std::make_shared<StorageImpl>(base + offset, size_t(c.slots * c.slot_bytes), plan.device,
+                                                        std::function<void(void*)>());
+    }
   }
   for (auto& l : launches_) l->bind(storages_);
-  plan_scratch();
   for (Chain& c : chains_) make_tiles(c);  // views of the bound buffers and of the scratch
   materialized_ = true;
 }
@@ -638,9 +662,6 @@ void Program::replay_range(int64_t begin, int64_t end) {
 int64_t Program::bytes() const {
   int64_t n = 0;
   for (const ArenaPlan& a : arena_plans_) n += a.bytes;
-  int64_t scratch = 0;  // (what plan_scratch allocates at the first replay)
-  for (const Chain& c : chains_) scratch = std::max(scratch, c.slots_now() * c.slot_bytes);
-  n += scratch_ ? int64_t(scratch_->nbytes()) : scratch;
   for (size_t i = 0; i < storages_.size(); ++i)
     if (storages_[i] && !in_arena_[i] && !outside_[i]) n += int64_t(storages_[i]->nbytes());
   return n;

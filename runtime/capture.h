@@ -412,24 +412,26 @@ class Program {
     };
     std::vector<Scratch> scratch;       // buffers held by the scratch
     int64_t slot_bytes = 0;             // one worker's scratch
-    int64_t slots = 0;                  // workers (fixed when the tiles are made: each has its scratch)
+    int64_t slots = 0;                  // workers (fixed when the chain is planned: each has its scratch)
+    // The workers' scratch: a region of the arena alive across this chain
+    // only (other buffers use those bytes before and after it).
+    std::shared_ptr<StorageImpl> scratch_storage;
     std::string name;                   // "fused(binary+unary)": profile rows, trace spans
     std::vector<std::vector<std::unique_ptr<Launch>>> tiles;  // per tile, per launch (made by materialize)
     int64_t tile_count() const { return (rows + tile_rows - 1) / tile_rows; }
     int64_t slots_now() const;  // workers for it with the thread pool as it is now
   };
-  void plan_scratch();         // capture_fusion.cc (at materialize)
   void make_tiles(Chain& c);
   void run_chain(Chain& c);
   std::string label_;
   std::vector<std::unique_ptr<Launch>> launches_;
   std::vector<Chain> chains_;  // in launch order
-  std::shared_ptr<StorageImpl> scratch_;  // the chains' scratch (they run one at a time)
   // Where the step's temporaries and outputs go in a device's arena.
   struct ArenaPlan {
     Device device;
     int64_t bytes = 0;
     std::vector<std::pair<int, int64_t>> buffers;  // (buffer, offset)
+    std::vector<std::pair<size_t, int64_t>> chain_scratch;  // (chain, offset): its workers' scratch
   };
   void materialize();  // allocates the arenas, binds the launches (once)
   std::vector<std::shared_ptr<StorageImpl>> storages_;  // (arena buffers: null until materialize)

@@ -272,18 +272,10 @@ void Recorder::plan_fusion(Program& p) {
       b.first = std::min(b.first, i);
       b.last = std::max(b.last, end - 1);
     }
+    c.slots = c.slots_now();  // (its scratch is placed in the arena now: place_in_arenas)
     p.chains_.push_back(std::move(c));
     i = end;
   }
-}
-
-void Program::plan_scratch() {
-  int64_t bytes = 0;
-  for (Chain& c : chains_) {
-    c.slots = c.slots_now();
-    bytes = std::max(bytes, c.slots * c.slot_bytes);
-  }
-  if (bytes > 0) scratch_ = std::make_shared<StorageImpl>(size_t(bytes), Device());
 }
 
 int64_t Program::Chain::slots_now() const { return std::max<int64_t>(1, std::min<int64_t>(num_threads(), tile_count())); }
@@ -331,7 +323,7 @@ void Program::make_tiles(Chain& c) {
           s.strides = Dims{c.cols, 1};
           const int64_t bytes = w * c.slot_bytes + at->offset;
           s.offset = bytes / int64_t(itemsize(a.dtype));
-          return detail::view_of(s, scratch_);
+          return detail::view_of(s, c.scratch_storage);
         };
         std::unique_ptr<Launch> tile = launches_[size_t(l)]->with_views(view);
         TESSEL_CHECK(tile != nullptr, kOp, "fusing launch {} ('{}') of {}: not a kernel launch (an internal error)", l,

@@ -114,6 +114,26 @@ TEST_CASE("fusion: an intermediate only the chain uses lives in a tile-sized scr
   CHECK(fused.program->bytes() < tensor_bytes + tensor_bytes / 2);
 }
 
+TEST_CASE("fusion: a chain's scratch is a region of the arena, in bytes a dead buffer left", "[compile][fusion]") {
+  // t dies at the second GEMM; the chain runs after it, so its scratch fits
+  // in t's bytes: the step needs t and s at once (2 tensors), and no more.
+  // (s dies at the chain's first launch, and the output takes its bytes.)
+  const int64_t R = 512, C = 512;
+  Tensor p = noise({R, 64}, 1), q = noise({64, C}, 2), w = noise({C, C}, 3);
+  Tensor a = noise({R, C}, 4), b = noise({R, C}, 5), c = noise({R, C}, 6);
+  auto fn = [&] {
+    Tensor t = matmul(p, q);
+    Tensor s = matmul(t, w);
+    return ((s * b) + c) * a;
+  };
+  const Replayed fused = record_and_replay(fn, true);
+  CHECK(same_bytes(fused.output, fused.eager));
+  REQUIRE(fused.program->fused_chains() == 1);
+  CHECK(fused.program->bytes() == 2 * R * C * 4);
+  fused.program->replay();
+  CHECK(same_bytes(fused.output, fused.eager));
+}
+
 TEST_CASE("fusion: a buffer born in a chain takes the bytes of one that dies in it", "[compile][fusion]") {
   // h (a GEMM's output, made before the chain) dies at the chain's first
   // launch; the chain's output is born at its last, through the same layout.
