@@ -965,6 +965,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   c.stats.replaying = true;
   c.stats.launches = c.program->launches();
   c.stats.buffer_bytes = c.program->bytes();
+  c.stats.held_bytes = c.program->held_bytes();
   c.stats.fused_chains = c.program->fused_chains();
   c.stats.fused_launches = c.program->fused_launches();
   return out;

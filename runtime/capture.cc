@@ -430,35 +430,46 @@ void Recorder::place_in_arenas(Program& p) {
     g.last = c.end - 1;
     by_device[cpu_key()].push_back(-1 - int(k));
   }
-  struct Placed {
-    int64_t offset, size, first, last;
+  // Largest first, each at the lowest offset free for its whole lifetime:
+  // the offset of each root, in `roots` order, and the arena's size.
+  struct Placement {
+    std::vector<int64_t> at;
+    int64_t total = 0;
   };
-  for (auto& [key, roots] : by_device) {
-    // Largest first, each at the lowest offset free for its whole lifetime.
+  auto place = [&](std::vector<int>& roots) {
     std::sort(roots.begin(), roots.end(), [&](int a, int b) {
       return groups[a].nbytes > groups[b].nbytes || (groups[a].nbytes == groups[b].nbytes && a < b);
     });
-    std::vector<Placed> placed;
-    int64_t total = 0;
-    Program::ArenaPlan plan;
-    plan.device = devices[size_t(key)];
-    for (int root : roots) {
-      const Group& g = groups[root];
+    Placement out;
+    for (size_t k = 0; k < roots.size(); ++k) {
+      const Group& g = groups[roots[k]];
       std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of regions alive at the same time
-      for (const Placed& q : placed)
-        if (q.first <= g.last && g.first <= q.last) busy.emplace_back(q.offset, q.offset + q.size);
+      for (size_t j = 0; j < k; ++j) {
+        const Group& q = groups[roots[j]];
+        if (q.first <= g.last && g.first <= q.last) busy.emplace_back(out.at[j], out.at[j] + q.size);
+      }
       std::sort(busy.begin(), busy.end());
       int64_t at = 0;
       for (const auto& [lo, hi] : busy) {
         if (at + g.size <= lo) break;
         at = std::max(at, hi);
       }
-      placed.push_back({at, g.size, g.first, g.last});
-      total = std::max(total, at + g.size);
-      if (root < 0) plan.chain_scratch.emplace_back(size_t(-1 - root), at);
-      for (int id : g.members) {
+      out.at.push_back(at);
+      out.total = std::max(out.total, at + g.size);
+    }
+    return out;
+  };
+  auto add_plan = [&](const Device& device, const std::vector<int>& roots, const Placement& placed, bool temporaries) {
+    Program::ArenaPlan plan;
+    plan.device = device;
+    plan.bytes = placed.total;
+    plan.temporaries_only = temporaries;
+    for (size_t k = 0; k < roots.size(); ++k) {
+      const int root = roots[k];
+      if (root < 0) plan.chain_scratch.emplace_back(size_t(-1 - root), placed.at[k]);
+      for (int id : groups[root].members) {
         Buffer& b = buffers_[size_t(id)];
-        plan.buffers.emplace_back(id, at);
+        plan.buffers.emplace_back(id, placed.at[k]);
         b.storage.reset();  // (an output's eager tensor is no longer held)
         b.in_arena = true;
       }
@@ -466,8 +477,30 @@ void Recorder::place_in_arenas(Program& p) {
     // The arena itself is allocated at the first replay (Program::materialize):
     // until then the eager step's outputs (its gradients) are alive, and
     // both at once would be a peak eager never has.
-    plan.bytes = total;
     p.arena_plans_.push_back(std::move(plan));
+  };
+  for (auto& [key, roots] : by_device) {
+    const Device device = devices[size_t(key)];
+    // The outputs (alive to the end) in an arena of their own when that
+    // costs no bytes -- when no output could take bytes a temporary left,
+    // as on a mesh, where the gradients live in the data-parallel buckets
+    // and the outputs are the losses. The temporaries' arena then gives its
+    // memory back between replays (Program::replay), as eager frees the
+    // step's temporaries before the optimizer runs.
+    std::vector<int> outputs, temporaries;
+    for (int root : roots) (groups[root].last == kForever ? outputs : temporaries).push_back(root);
+    Placement all = place(roots);
+    if (outputs.empty()) {
+      add_plan(device, roots, all, true);
+      continue;
+    }
+    Placement out = place(outputs), temp = place(temporaries);
+    if (!temporaries.empty() && out.total + temp.total <= all.total) {
+      add_plan(device, outputs, out, false);
+      add_plan(device, temporaries, temp, true);
+    } else {
+      add_plan(device, roots, all, false);
+    }
   }
 }
 
@@ -560,17 +593,22 @@ void Program::materialize() {
   TESSEL_CHECK(replayable_, kOp, "{} was recorded to be compared only (Recorder::finish(Use::CompareOnly))", label_);
   if (materialized_) return;
   for (const ArenaPlan& plan : arena_plans_) {
-    auto arena = std::make_shared<StorageImpl>(size_t(plan.bytes), plan.device);
-    arenas_.push_back(arena);
-    char* base = static_cast<char*>(arena->data());
-    for (const auto& [id, offset] : plan.buffers)  // views of the arena; the program holds the arena itself
-      storages_[size_t(id)] = std::make_shared<StorageImpl>(base + offset, size_t(sizes_[size_t(id)]), plan.device,
-                                                            std::function<void(void*)>());
+    Arena arena;
+    arena.memory = std::make_shared<StorageImpl>(size_t(plan.bytes), plan.device);
+    arena.temporaries_only = plan.temporaries_only;
+    char* base = static_cast<char*>(arena.memory->data());
+    // Views of the arena (external memory to them; the program holds the arena itself).
+    auto view = [&](int64_t offset, int64_t nbytes) {
+      auto v = std::make_shared<StorageImpl>(base + offset, size_t(nbytes), plan.device, std::function<void(void*)>());
+      arena.views.emplace_back(v, offset);
+      return v;
+    };
+    for (const auto& [id, offset] : plan.buffers) storages_[size_t(id)] = view(offset, sizes_[size_t(id)]);
     for (const auto& [k, offset] : plan.chain_scratch) {
       Chain& c = chains_[k];
-      c.scratch_storage = std::make_shared<StorageImpl>(base + offset, size_t(c.slots * c.slot_bytes), plan.device,
-                                                        std::function<void(void*)>());
+      c.scratch_storage = view(offset, c.slots * c.slot_bytes);
     }
+    arenas_.push_back(std::move(arena));
   }
   for (auto& l : launches_) l->bind(storages_);
   for (Chain& c : chains_) make_tiles(c);  // views of the bound buffers and of the scratch
@@ -616,12 +654,25 @@ OutputLayout layout_of(int buffer, const Tensor& t) {
   return o;
 }
 
-void Program::replay() { replay_range(0, int64_t(launches_.size())); }
+void Program::replay() {
+  replay_range(0, int64_t(launches_.size()));
+  // The step's temporaries are dead now: their memory goes back to the
+  // allocator until the next replay (what the step hands out, its outputs,
+  // is in an arena that stays).
+  for (Arena& a : arenas_)
+    if (a.temporaries_only) a.memory->release();
+}
 
 void Program::replay_range(int64_t begin, int64_t end) {
   TESSEL_CHECK(0 <= begin && begin <= end && end <= int64_t(launches_.size()), kOp,
                "replaying launches [{}, {}) of {}'s {}", begin, end, label_, launches_.size());
   materialize();
+  for (Arena& a : arenas_) {
+    if (!a.memory->released()) continue;
+    a.memory->reallocate();
+    char* base = static_cast<char*>(a.memory->data());
+    for (auto& [v, offset] : a.views) v->rebind(base + offset);
+  }
   if (begin == 0 && (!producers_.empty() || !block_producers_.empty())) {
     for (size_t i = 0; i < producers_.size(); ++i) values_.keys[i] = producers_[i]();
     for (size_t i = 0; i < block_producers_.size(); ++i) values_.blocks[i] = block_producers_[i]();
@@ -657,6 +708,13 @@ void Program::replay_range(int64_t begin, int64_t end) {
     Launch& l = *launches_[size_t(i++)];
     run(l.name, [&] { l.run(); });
   }
+}
+
+int64_t Program::held_bytes() const {
+  int64_t n = bytes();
+  for (const ArenaPlan& a : arena_plans_)
+    if (a.temporaries_only) n -= a.bytes;
+  return n;
 }
 
 int64_t Program::bytes() const {

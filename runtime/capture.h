@@ -381,14 +381,19 @@ class Program {
   // The view of a recorded output, distributed as the recorded tensor was.
   Tensor output(const OutputLayout& layout);
   // Runs every launch; keys re-made by their producers first. The first
-  // replay (or output) allocates the arena.
+  // replay (or output) allocates the arena; a temporaries-only arena is
+  // given back at the end and allocated again by the next replay.
   void replay();
   // Runs launches [begin, end) only (a program recorded in parts); the keys
   // are re-made when begin is 0, for the whole program.
   void replay_range(int64_t begin, int64_t end);
-  // The bytes the program holds for the step: its arenas and the buffers
-  // of its own outside them (not the tensors from before the step).
+  // The bytes the program's replay uses: its arenas and the buffers of its
+  // own outside them (not the tensors from before the step).
   int64_t bytes() const;
+  // Of those, what it holds between replays: a temporaries-only arena gives
+  // its memory back after each replay() (not after replay_range: a program
+  // replayed in parts keeps its activations between the parts).
+  int64_t held_bytes() const;
   int64_t launches() const { return int64_t(launches_.size()); }
   const std::string& label() const { return label_; }
   // Fused chains and the launches in them (docs/compile.md, "Fusion").
@@ -432,6 +437,10 @@ class Program {
     int64_t bytes = 0;
     std::vector<std::pair<int, int64_t>> buffers;  // (buffer, offset)
     std::vector<std::pair<size_t, int64_t>> chain_scratch;  // (chain, offset): its workers' scratch
+    // No output lives here: its memory goes back to the allocator after each
+    // replay() and comes back at the next (the step's temporaries are dead
+    // between steps, as eager's are).
+    bool temporaries_only = false;
   };
   void materialize();  // allocates the arenas, binds the launches (once)
   std::vector<std::shared_ptr<StorageImpl>> storages_;  // (arena buffers: null until materialize)
@@ -439,7 +448,14 @@ class Program {
   std::vector<ArenaPlan> arena_plans_;
   bool replayable_ = false;
   bool materialized_ = false;
-  std::vector<std::shared_ptr<StorageImpl>> arenas_;  // the temporaries' memory (one per device)
+  // An arena's memory and the buffers (views) placed in it, which follow
+  // it when a temporaries-only arena is released and allocated again.
+  struct Arena {
+    std::shared_ptr<StorageImpl> memory;
+    std::vector<std::pair<std::shared_ptr<StorageImpl>, int64_t>> views;  // (view, offset)
+    bool temporaries_only = false;
+  };
+  std::vector<Arena> arenas_;  // per ArenaPlan
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
   std::vector<std::string> constants_;  // per buffer ("" if none)
   std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object

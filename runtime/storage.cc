@@ -56,4 +56,12 @@ void StorageImpl::reallocate() {
   released_ = false;
 }
 
+void StorageImpl::rebind(void* data) {
+  TESSEL_CHECK(allocator_ == nullptr && !deleter_, "StorageImpl::rebind",
+               "storage of {} bytes on {} owns its memory; only a view of memory owned elsewhere can be pointed "
+               "at other memory",
+               nbytes_, device_.str());
+  data_ = data;
+}
+
 }  // namespace tessel

@@ -45,6 +45,11 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   // version is not bumped: refilling restores the values tensors were saved with.
   void reallocate();
   bool released() const { return released_; }
+  // Wrapped external memory only: points this storage at `data` (nbytes()
+  // of it) instead. Compile mode's arena buffers are such views of their
+  // arena, and follow it when it is released and allocated again between
+  // replays (runtime/capture.h).
+  void rebind(void* data);
 
  private:
   void* data_ = nullptr;

@@ -505,6 +505,53 @@ TEST_CASE("capture: a checked read that sees other values at replay throws Repla
 // FSDP frees a unit's gathered parameters after use and refills the same
 // storage object before the next (StorageImpl::release / reallocate): host
 // work the kernels depend on, recorded as launches and done again in order.
+// Between replays the step's temporaries are dead: when the outputs can
+// have an arena of their own at no cost (none of them could take bytes a
+// temporary left), the temporaries' arena gives its memory back after each
+// replay and gets it again at the next; when they cannot, one arena stays.
+TEST_CASE("capture: the temporaries' arena is given back between replays; the outputs' stays", "[compile]") {
+  const int64_t n = 1024;  // 4 KiB per tensor
+  Tensor x = randn({n}, PhiloxKey{kSeed, 1});
+  auto record = [&](const std::function<Tensor(const Tensor&)>& fn, std::unique_ptr<capture::Program>& p, Tensor& y) {
+    NoGradGuard no_grad;
+    Tensor in = x.clone();  // the program's own input buffer (made before the recording)
+    capture::Recorder rec("arenas");
+    rec.input(in);
+    y = fn(in);
+    const int out = rec.output(y);
+    p = rec.finish();
+    return out;
+  };
+  // a and b are read by the add that makes y: y cannot take their bytes.
+  // (No scalar operands: their fills would be temporaries too.)
+  auto apart = [](const Tensor& in) {
+    Tensor a = in * in, b = exp(in);
+    return a + b;
+  };
+  std::unique_ptr<capture::Program> p;
+  Tensor y;
+  const int out = record(apart, p, y);
+  const Tensor eager = y.clone();
+  Allocator* alloc = cpu_allocator();
+  p->set_input(0, x);
+  p->replay();
+  CHECK(bitwise_equal(p->output(out, y), eager));
+  CHECK(p->held_bytes() <= p->bytes() - 2 * n * 4);  // (the temporaries: at least a and b)
+  const int64_t between = alloc->stats().current_bytes;
+  p->set_input(0, x * Scalar(3.0));
+  p->replay();  // the arena comes back, the buffers follow it
+  CHECK(bitwise_equal(p->output(out, y), apart(x * Scalar(3.0))));
+  CHECK(alloc->stats().current_bytes == between);  // and is given back again
+
+  // A chain: y takes the bytes of the first product, dead before it.
+  auto chain = [](const Tensor& in) { return exp(in * Scalar(0.001)) * Scalar(3.0) + Scalar(1.0); };
+  const int out2 = record(chain, p, y);
+  p->set_input(0, x);
+  p->replay();
+  CHECK(bitwise_equal(p->output(out2, y), chain(x)));
+  CHECK(p->held_bytes() == p->bytes());  // one arena, kept
+}
+
 TEST_CASE("capture: a storage released and refilled in place is released and refilled again at replay", "[compile]") {
   Tensor gathered = tensor(std::vector<float>{0.0f, 0.0f}, Dims{2});  // from before the step, released between steps
   gathered.storage()->release();

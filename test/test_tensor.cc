@@ -170,3 +170,14 @@ TEST_CASE("meta tensors carry shapes without memory") {
   CHECK(sum(m, {0}).shape() == Dims{1024, 1024});
   CHECK_THROWS_WITH(m.to_vector<float>(), Catch::Contains("meta"));
 }
+
+TEST_CASE("StorageImpl::rebind points a view of external memory at other memory; owning storage refuses") {
+  float first[4] = {1, 2, 3, 4}, second[4] = {5, 6, 7, 8};
+  auto view = std::make_shared<StorageImpl>(first, sizeof(first), kCPU, std::function<void(void*)>());
+  CHECK(view->data() == first);
+  view->rebind(second);
+  CHECK(view->data() == second);
+  CHECK(view->nbytes() == sizeof(first));
+  StorageImpl owning(16, kCPU);
+  CHECK_THROWS_WITH(owning.rebind(second), Catch::Contains("StorageImpl::rebind") && Catch::Contains("owns its memory"));
+}

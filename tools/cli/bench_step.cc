@@ -197,8 +197,9 @@ int run_cuda_step_bench(const tools::StepBenchOptions& o, CLI::App& cmd, bool bi
 // (RunOptions::compile) in one process, one step of each in turn (who goes
 // first alternates), each after a pause; medians of the timed steps. Memory:
 // the step's own bytes -- eager: the allocator's peak during the step above
-// what was held before it; compiled: the recording's buffers (held between
-// steps) plus the same peak-above-start of the replay.
+// what was held before it; compiled: what the recording holds between steps
+// plus the same peak-above-start of the replay (its temporaries' arena, when
+// given back between steps, is allocated again inside the step).
 // With `modules` (--compile-modules) the compiled side is mixed mode
 // instead (RunOptions::compile_modules): those modules replayed, the rest
 // eager.
@@ -291,8 +292,10 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
             d.times.push_back(secs);
             d.fb_times.push_back(std::chrono::duration<double>(t1 - t0).count());
             d.opt_times.push_back(std::chrono::duration<double>(t2 - t1).count());
+            // (`before` counts what the program held going in; its
+            // temporaries' arena, given back between steps, is in the peak.)
             d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
-                                   double(d.run->compile_stats().buffer_bytes) +
+                                   double(d.run->compile_stats().held_bytes) +
                                    double(d.run->compile_stats().modules.buffer_bytes));
           }
         } catch (const std::exception& e) {

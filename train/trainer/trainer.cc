@@ -584,9 +584,10 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     const CompileStats& c = result.compile;
     if (c.refused.empty())
       std::printf("  compile: %lld step(s) replayed (%lld launches each, %lld of them in %lld fused chain(s); %.1f MiB of "
-                  "buffers), %lld eager, %lld recording(s)\n",
+                  "buffers, %.1f MiB of them held between steps), %lld eager, %lld recording(s)\n",
                   (long long)c.replays, (long long)c.launches, (long long)c.fused_launches, (long long)c.fused_chains,
-                  double(c.buffer_bytes) / (1 << 20), (long long)c.eager_steps, (long long)c.captures);
+                  double(c.buffer_bytes) / (1 << 20), double(c.held_bytes) / (1 << 20), (long long)c.eager_steps,
+                  (long long)c.captures);
     else
       std::printf("  compile: stopped, every step ran eagerly after it: %s\n", c.refused.c_str());
   }
