@@ -251,9 +251,10 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
   // it belongs to the enclosing backward). Nothing reaches a node that does
   // not run, so its dependency counts need no care.
   std::unordered_set<Node*> runs;
+  std::unordered_set<const Node*> captured_nodes;
   if (captures) {
-    std::unordered_set<const Node*> leads;  // to a captured gradient (a captured node, or a node that leads to one)
-    for (const Capture& c : *captures) leads.insert(c.node);
+    for (const Capture& c : *captures) captured_nodes.insert(c.node);
+    std::unordered_set<const Node*> leads = captured_nodes;  // to a captured gradient (captured, or leads to one)
     // Post-order over the graph: a node is decided after every node it feeds.
     std::unordered_set<Node*> seen;
     std::vector<std::pair<Node*, size_t>> path;
@@ -307,11 +308,9 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, std::vector<Tensor> 
     // (Under captures a node that does not run sees its hooks only if its
     // gradient is captured: they may change the gradient handed out.)
     const bool run = !captures || runs.count(node) != 0;  // an accumulator feeds nothing: never runs under captures
-    bool captured_here = false;
-    if (captures)
-      for (const Capture& c : *captures) captured_here = captured_here || c.node == node;
+    const bool hooks = run || captured_nodes.count(node) != 0;
     for (auto& h : node->pre_hooks) {
-      if (!run && !captured_here) break;
+      if (!hooks) break;
       if (h.output_nr < grads.size() && grads[h.output_nr].defined()) {
         Tensor& g = grads[h.output_nr];
         g = hook_result("a hook on a gradient", g, h.fn(g));

@@ -119,8 +119,9 @@ std::string unsupported(const Tensor& x, const std::vector<Tensor>& params) {
   auto bad = [](const Tensor& t) -> std::string {
     if (!t.device().is_cpu()) return fmt::format(FMT_STRING("{} is not on the CPU (CPU in this version)"), t.desc());
     if (t.is_distributed() && t.impl()->dist->on_use)
-      return fmt::format(FMT_STRING("parameter {} is gathered by FSDP (ZeRO-3) in module hooks, whose backward half "
-                                    "a replay would not run"),
+      return fmt::format(FMT_STRING("parameter {} is an FSDP (ZeRO-3) shard gathered on use -- its unit's forward "
+                                    "hooks did not run before this call -- and a replay runs no op that would "
+                                    "gather it; call the unit's module through operator()"),
                          t.desc());
     return std::string();
   };

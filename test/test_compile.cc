@@ -872,6 +872,48 @@ TEST_CASE("compiled modules on dp=2: a refusal on one rank makes every rank run 
   CHECK(hash[2] == hash[3]);
 }
 
+// Under FSDP a model whose forward hooks never run (its own loss(x), not
+// operator()) has its parameters gathered on use: a compiled module inside
+// sees the shards, and a replay would run no op that gathers them. It runs
+// eagerly, with the reason, and the bits are the eager FSDP run's.
+struct GatheredOnUse : nn::Module {
+  std::shared_ptr<nn::Linear> body;
+  GatheredOnUse() : nn::Module("GatheredOnUse") { body = child("body", std::make_shared<nn::Linear>(8, 8)); }
+  Tensor loss(const Tensor& x) {
+    Tensor h = (*body)(x);
+    return sum(h * h);
+  }
+};
+
+TEST_CASE("compiled modules with FSDP: parameters gathered on use run the module eagerly, with the reason",
+          "[compile][comm][errors]") {
+  std::vector<std::string> refused(2), hash(4);
+  comm::run_local(2, [&](int rank) {
+    for (const bool compiled : {false, true}) {
+      auto model = nn::make_model<GatheredOnUse>();
+      model->reset_parameters(kSeed);
+      RunOptions o;
+      o.zero = 3;
+      auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::builtin_plan("none"), adamw({0.1}), o);
+      if (compiled) run.model().body->set_compiled(true);
+      for (int64_t step = 0; step < 6; ++step) {
+        Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(step)});
+        run.model().loss(run.input(x)).backward();
+        run.step_optimizer();
+      }
+      hash[size_t(2 * rank + int(compiled))] = run.param_hash();
+      if (compiled) refused[size_t(rank)] = run.model().body->compile_stats().refused;
+    }
+  });
+  for (const std::string& r : refused) {
+    INFO(r);
+    CHECK(contains(r, "FSDP (ZeRO-3) shard gathered on use"));
+  }
+  CHECK(hash[0] == hash[1]);
+  CHECK(hash[2] == hash[3]);
+  CHECK(hash[0] == hash[2]);
+}
+
 TEST_CASE("compiled modules: a module of your own, in a loop of your own", "[compile]") {
   // One call per step, and two calls of the same module per step: the second
   // call finds the recording's buffers in use and runs eagerly.
