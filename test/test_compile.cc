@@ -844,32 +844,42 @@ struct RankDependentModel : nn::Module {
   Tensor loss(const Tensor& x) { return sum((*body)(x) * (*body)(x)); }
 };
 
-TEST_CASE("compiled modules on dp=2: a refusal on one rank makes every rank run the module eagerly", "[compile][comm]") {
-  std::vector<std::string> refused(2), hash(4);
-  std::vector<int64_t> replayed(2, -1);
+// A model M with a `body` and loss(x), trained 6 steps on dp=2 (ranks as
+// threads) with options `o`, eagerly and with its body compiled: per rank,
+// the two param_hashes [2 * rank + compiled] and the compiled body's stats.
+struct BodyOnDp2 {
+  std::vector<std::string> hash = std::vector<std::string>(4);
+  std::vector<nn::ModuleCompileStats> body = std::vector<nn::ModuleCompileStats>(2);
+};
+template <class M>
+BodyOnDp2 body_compiled_on_dp2(const RunOptions& o = RunOptions{}) {
+  BodyOnDp2 r;
   comm::run_local(2, [&](int rank) {
     for (const bool compiled : {false, true}) {
-      auto model = nn::make_model<RankDependentModel>();
+      auto model = nn::make_model<M>();
       model->reset_parameters(kSeed);
-      auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::builtin_plan("none"), adamw({0.1}));
+      auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::builtin_plan("none"), adamw({0.1}), o);
       if (compiled) run.model().body->set_compiled(true);
       for (int64_t step = 0; step < 6; ++step) {
         Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(step)});
         run.model().loss(run.input(x)).backward();
         run.step_optimizer();
       }
-      hash[size_t(2 * rank + int(compiled))] = run.param_hash();
-      if (compiled) {
-        refused[size_t(rank)] = run.model().body->compile_stats().refused;
-        replayed[size_t(rank)] = run.model().body->compile_stats().replayed;
-      }
+      r.hash[size_t(2 * rank + int(compiled))] = run.param_hash();
+      if (compiled) r.body[size_t(rank)] = run.model().body->compile_stats();
     }
   });
-  CHECK(contains(refused[0], "the host read the values of"));
-  CHECK(contains(refused[1], "another rank's recording of this module was refused"));
-  CHECK(replayed == std::vector<int64_t>{0, 0});
-  CHECK(hash[0] == hash[1]);
-  CHECK(hash[2] == hash[3]);
+  return r;
+}
+
+TEST_CASE("compiled modules on dp=2: a refusal on one rank makes every rank run the module eagerly", "[compile][comm]") {
+  const BodyOnDp2 r = body_compiled_on_dp2<RankDependentModel>();
+  CHECK(contains(r.body[0].refused, "the host read the values of"));
+  CHECK(contains(r.body[1].refused, "another rank's recording of this module was refused"));
+  CHECK(r.body[0].replayed == 0);
+  CHECK(r.body[1].replayed == 0);
+  CHECK(r.hash[0] == r.hash[1]);
+  CHECK(r.hash[2] == r.hash[3]);
 }
 
 // Under FSDP a model whose forward hooks never run (its own loss(x), not
@@ -887,31 +897,16 @@ struct GatheredOnUse : nn::Module {
 
 TEST_CASE("compiled modules with FSDP: parameters gathered on use run the module eagerly, with the reason",
           "[compile][comm][errors]") {
-  std::vector<std::string> refused(2), hash(4);
-  comm::run_local(2, [&](int rank) {
-    for (const bool compiled : {false, true}) {
-      auto model = nn::make_model<GatheredOnUse>();
-      model->reset_parameters(kSeed);
-      RunOptions o;
-      o.zero = 3;
-      auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::builtin_plan("none"), adamw({0.1}), o);
-      if (compiled) run.model().body->set_compiled(true);
-      for (int64_t step = 0; step < 6; ++step) {
-        Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(step)});
-        run.model().loss(run.input(x)).backward();
-        run.step_optimizer();
-      }
-      hash[size_t(2 * rank + int(compiled))] = run.param_hash();
-      if (compiled) refused[size_t(rank)] = run.model().body->compile_stats().refused;
-    }
-  });
-  for (const std::string& r : refused) {
-    INFO(r);
-    CHECK(contains(r, "FSDP (ZeRO-3) shard gathered on use"));
+  RunOptions o;
+  o.zero = 3;
+  const BodyOnDp2 r = body_compiled_on_dp2<GatheredOnUse>(o);
+  for (const nn::ModuleCompileStats& s : r.body) {
+    INFO(s.refused);
+    CHECK(contains(s.refused, "FSDP (ZeRO-3) shard gathered on use"));
   }
-  CHECK(hash[0] == hash[1]);
-  CHECK(hash[2] == hash[3]);
-  CHECK(hash[0] == hash[2]);
+  CHECK(r.hash[0] == r.hash[1]);
+  CHECK(r.hash[2] == r.hash[3]);
+  CHECK(r.hash[0] == r.hash[2]);
 }
 
 TEST_CASE("compiled modules: a module of your own, in a loop of your own", "[compile]") {

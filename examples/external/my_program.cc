@@ -81,28 +81,39 @@ struct StagedClassifier : nn::StagedModel {
   Tensor example_input() const override { return empty({1, 12}, TensorOptions().with_device(kMeta)); }
 };
 
+// The staged model, built on Meta (parallelize initialises it from the
+// seed), trained 10 steps of 4 micro-batches through forward_backward; its
+// param_hash (every rank calls it: a collective) and what compile mode did.
+struct StagedRun {
+  std::string hash;
+  CompileStats compile;
+};
+StagedRun train_staged(const MeshPtr& mesh, RunOptions o, bool compile_blocks_by_hand = false) {
+  std::shared_ptr<StagedClassifier> model;
+  {
+    nn::ConstructionScope meta(kMeta);
+    model = nn::make_model<StagedClassifier>();
+  }
+  if (compile_blocks_by_hand)
+    for (const auto& block : model->blocks()) block->set_compiled(true);
+  o.micro_batches = 4;
+  o.seed = 1;
+  auto run = parallelize(model, mesh, parallel::builtin_plan("none"), adamw(), o);
+  for (int64_t step = 0; step < 10; ++step) {
+    Tensor x = randn({32, 12}, PhiloxKey{1, stream_for("x", {uint64_t(step)})});
+    run.forward_backward(x, argmax(x.narrow(1, 0, 5), 1));
+    run.step_optimizer();
+  }
+  return StagedRun{run.param_hash(), run.compile_stats()};
+}
+
 std::string train_pipelined(bool pipelined) {
   std::string result;
   launch(pipelined ? 4 : 1, [&](int rank) {
-    std::shared_ptr<StagedClassifier> model;
-    {
-      nn::ConstructionScope meta(kMeta);
-      model = nn::make_model<StagedClassifier>();
-    }
     RunOptions o;
-    o.micro_batches = 4;
-    o.seed = 1;
     o.compile = pipelined;
-    MeshPtr mesh = pipelined ? Mesh::world({{"dp", 2}, {"pp", 2}}) : nullptr;
-    auto run = parallelize(model, mesh, parallel::builtin_plan("none"), adamw(), o);
-    for (int64_t step = 0; step < 10; ++step) {
-      Tensor x = randn({32, 12}, PhiloxKey{1, stream_for("x", {uint64_t(step)})});
-      run.forward_backward(x, argmax(x.narrow(1, 0, 5), 1));
-      run.step_optimizer();
-    }
-    const std::string h = run.param_hash();  // (collective: every rank calls it)
-    const CompileStats c = run.compile_stats();
-    if (rank == 0) result = pipelined && c.replays != 7 ? "not replayed: " + c.refused : h;
+    const StagedRun r = train_staged(pipelined ? Mesh::world({{"dp", 2}, {"pp", 2}}) : nullptr, o);
+    if (rank == 0) result = pipelined && r.compile.replays != 7 ? "not replayed: " + r.compile.refused : r.hash;
   });
   return result;
 }
@@ -111,24 +122,10 @@ std::string train_pipelined(bool pipelined) {
 // mode, docs/compile.md): each block replayed from its fourth call, the
 // rest of the step eager; the same bits as the eager run.
 std::string train_blocks_compiled() {
-  std::shared_ptr<StagedClassifier> model;
-  {
-    nn::ConstructionScope meta(kMeta);  // parallelize initialises it, as in train_pipelined
-    model = nn::make_model<StagedClassifier>();
-  }
-  for (const auto& block : model->blocks()) block->set_compiled(true);
-  RunOptions o;
-  o.micro_batches = 4;
-  o.seed = 1;
-  auto run = parallelize(model, nullptr, parallel::builtin_plan("none"), adamw(), o);
-  for (int64_t step = 0; step < 10; ++step) {
-    Tensor x = randn({32, 12}, PhiloxKey{1, stream_for("x", {uint64_t(step)})});
-    run.forward_backward(x, argmax(x.narrow(1, 0, 5), 1));
-    run.step_optimizer();
-  }
-  const nn::ModuleCompileStats c = run.compile_stats().modules;
+  const StagedRun r = train_staged(nullptr, RunOptions{}, /*compile_blocks_by_hand=*/true);
+  const nn::ModuleCompileStats& c = r.compile.modules;
   if (c.replayed != 4 * (4 * 10 - 3)) return "not replayed: " + c.refused;  // 4 blocks, 4 micro-batches per step
-  return run.param_hash();
+  return r.hash;
 }
 
 // The staged model on dp=2 with FSDP (RunOptions::zero = 3, its blocks the
@@ -138,25 +135,12 @@ std::string train_blocks_compiled() {
 std::string train_fsdp_blocks_compiled() {
   std::string result;
   launch(2, [&](int rank) {
-    std::shared_ptr<StagedClassifier> model;
-    {
-      nn::ConstructionScope meta(kMeta);
-      model = nn::make_model<StagedClassifier>();
-    }
     RunOptions o;
-    o.micro_batches = 4;
-    o.seed = 1;
     o.zero = 3;
     o.compile_modules = nn::CompileModules::Blocks;
-    auto run = parallelize(model, Mesh::world({{"dp", 2}}), parallel::builtin_plan("none"), adamw(), o);
-    for (int64_t step = 0; step < 10; ++step) {
-      Tensor x = randn({32, 12}, PhiloxKey{1, stream_for("x", {uint64_t(step)})});
-      run.forward_backward(x, argmax(x.narrow(1, 0, 5), 1));
-      run.step_optimizer();
-    }
-    const std::string h = run.param_hash();  // (collective: every rank calls it)
-    const nn::ModuleCompileStats c = run.compile_stats().modules;
-    if (rank == 0) result = c.replayed != 4 * (4 * 10 - 3) ? "not replayed: " + c.refused : h;
+    const StagedRun r = train_staged(Mesh::world({{"dp", 2}}), o);
+    const nn::ModuleCompileStats& c = r.compile.modules;
+    if (rank == 0) result = c.replayed != 4 * (4 * 10 - 3) ? "not replayed: " + c.refused : r.hash;
   });
   return result;
 }
