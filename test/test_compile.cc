@@ -732,56 +732,22 @@ TEST_CASE("compiled modules: Mixtral's attention layers compile while its MoE la
   CHECK(compiled.stats.modules.replayed == 2 * (8 - 3));
 }
 
-// On a mesh every rank records and replays its modules' kernels and
-// collectives (tensor and sequence parallel, expert parallel beside them);
-// in bitwise mode the one-device run's bits.
-TEST_CASE("compiled modules on dp=2 x tp=2 + sp and dp=2 x ep=2: the one-device bits", "[compile][comm]") {
+// Each layout: the model trained on one device eagerly, then on its mesh
+// (ranks as threads) with its modules compiled (or `compile`, which on an
+// MoE model is mixed mode) and ZeRO stage `zero`, in bitwise mode with
+// dropout and 2 micro-batches: every rank gets the one-device bits and
+// replays every module call from the fourth.
+struct MeshLayout {
+  std::string arch;
+  std::vector<Mesh::DimSpec> dims;
+  nn::CompileModules modules;
+  bool compile = false;
+  int zero = 0;
+};
+void check_compiled_modules_on(const std::vector<MeshLayout>& layouts) {
   numerics::BitwiseGuard bitwise(true);
-  struct Layout {
-    std::string arch;
-    std::vector<Mesh::DimSpec> dims;
-    nn::CompileModules modules;
-  };
-  for (const Layout& l : {Layout{"nanogpt", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Blocks},
-                          Layout{"llama", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Attention},
-                          Layout{"mixtral", {{"dp", 2}, {"ep", 2}}, nn::CompileModules::Attention}}) {
-    INFO(l.arch << " " << nn::compile_modules_name(l.modules));
-    Spec spec;
-    spec.arch = l.arch;
-    spec.steps = 8;
-    spec.micro_batches = 2;
-    const Result one = train(spec);
-    spec.modules = l.modules;
-    std::vector<Result> ranks(4);
-    comm::run_local(4, [&](int rank) { ranks[size_t(rank)] = train(spec, Mesh::world(l.dims)); });
-    for (int r = 0; r < 4; ++r) {
-      INFO("rank " << r << ": " << ranks[size_t(r)].stats.modules.refused);
-      check_same(one, ranks[size_t(r)]);
-      CHECK(ranks[size_t(r)].stats.modules.refused.empty());
-      CHECK(ranks[size_t(r)].stats.modules.replayed == 2 * (2 * 8 - 3));
-    }
-  }
-}
-
-// FSDP (zero = 3) gathers a unit's parameters in its module's forward
-// hooks and releases them after; they run eagerly around a compiled
-// module's recorded forward, so the recording reads the gathered copies and
-// their gradients reach FSDP's gather node, as eagerly. NanoGPT's blocks are
-// FSDP's units and the compiled modules at once; LLaMA's compiled attention
-// sits inside a unit; Mixtral compiles (mixed mode) beside expert parallel.
-TEST_CASE("compiled modules with FSDP (zero = 3) on dp=2, dp=2 x tp=2 + sp, dp=2 x ep=2: the one-device bits",
-          "[compile][comm]") {
-  numerics::BitwiseGuard bitwise(true);
-  struct Layout {
-    std::string arch;
-    std::vector<Mesh::DimSpec> dims;
-    nn::CompileModules modules;
-    bool compile;
-  };
-  for (const Layout& l : {Layout{"nanogpt", {{"dp", 2}}, nn::CompileModules::Blocks, false},
-                          Layout{"llama", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Attention, false},
-                          Layout{"mixtral", {{"dp", 2}, {"ep", 2}}, nn::CompileModules::None, true}}) {
-    INFO(l.arch << (l.compile ? " compile" : " ") << nn::compile_modules_name(l.modules));
+  for (const MeshLayout& l : layouts) {
+    INFO(l.arch << (l.compile ? " compile " : " ") << nn::compile_modules_name(l.modules) << " zero " << l.zero);
     Spec spec;
     spec.arch = l.arch;
     spec.steps = 8;
@@ -789,7 +755,7 @@ TEST_CASE("compiled modules with FSDP (zero = 3) on dp=2, dp=2 x tp=2 + sp, dp=2
     const Result one = train(spec);
     spec.modules = l.modules;
     spec.compile = l.compile;
-    spec.zero = 3;
+    spec.zero = l.zero;
     int n = 1;
     for (const Mesh::DimSpec& d : l.dims) n *= int(d.size);
     std::vector<Result> ranks(static_cast<size_t>(n));
@@ -802,6 +768,25 @@ TEST_CASE("compiled modules with FSDP (zero = 3) on dp=2, dp=2 x tp=2 + sp, dp=2
       CHECK(ranks[size_t(r)].stats.modules.replayed == 2 * (2 * 8 - 3));
     }
   }
+}
+
+TEST_CASE("compiled modules on dp=2 x tp=2 + sp and dp=2 x ep=2: the one-device bits", "[compile][comm]") {
+  check_compiled_modules_on({{"nanogpt", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Blocks},
+                             {"llama", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Attention},
+                             {"mixtral", {{"dp", 2}, {"ep", 2}}, nn::CompileModules::Attention}});
+}
+
+// FSDP (zero = 3) gathers a unit's parameters in its module's forward
+// hooks and releases them after; they run eagerly around a compiled
+// module's recorded forward, so the recording reads the gathered copies and
+// their gradients reach FSDP's gather node, as eagerly. NanoGPT's blocks are
+// FSDP's units and the compiled modules at once; LLaMA's compiled attention
+// sits inside a unit; Mixtral compiles (mixed mode) beside expert parallel.
+TEST_CASE("compiled modules with FSDP (zero = 3) on dp=2, dp=2 x tp=2 + sp, dp=2 x ep=2: the one-device bits",
+          "[compile][comm]") {
+  check_compiled_modules_on({{"nanogpt", {{"dp", 2}}, nn::CompileModules::Blocks, false, 3},
+                             {"llama", {{"dp", 2}, {"tp", 2}}, nn::CompileModules::Attention, false, 3},
+                             {"mixtral", {{"dp", 2}, {"ep", 2}}, nn::CompileModules::None, true, 3}});
 }
 
 // Recomputation and compiled modules together: attention layers compiled
