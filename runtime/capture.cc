@@ -368,7 +368,6 @@ int Recorder::key_slot(const PhiloxKey& k) const {
 // storage: inputs, outputs, tensors from before the step, tensors still held
 // outside (escaping), and constants written on the host.
 void Recorder::place_in_arenas(Program& p) {
-  constexpr int64_t kAlign = 64;
   constexpr int64_t kForever = std::numeric_limits<int64_t>::max();
   // What is placed: a buffer, with those that take its bytes (Buffer::shares,
   // capture_fusion.cc) -- one region alive from the first one's first use to
@@ -384,6 +383,12 @@ void Recorder::place_in_arenas(Program& p) {
   std::unordered_map<int, Group> groups;  // root -> its group
   std::unordered_map<int, std::vector<int>> by_device;  // device index -> roots
   std::vector<Device> devices;
+  auto key_of = [&](const Device& d) {
+    for (size_t k = 0; k < devices.size(); ++k)
+      if (devices[k] == d) return int(k);
+    devices.push_back(d);
+    return int(devices.size()) - 1;
+  };
   for (size_t i = 0; i < buffers_.size(); ++i) {
     Buffer& b = buffers_[i];
     // Outputs (losses, gradients) join the arena too, alive from their first
@@ -397,42 +402,27 @@ void Recorder::place_in_arenas(Program& p) {
     Group& g = it->second;
     g.members.push_back(int(i));
     g.nbytes = std::max(g.nbytes, int64_t(b.nbytes));
-    g.size = (g.nbytes + kAlign - 1) / kAlign * kAlign;
+    g.size = detail::arena_bytes(g.nbytes);
     g.first = std::min(g.first, b.first);
     g.last = std::max(g.last, b.output ? kForever : b.last);
-    if (!fresh) continue;
-    const Device d = buffers_[size_t(root)].device;
-    int key = -1;
-    for (size_t k = 0; k < devices.size(); ++k)
-      if (devices[k] == d) key = int(k);
-    if (key < 0) {
-      key = int(devices.size());
-      devices.push_back(d);
-    }
-    by_device[key].push_back(root);
+    if (fresh) by_device[key_of(buffers_[size_t(root)].device)].push_back(root);
   }
   // A fused chain's scratch (one tile-sized slot per worker) is a region of
   // the CPU arena alive from the chain's first launch to its last: numbered
   // -1 - chain among the groups.
-  auto cpu_key = [&] {
-    for (size_t k = 0; k < devices.size(); ++k)
-      if (devices[k] == kCPU) return int(k);
-    devices.push_back(kCPU);
-    return int(devices.size()) - 1;
-  };
   for (size_t k = 0; k < p.chains_.size(); ++k) {
     const Program::Chain& c = p.chains_[k];
     if (c.slot_bytes == 0) continue;
     Group& g = groups[-1 - int(k)];
     g.nbytes = c.slots * c.slot_bytes;
-    g.size = (g.nbytes + kAlign - 1) / kAlign * kAlign;
+    g.size = detail::arena_bytes(g.nbytes);
     g.first = c.begin;
     g.last = c.end - 1;
-    by_device[cpu_key()].push_back(-1 - int(k));
+    by_device[key_of(kCPU)].push_back(-1 - int(k));
   }
   // Largest first, each at the lowest offset free for its whole lifetime:
   // the offset of each root, in `roots` order, and the arena's size.
-  struct Placement {
+  struct Offsets {
     std::vector<int64_t> at;
     int64_t total = 0;
   };
@@ -440,7 +430,7 @@ void Recorder::place_in_arenas(Program& p) {
     std::sort(roots.begin(), roots.end(), [&](int a, int b) {
       return groups[a].nbytes > groups[b].nbytes || (groups[a].nbytes == groups[b].nbytes && a < b);
     });
-    Placement out;
+    Offsets out;
     for (size_t k = 0; k < roots.size(); ++k) {
       const Group& g = groups[roots[k]];
       std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of regions alive at the same time
@@ -459,7 +449,7 @@ void Recorder::place_in_arenas(Program& p) {
     }
     return out;
   };
-  auto add_plan = [&](const Device& device, const std::vector<int>& roots, const Placement& placed, bool temporaries) {
+  auto add_plan = [&](const Device& device, const std::vector<int>& roots, const Offsets& placed, bool temporaries) {
     Program::ArenaPlan plan;
     plan.device = device;
     plan.bytes = placed.total;
@@ -489,12 +479,12 @@ void Recorder::place_in_arenas(Program& p) {
     // step's temporaries before the optimizer runs.
     std::vector<int> outputs, temporaries;
     for (int root : roots) (groups[root].last == kForever ? outputs : temporaries).push_back(root);
-    Placement all = place(roots);
+    Offsets all = place(roots);
     if (outputs.empty()) {
       add_plan(device, roots, all, true);
       continue;
     }
-    Placement out = place(outputs), temp = place(temporaries);
+    Offsets out = place(outputs), temp = place(temporaries);
     if (!temporaries.empty() && out.total + temp.total <= all.total) {
       add_plan(device, outputs, out, false);
       add_plan(device, temporaries, temp, true);

@@ -188,6 +188,9 @@ OutputLayout layout_of(int buffer, const Tensor& t);
 namespace detail {
 // `a`'s layout over `storage`.
 Tensor view_of(const TensorArg& a, std::shared_ptr<StorageImpl> storage);
+// Bytes a buffer takes in an arena: rounded up to 64 (every placement
+// aligned for any dtype and a cache line).
+inline int64_t arena_bytes(int64_t nbytes) { return (nbytes + 63) / 64 * 64; }
 }
 
 class Program;

@@ -35,7 +35,6 @@ constexpr const char* kOp = "compile";
 // Elements of one tile: a chain's operands for a tile (a few of these) stay
 // in the core's L2 cache between the launches of the chain.
 constexpr int64_t kTileElements = 16384;
-constexpr int64_t kAlign = 64;
 // A launch this small (a scalar operand's fill) may move ahead of a chain.
 constexpr int64_t kHoistElements = 64;
 
@@ -95,16 +94,16 @@ bool candidate(const Launch& l, Candidate* c) {
 }
 
 // Where element (row, col) of the chain's [rows, cols] lies in a buffer.
-struct Placement {
+struct ElementMap {
   int64_t offset = 0, row_stride = 0, col_stride = 0;
   DType dtype = DType::Float32;
-  bool operator==(const Placement& o) const {
+  bool operator==(const ElementMap& o) const {
     return offset == o.offset && row_stride == o.row_stride && col_stride == o.col_stride && dtype == o.dtype;
   }
 };
 // How a chain sees one buffer so far.
 struct Seen {
-  Placement at;                     // the first access
+  ElementMap at;                    // the first access
   bool written = false;
   bool one_layout = true;           // every access had `at`
   bool first_writes_only = false;   // the first launch of the chain that uses it only writes it
@@ -152,7 +151,7 @@ void Recorder::plan_fusion(Program& p) {
           if (writes) return false;
           continue;
         }
-        const Placement at{a.offset, c.layouts[k].row_stride, c.layouts[k].col_stride, a.dtype};
+        const ElementMap at{a.offset, c.layouts[k].row_stride, c.layouts[k].col_stride, a.dtype};
         auto [it, fresh] = next.try_emplace(a.buffer);
         Seen& s = it->second;
         if (fresh) {
@@ -234,7 +233,7 @@ void Recorder::plan_fusion(Program& p) {
         b.scratch = true;
         c.scratch.push_back({id, c.slot_bytes});
         const int64_t bytes = c.tile_rows * cols * int64_t(itemsize(s.at.dtype));
-        c.slot_bytes += (bytes + kAlign - 1) / kAlign * kAlign;
+        c.slot_bytes += detail::arena_bytes(bytes);
         continue;
       }
       if (b.temporary() && s.one_layout && !b.output && b.last < end - 1) dying.push_back(id);
@@ -261,17 +260,14 @@ void Recorder::plan_fusion(Program& p) {
     // The rest keep bytes of their own (or shared as above) across the
     // whole chain. (place_in_arenas places buffers that share bytes as one,
     // alive from the first one's first use to the last one's last.)
-    for (const auto& [id, s] : seen) {
-      Buffer& b = buffers_[size_t(id)];
-      if (b.scratch) continue;
-      b.first = std::min(b.first, i);
-      b.last = std::max(b.last, end - 1);
-    }
-    for (int id : before) {  // (the prologue's too: they are written before the chain's first launch)
+    auto widen = [&](int id) {
       Buffer& b = buffers_[size_t(id)];
       b.first = std::min(b.first, i);
       b.last = std::max(b.last, end - 1);
-    }
+    };
+    for (const auto& [id, s] : seen)
+      if (!buffers_[size_t(id)].scratch) widen(id);
+    for (int id : before) widen(id);  // (the prologue's too: they are written before the chain's first launch)
     c.slots = c.slots_now();  // (its scratch is placed in the arena now: place_in_arenas)
     p.chains_.push_back(std::move(c));
     i = end;
