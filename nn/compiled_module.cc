@@ -117,7 +117,6 @@ std::string guard_key(const Module& m, const Tensor& x, const std::vector<Tensor
 // Why this call cannot be compiled at all ("" if it can).
 std::string unsupported(const Tensor& x, const std::vector<Tensor>& params) {
   auto bad = [](const Tensor& t) -> std::string {
-    if (!t.device().is_cpu()) return fmt::format(FMT_STRING("{} is not on the CPU (CPU in this version)"), t.desc());
     if (t.is_distributed() && t.impl()->dist->on_use)
       return fmt::format(FMT_STRING("parameter {} is an FSDP (ZeRO-3) shard gathered on use -- its unit's forward "
                                     "hooks did not run before this call -- and a replay runs no op that would "

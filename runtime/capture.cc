@@ -576,7 +576,19 @@ void Program::set_input(int i, const Tensor& value) {
                kOp, "replaying {}: input {} is {}, the recorded one held {} bytes on {}", label_, i, value.desc(),
                s->nbytes(), s->device().str());
   if (value.storage() == s && value.offset() == 0) return;
-  std::memcpy(s->data(), value.raw_data(), s->nbytes());  // CPU only (v1)
+  if (s->device().is_cpu()) {
+    std::memcpy(s->data(), value.raw_data(), s->nbytes());
+    return;
+  }
+  // A device buffer: a copy queued on the device's current stream, before
+  // the replay's launches on the same stream.
+  TensorArg whole;
+  whole.buffer = inputs_[size_t(i)];
+  whole.shape = value.shape();
+  whole.strides = value.strides();
+  whole.dtype = value.dtype();
+  whole.device = value.device();
+  device_copy(value, detail::view_of(whole, s));
 }
 
 void Program::materialize() {

@@ -373,8 +373,9 @@ class Program {
   // Same launches, arguments, buffer numbering and constants as `other`
   // (a capture of the next step)? Empty: yes; else what differs first.
   std::string difference(const Program& other) const;
-  // Copies `value` into input buffer i (shape, dtype and strides must match
-  // the recorded one; else throws NotCapturable).
+  // Copies `value` (contiguous, as many bytes on the same device as the
+  // recorded input; else an Error naming both) into input buffer i: a memcpy
+  // on the CPU, a copy queued on the current stream on a GPU.
   void set_input(int i, const Tensor& value);
   // A view of a recorded output's buffer (layout.buffer: Recorder::output's
   // number) with layout's shape, strides, offset and dtype.

@@ -17,6 +17,7 @@ bool Tensor::is_contiguous() const { return raw::is_contiguous(shape(), strides(
 namespace {
 FullTensorHook g_full_tensor_hook = nullptr;
 HostCopyHook g_host_copy_hook = nullptr;
+DeviceCopyHook g_device_copy_hook = nullptr;
 
 // Values of a distributed tensor, gathered, and of a device tensor, copied to
 // the host (item, to_vector, printing).
@@ -37,6 +38,17 @@ Tensor readable(const Tensor& t, const char* op) {
 
 void set_full_tensor_hook(FullTensorHook hook) { g_full_tensor_hook = hook; }
 void set_host_copy_hook(HostCopyHook hook) { g_host_copy_hook = hook; }
+void set_device_copy_hook(DeviceCopyHook hook) { g_device_copy_hook = hook; }
+
+void device_copy(const Tensor& src, const Tensor& dst) {
+  TESSEL_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype() && src.device() == dst.device() &&
+                   !dst.device().is_cpu(),
+               "device_copy", "copies between tensors of one shape, dtype and (non-CPU) device; got {} into {}",
+               src.desc(), dst.desc());
+  TESSEL_CHECK(g_device_copy_hook, "device_copy", "copying {} on {} needs the CUDA kernels (//kernels/cuda)",
+               src.desc(), src.device().str());
+  g_device_copy_hook(src, dst);
+}
 
 const DistInfo& Tensor::dist() const {
   TESSEL_CHECK(is_distributed(), "dist", "{} is not a distributed tensor", desc());

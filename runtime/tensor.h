@@ -262,4 +262,12 @@ void set_full_tensor_hook(FullTensorHook hook);
 using HostCopyHook = Tensor (*)(const Tensor&);
 void set_host_copy_hook(HostCopyHook hook);
 
+// How runtime code copies between two tensors of one CUDA device (compile
+// mode's replay filling its input buffers: runtime/capture.h): the CUDA
+// kernels install a function that queues kernels::copy on the current stream.
+using DeviceCopyHook = void (*)(const Tensor& src, const Tensor& dst);
+void set_device_copy_hook(DeviceCopyHook hook);
+// src into dst (same shape, dtype and device; not the CPU): through the hook.
+void device_copy(const Tensor& src, const Tensor& dst);
+
 }  // namespace tessel

@@ -1,6 +1,7 @@
 // docs/design.md §4 level 4 end to end: a NanoGPT and a LLaMA trained for a few
 // AdamW steps on the CPU and on the GPU in float32 bitwise mode produce the
-// same losses and the same parameter bits. Skips without a GPU.
+// same losses and the same parameter bits; compile mode (docs/compile.md)
+// replays their steps on the GPU with the eager bits. Skips without a GPU.
 //
 // The fused causal attention op has a CPU kernel only (docs/cuda.md), so the
 // GPU takes the composite attention path; the CPU run is made to take it too
@@ -17,6 +18,7 @@
 #include "nn/clip.h"
 #include "nn/module.h"
 #include "nn/optim.h"
+#include "run/run.h"
 #include "runtime/numerics.h"
 #include "train/sample.h"
 #include "test/util/cuda.h"
@@ -80,7 +82,80 @@ void check_cpu_gpu_training(std::optional<DType> compute) {
   }
 }
 
+// What one tessel::Run of tiny `arch` on `d` gave: every step's loss, the
+// final parameters' hash and compile mode's counts.
+struct RunResult {
+  std::vector<double> losses;
+  std::string hash;
+  CompileStats stats;
+};
+
+// 7 steps of tiny `arch` (dropout 0.1, 2 micro-batches, clipping) through
+// tessel::Run on `d`: eager, compiled (`compile`: the whole step) or in mixed
+// mode (`modules`).
+RunResult train_run(const std::string& arch, Device d, bool compile, nn::CompileModules modules) {
+  models::ModelConfig cfg = models::model_config(arch, "tiny");
+  cfg.dropout = 0.1;
+  std::shared_ptr<models::LanguageModel> m;
+  {
+    nn::ConstructionScope meta(kMeta);
+    m = models::build_model(cfg);
+  }
+  m->materialize(d);
+  m->reset_parameters(7);
+  RunOptions o;
+  o.compile = compile;
+  o.compile_modules = modules;
+  o.clip = 1.0;
+  o.micro_batches = 2;
+  o.seed = 5;
+  nn::AdamWOptions ao;
+  ao.lr = 3e-3;
+  auto run = parallelize(m, adamw(ao), o);
+  Tensor ids = randint({4, 33}, 131, 0, cfg.vocab_size).to(d);
+  Tensor x = ids.narrow(1, 0, 32).contiguous(), y = ids.narrow(1, 1, 32).contiguous();
+  RunResult r;
+  for (int s = 0; s < 7; ++s) {
+    r.losses.push_back(run.forward_backward(x, y).loss_sum);
+    run.step_optimizer();
+  }
+  r.hash = run.param_hash();
+  r.stats = run.compile_stats();
+  return r;
+}
+
+// Compile mode (docs/compile.md) on device `d`: the whole-step replay and
+// mixed mode give the eager run's losses and parameters, bit for bit, and
+// did replay (steps 4-7; every block call from the fourth).
+void check_compile_mode_on(Device d) {
+  setenv("TESSEL_ATTENTION", "composite", 1);  // (as every case of this file: see the top)
+  numerics::GemmModeGuard mode(numerics::GemmMode::Bitwise);
+  for (std::string arch : {"nanogpt", "llama"}) {
+    INFO(arch << " on " << d.str());
+    const RunResult eager = train_run(arch, d, false, nn::CompileModules::None);
+    const RunResult whole = train_run(arch, d, true, nn::CompileModules::None);
+    CHECK(whole.stats.refused == "");
+    CHECK(whole.stats.replays == 4);
+    CHECK(whole.losses == eager.losses);
+    CHECK(whole.hash == eager.hash);
+    const RunResult mixed = train_run(arch, d, false, nn::CompileModules::Blocks);
+    CHECK(mixed.stats.modules.refused == "");
+    CHECK(mixed.stats.modules.replayed > 0);
+    CHECK(mixed.losses == eager.losses);
+    CHECK(mixed.hash == eager.hash);
+  }
+}
+
 }  // namespace
+
+// Compile mode has run on the CPU only; the same check there first (so a
+// failure on the GPU is the GPU's).
+TEST_CASE("compile mode replays tiny NanoGPT and LLaMA with the eager bits (CPU)") { check_compile_mode_on(kCPU); }
+
+TEST_CASE("compile mode replays tiny NanoGPT and LLaMA with the eager bits on the GPU") {
+  TESSEL_REQUIRE_GPU();
+  check_compile_mode_on(kCuda);
+}
 
 TEST_CASE("tiny NanoGPT and LLaMA train to the same bits on CPU and GPU") {
   TESSEL_REQUIRE_GPU();

@@ -17,7 +17,8 @@
 #   then the toolkit's lib64 dirs found on the machine) and says which are
 #   missing, runs gpu_tests (Catch2; its [tessel-summary] line counts test
 #   cases) and the step bench (nanogpt gpt2-124m in fast mode, which also times
-#   bitwise mode; its JSON line), copies logs to $OUT when set, and ends with one line:
+#   bitwise mode and tessel::Run eager against compile mode; its JSON line),
+#   copies logs to $OUT when set, and ends with one line:
 #     gpu_check: tests N passed, M failed, K skipped; bench <status>
 #   Extra args are Catch2 test-name filters (wildcards allowed; a case
 #   matching any of them runs; none matching is an error);

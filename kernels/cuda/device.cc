@@ -183,9 +183,12 @@ Tensor host_copy(const Tensor& t) {
   return h;
 }
 
+void device_copy_on_stream(const Tensor& src, const Tensor& dst) { kernels::copy(dst.device(), src, dst); }
+
 const bool g_registered = [] {
   register_allocator(DeviceType::CUDA, g_allocator);
   set_host_copy_hook(&host_copy);
+  set_device_copy_hook(&device_copy_on_stream);
   return true;
 }();
 

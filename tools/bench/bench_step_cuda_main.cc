@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", o.peak_tflops, "peak of the GPU for MFU (default: H100 SXM dense)");
   app.add_flag("!--no-reference", o.reference, "skip the PyTorch reference");
   app.add_flag("!--no-bitwise-cost", o.bitwise_cost, "with --gemm fast: do not also time the bitwise GEMM");
+  app.add_flag("!--no-compile", o.compile, "do not also time tessel::Run eager against compile mode");
   app.add_flag("--profile", o.profile, "per-op profile of the timed steps (with CUDA_LAUNCH_BLOCKING=1: GPU time per op)");
   app.add_option("--python", o.python, "interpreter for the PyTorch reference");
   app.add_option("--torch-script", o.torch_script, "path of step_cuda_torch.py");

@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <ostream>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +23,7 @@
 #include "nn/clip.h"
 #include "nn/module.h"
 #include "nn/optim.h"
+#include "run/run.h"
 #include "runtime/allocator.h"
 #include "runtime/numerics.h"
 #include "runtime/profile.h"
@@ -125,6 +132,159 @@ Timing time_steps(const StepCudaBenchOptions& o, models::ModelConfig cfg, const 
   return t;
 }
 
+// A thread that runs the work it is given, one piece at a time, for the
+// caller (who waits). A tessel::Run counts the backward passes of the thread
+// that made it, so each side of the eager / compiled comparison lives on a
+// thread of its own.
+class SideThread {
+ public:
+  SideThread() : thread_([this] { loop(); }) {}
+  ~SideThread() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Runs `work` on the thread and waits; rethrows what it threw.
+  void run(std::function<void()> work) {
+    std::unique_lock<std::mutex> lk(mu_);
+    work_ = std::move(work);
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return !work_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || work_; });
+      if (stop_) return;
+      lk.unlock();
+      try {
+        work_();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      lk.lock();
+      work_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> work_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread thread_;  // (last: starts once the rest exists)
+};
+
+// tessel::Run eager against compile mode (RunOptions::compile) on the same
+// steps, one step of each in turn (who goes first alternates), each timed
+// between device synchronisations; the losses' bits and the parameters'
+// hash compared at the end.
+nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConfig cfg, Device dev, std::ostream& out) {
+  numerics::GemmModeGuard mode(numerics::parse_gemm_mode(o.gemm.c_str(), "--gemm"));
+  cfg.max_seq_len = std::max(cfg.max_seq_len, o.seq);
+  cfg.dropout = 0.0;
+  nn::AdamWOptions ao;
+  ao.lr = 6e-4;
+  ao.betas = {0.9, 0.95};
+  ao.weight_decay = 0.1;
+  struct Side {
+    SideThread thread;
+    std::optional<Run<models::LanguageModel>> run;
+    std::vector<double> ms, step_bytes;
+    std::vector<uint64_t> loss_bits;
+    std::string hash;
+    CompileStats stats;
+    ~Side() {  // the Run goes on its own thread (it counts that thread's backward passes), errors or not
+      try {
+        thread.run([this] { run.reset(); });
+      } catch (...) {
+      }
+    }
+  };
+  Side side[2];  // [eager, compiled]
+  Allocator* alloc = allocator_for(dev);
+  for (int k = 0; k < 2; ++k) {
+    side[k].thread.run([&, k] {
+      std::shared_ptr<models::LanguageModel> m;
+      {
+        nn::ConstructionScope meta(kMeta);
+        m = models::build_model(cfg);
+      }
+      m->materialize(dev);
+      m->reset_parameters(1);
+      RunOptions ro;
+      ro.compile = k == 1;
+      ro.clip = 1.0;
+      ro.compute = o.dtype == "bf16" ? DType::BFloat16 : DType::Float32;
+      side[k].run.emplace(parallelize(m, adamw(ao), ro));
+    });
+  }
+  Tensor ids = randint(0, cfg.vocab_size, {o.batch, o.seq + 1}, PhiloxKey{1, stream_for("bench.ids")},
+                       TensorOptions(DType::Int64).with_device(dev));
+  const Tensor x = ids.narrow(1, 0, o.seq).contiguous(), y = ids.narrow(1, 1, o.seq).contiguous();
+  const int warmup = std::max(o.warmup, 3);  // compile mode replays from its fourth step
+  // On an error, each Run still goes on its own thread (it counts that
+  // thread's backward passes).
+  for (int s = 0; s < warmup + o.steps; ++s) {
+    for (int i = 0; i < 2; ++i) {
+      const int k = s % 2 == 0 ? i : 1 - i;
+      Side& d = side[k];
+      d.thread.run([&] {
+        synchronize(dev);
+        const int64_t before = alloc->stats().current_bytes;
+        alloc->reset_peak();
+        const auto t0 = Clock::now();
+        const double loss = d.run->forward_backward(x, y).loss_sum;
+        d.run->step_optimizer();
+        synchronize(dev);
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        uint64_t bits;
+        std::memcpy(&bits, &loss, sizeof bits);
+        d.loss_bits.push_back(bits);
+        if (s >= warmup) {
+          d.ms.push_back(ms);
+          d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
+                                 double(d.run->compile_stats().held_bytes));
+        }
+      });
+    }
+    if (s >= warmup)
+      out << fmt::format(FMT_STRING("[compile] step {:3d}  eager {:8.2f} ms, compiled {:8.2f} ms\n"), s,
+                         side[0].ms.back(), side[1].ms.back());
+  }
+  for (Side& d : side) {
+    d.thread.run([&] {
+      d.hash = d.run->param_hash();
+      d.stats = d.run->compile_stats();
+    });
+  }
+  const double eager_ms = median(side[0].ms), compiled_ms = median(side[1].ms);
+  const bool same_bits = side[0].loss_bits == side[1].loss_bits && side[0].hash == side[1].hash;
+  const CompileStats& cs = side[1].stats;
+  const double mib = 1 << 20;
+  out << fmt::format(FMT_STRING("tessel::Run gemm={}: eager {:.2f} ms/step, compiled {:.2f} ms/step ({:.2f}x); {} "
+                                "kernels replayed per step, {} replays; step memory {:.0f} / {:.0f} MiB; the same "
+                                "bits: {}{}\n"),
+                     o.gemm, eager_ms, compiled_ms, eager_ms / compiled_ms, cs.launches, cs.replays,
+                     median(side[0].step_bytes) / mib, median(side[1].step_bytes) / mib, same_bits ? "yes" : "NO",
+                     cs.refused.empty() ? std::string() : "; compile mode stopped: " + cs.refused);
+  return {{"eager_ms", eager_ms},
+          {"compiled_ms", compiled_ms},
+          {"speedup", eager_ms / compiled_ms},
+          {"same_bits", same_bits},
+          {"replays", cs.replays},
+          {"kernels_per_step", cs.launches},
+          {"step_memory_mib",
+           {{"eager", median(side[0].step_bytes) / mib}, {"compiled", median(side[1].step_bytes) / mib}}},
+          {"refused", cs.refused}};
+}
+
 }  // namespace
 
 int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
@@ -163,6 +323,16 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
                        b.step_ms / step_ms);
     bitwise = {{"step_ms", b.step_ms}, {"cost", b.step_ms / step_ms}, {"loss", b.last_loss}};
   }
+  // What compile mode's replay saves (tessel::Run eager against compiled).
+  nlohmann::json compiled = nullptr;
+  if (o.compile) {
+    try {
+      compiled = compare_compiled(o, cfg, Device(DeviceType::CUDA, 0), out);
+    } catch (const std::exception& e) {  // reported, not fatal: the rest of the figures stand
+      out << "compile mode comparison failed: " << e.what() << "\n";
+      compiled = {{"error", e.what()}};
+    }
+  }
   nlohmann::json ref = o.reference ? torch_reference(o, out) : nlohmann::json(nullptr);
   // The standard fields: PyTorch eager on the same GPU is the reference.
   nlohmann::json ref_s = nullptr, speedup = nullptr;
@@ -188,6 +358,7 @@ int run_step_cuda_bench(const StepCudaBenchOptions& o, std::ostream& out) {
                       {"peak_tflops", peak},
                       {"peak_memory_bytes", t.peak_bytes},
                       {"bitwise", bitwise},
+                      {"compile", compiled},
                       {"torch", ref}};
   out << j.dump() << "\n";
   return 0;

@@ -12,7 +12,13 @@
 //    "gemm": "fast"|"bitwise", "params": .., "step_ms": .., "tokens_per_s": ..,
 //    "mfu": .., "peak_tflops": .., "peak_memory_bytes": ..,
 //    "bitwise": {"step_ms", "cost": bitwise / fast, "loss"} | null,
+//    "compile": {"eager_ms", "compiled_ms", "speedup", "same_bits", "replays",
+//                "kernels_per_step", "step_memory_mib": {..}, "refused"} | null,
 //    "torch": {"eager": {..}, "compile": {..}} | null}
+// "compile" (skip with --no-compile): the same steps through tessel::Run,
+// eager and in compile mode (RunOptions::compile, docs/compile.md), one step
+// of each in turn, in the same process: what replaying the recorded kernels
+// saves of the host's per-op work, and whether the replay keeps the bits.
 // MFU counts nanoGPT's 6 N + 12 L H Q T FLOPs per token against
 // --peak-tflops (default: the H100 SXM dense peak of the compute dtype).
 #include <iosfwd>
@@ -31,6 +37,7 @@ struct StepCudaBenchOptions {
   std::string gemm = "fast";   // fast (cuBLASLt) | bitwise
   double peak_tflops = 0;      // 0: H100 SXM dense peak for the dtype
   bool bitwise_cost = true;    // with gemm fast: also time the bitwise GEMM (its cost)
+  bool compile = true;         // also time tessel::Run eager against compile mode (same GEMM mode)
   bool reference = true;       // run the PyTorch reference when available
   bool profile = false;        // print the per-op profile of the timed steps
   std::string python = "python3";
