@@ -283,9 +283,11 @@ Tensor UnaryModule::call_compiled(const Tensor& x) {
   // Eager: calls without gradients; inside a whole-step recording (which
   // records this module with the step); anomaly detection; for good after
   // a refusal.
-  if (!GradMode::is_enabled() || capture::active() != nullptr || anomaly::enabled() ||
-      c->state == CompiledModule::State::Refused)
+  if (!GradMode::is_enabled() || capture::active() != nullptr || anomaly::enabled()) return call_eager(x);
+  if (c->state == CompiledModule::State::Refused) {
+    ++c->stats.calls;  // (still a training call: the counts add up to what ran)
     return call_eager(x);
+  }
   // The forward hooks run eagerly around the recorded (or replayed) forward,
   // at every call: they are the caller's host work, not the module's --
   // FSDP gathers the parameters in them and releases them after, a module
@@ -304,11 +306,11 @@ Tensor UnaryModule::compiled_forward(const std::shared_ptr<CompiledModule>& c, c
   for (const Tensor& p : params) needs_grad = needs_grad || p.requires_grad();
   if (!needs_grad) return forward(x);
   const std::string who = who_of(*this);
+  ++m.stats.calls;
   if (const std::string why = unsupported(x, params); !why.empty()) {
     m.refuse(who, why);
     return forward(x);
   }
-  ++m.stats.calls;
   if (m.busy) {  // the recording's buffers wait for another call's backward
     ++m.stats.busy;
     return forward(x);
@@ -320,7 +322,11 @@ Tensor UnaryModule::compiled_forward(const std::shared_ptr<CompiledModule>& c, c
     m.key = key;
     return forward(x);
   }
-  if (key != m.key) {  // another shape, mode or parameter: record again
+  // A tensor from before the call that the recording reads and that its
+  // owner has since replaced (held by the recording alone now): the replay
+  // would read the old one.
+  const capture::Program* recorded = m.program ? m.program.get() : m.first.get();
+  if (key != m.key || (recorded && !recorded->replaced_outside().empty())) {  // another shape, mode, parameter or tensor: record again
     if (m.state == CompiledModule::State::Ready || m.first) ++m.stats.recaptures;
     m.first.reset();
     m.program.reset();
@@ -416,6 +422,13 @@ int apply_compile_modules(Module& model, CompileModules which) {
       attn->set_compiled(which == CompileModules::Attention);
       marked += which == CompileModules::Attention;
     }
+  // Asked for, and nothing to mark: an error, not a run that is silently eager.
+  TESSEL_CHECK(which == CompileModules::None || marked > 0, kOp,
+               "compile_modules = {} marks {}, and {} has none: nothing would be compiled. Mark your own modules "
+               "with UnaryModule::set_compiled(true), or compile the whole step (RunOptions::compile)",
+               compile_modules_name(which),
+               which == CompileModules::Attention ? "every nn::Attention module" : "the blocks of an nn::StagedModel",
+               model.type_name());
   return marked;
 }
 

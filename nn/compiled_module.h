@@ -79,8 +79,8 @@ CompileModules parse_compile_modules(const std::string& name);
 const char* compile_modules_name(CompileModules which);
 
 // Marks (or, with None, unmarks) the modules; returns how many. "blocks" on
-// a model that is not an nn::StagedModel, and a module also marked for
-// recomputation, are errors.
+// a model that is not an nn::StagedModel, a model with nothing to mark, and
+// a module also marked for recomputation, are errors.
 int apply_compile_modules(Module& model, CompileModules which);
 
 // Summed over the compiled modules under `root` (refused: the first reason).

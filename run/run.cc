@@ -225,7 +225,17 @@ void RunState::check_parameters_unchanged() const {
   const auto slots = model->parameter_slots();
   if (slots.size() == param_paths.size()) {
     bool same = true;
-    for (size_t i = 0; i < slots.size() && same; ++i) same = slots[i].first == param_paths[i];
+    for (size_t i = 0; i < slots.size() && same; ++i) {
+      same = slots[i].first == param_paths[i];
+      // The same path holding another tensor: `module.weight = t` after
+      // parallelize. The forward would read the new tensor while the
+      // optimizer (and the gradient reduction) keep the one laid out.
+      TESSEL_CHECK(!same || slots[i].second->tensor->impl() == param_impls[i], kRun,
+                   "parameter '{}' of {} was assigned a new tensor ({}) after tessel::parallelize: the optimizer and "
+                   "the layout keep the tensor parallelize laid out, so the step would train neither. Change a "
+                   "parameter's values in place (under NoGradGuard, p.copy_(values)) or with tessel::load",
+                   slots[i].first, model_type, slots[i].second->tensor->desc());
+    }
     if (same) return;
   }
   std::set<std::string> before(param_paths.begin(), param_paths.end());
@@ -311,6 +321,10 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
                    model_type);
   }
   if (opts.compile_modules != nn::CompileModules::None) {
+    TESSEL_CHECK(!opts.compile || nn::moe_layers(m).empty(), kOp,
+                 "RunOptions::compile_modules = {} with compile on {}, a model with MoE layers: there compile alone "
+                 "is already mixed mode (its attention layers compiled, the MoE layers eager); set one of the two",
+                 nn::compile_modules_name(opts.compile_modules), model_type);
     const char* with = opts.compile          ? "compile (the whole step is recorded already)"
                        : opts.detect_anomaly ? "detect_anomaly (it reads every op's output)"
                                              : nullptr;
@@ -365,7 +379,10 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   }
   mark_replaced(before, m);
   before.clear();
-  for (const auto& [path, slot] : m.parameter_slots()) s->param_paths.push_back(path);
+  for (const auto& [path, slot] : m.parameter_slots()) {
+    s->param_paths.push_back(path);
+    s->param_impls.push_back(slot->tensor->impl());
+  }
 
   auto groups = s->spec.groups ? s->spec.groups(m) : nn::default_param_groups(m, 0.0);
   if (s->pipe) groups = held_only(std::move(groups));
@@ -378,13 +395,21 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   if (s->mesh && comm::has_world() && comm::world()->size() > 1) {
     // Compile mode agrees with the other ranks at every decision (a
     // collective): every rank must be in it, or none.
-    Tensor v = raw::empty({2}, DType::Int32);
+    // So does mixed mode (a replayed module's collectives against an eager one's).
+    const int32_t modules = int32_t(opts.compile_modules);
+    Tensor v = raw::empty({4}, DType::Int32);
     v.data<int32_t>()[0] = opts.compile ? 1 : 0;
     v.data<int32_t>()[1] = opts.compile ? -1 : 0;
+    v.data<int32_t>()[2] = modules;
+    v.data<int32_t>()[3] = -modules;
     comm::world()->all_reduce(v, comm::ReduceOp::Max)->wait();
     TESSEL_CHECK(v.data<int32_t>()[0] == -v.data<int32_t>()[1], kOp,
                  "RunOptions::compile is {} here (rank {}) but not on every rank of mesh {}: set it alike on every rank",
                  opts.compile, comm::world()->rank(), s->mesh->str());
+    TESSEL_CHECK(v.data<int32_t>()[2] == -v.data<int32_t>()[3], kOp,
+                 "RunOptions::compile_modules is {} here (rank {}) but not on every rank of mesh {}: set it alike on "
+                 "every rank",
+                 nn::compile_modules_name(opts.compile_modules), comm::world()->rank(), s->mesh->str());
   }
   if (opts.compile) {
     // What this version records (docs/compile.md): kernels and collectives
@@ -399,6 +424,11 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   if (!opts.trace.empty()) {
     TESSEL_CHECK(opts.trace_steps >= 0, kOp, "RunOptions::trace_steps must be >= 0 (0: until write_trace), got {}",
                  opts.trace_steps);
+    if ((opts.compile || opts.compile_modules != nn::CompileModules::None) && opts.trace_steps > 0 &&
+        opts.trace_steps <= 3 && (!comm::has_world() || comm::world()->rank() == 0))
+      spdlog::info("tessel::Run: the timeline covers {} step(s), and compile mode replays from step 4: it will show "
+                   "eager steps only (trace_steps = 6, --trace-steps 6, shows replays too)",
+                   opts.trace_steps);
     const bool world = comm::has_world() && comm::world()->size() > 1;
     detail::prepare_trace_file(opts.trace, world ? comm::world()->rank() : 0, world ? comm::world()->size() : 1);
     s->trace = std::make_unique<timeline::Recorder>(world ? comm::world()->rank() : 0);
@@ -790,6 +820,32 @@ bool same_parameters(const RunState& s) {
   return true;
 }
 
+// What changed since the step was recorded that a replay would not see
+// ("" if nothing): the guard before every replay (docs/compile.md, "Guards").
+std::string changed_since_recording(RunState& s, const Tensor& inputs, const Tensor& targets) {
+  RunState::Compiled& c = s.compiled;
+  if (std::exchange(c.record_again, false)) return "run.record_again() was called";
+  if (inputs.shape() != c.input_shape || targets.shape() != c.target_shape || inputs.dtype() != c.input_dtype ||
+      targets.dtype() != c.target_dtype)
+    return fmt::format(FMT_STRING("the inputs and targets are {} {} and {} {}; the recording took {} {} and {} {}"),
+                       dtype_name(inputs.dtype()), inputs.shape().str(), dtype_name(targets.dtype()),
+                       targets.shape().str(), dtype_name(c.input_dtype), c.input_shape.str(),
+                       dtype_name(c.target_dtype), c.target_shape.str());
+  if (!same_parameters(s)) return "a parameter's memory was replaced (a load)";
+  if (!(numerics::current_settings() == c.numerics)) return "the numerics settings (bitwise mode, V, GEMM mode) changed";
+  if (module_state(s) != c.module_state) return "a module's train()/eval() or a parameter's requires_grad changed";
+  if (loss_scale_of(s) != c.loss_scale)
+    return fmt::format(FMT_STRING("the loss scale is {}; the recording multiplied by {}"), loss_scale_of(s),
+                       c.loss_scale);
+  if (nn::autocast_dtype() != c.autocast) {
+    auto name = [](const std::optional<DType>& d) { return d ? std::string(dtype_name(*d)) : std::string("none"); };
+    return fmt::format(FMT_STRING("the autocast around forward_backward is {}; the recording ran under {}"),
+                       name(nn::autocast_dtype()), name(c.autocast));
+  }
+  const capture::Program& p = c.program ? *c.program : *c.previous;
+  return p.replaced_outside();
+}
+
 // Where the recorded `t` (a loss or a gradient) lies in buffer `buffer`.
 RunState::Compiled::OutputLayout output_layout(int buffer, const Tensor& t, int param) {
   RunState::Compiled::OutputLayout o;
@@ -826,12 +882,11 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     return eager_step(run, inputs, targets, nullptr);
   }
   if (c.program || c.previous) {
-    const bool asked = std::exchange(c.record_again, false);
-    const bool same = !asked && inputs.shape() == c.input_shape && targets.shape() == c.target_shape &&
-                      inputs.dtype() == c.input_dtype && targets.dtype() == c.target_dtype && same_parameters(s) &&
-                      numerics::current_settings() == c.numerics && module_state(s) == c.module_state &&
-                      loss_scale_of(s) == c.loss_scale;
-    if (!agree(s, same)) {  // record again for the new shapes (or the parameters a load replaced)
+    const std::string changed = changed_since_recording(s, inputs, targets);
+    if (!agree(s, changed.empty())) {  // record again for the new shapes (or the parameters a load replaced)
+      if (!s.mesh || s.mesh->my_rank() == 0)
+        spdlog::info("tessel::Run: compile mode records {}'s step again at step {}: {}", s.model_type, s.step + 1,
+                     changed.empty() ? std::string("another rank's step changed") : changed);
       ++c.stats.recaptures;
       c.previous.reset();
       c.program.reset();
@@ -930,6 +985,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     for (const Tensor& p : s.params) c.param_storages.push_back(p.storage().get());
     c.module_state = module_state(s);
     c.loss_scale = loss_scale_of(s);
+    c.autocast = nn::autocast_dtype();
     return out;
   }
   std::string diff = c.previous->difference(*program);
@@ -988,6 +1044,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
                s.model_type);
   TESSEL_CHECK(s.micro == 0, kRun, "forward_backward: {} backward pass(es) already ran in step {}", s.micro,
                s.step + 1);
+  s.check_parameters_unchanged();
   StepLoss out;
   s.compiled.forward_backward_this_step = true;
   if (s.options.compile) out = compiled_forward_backward(*this, inputs, targets);

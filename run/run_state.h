@@ -41,6 +41,7 @@ class RunState {
   std::unique_ptr<nn::Optimizer> opt;
   std::vector<Tensor> params;  // what the gradient norm covers (dp: what this rank updates)
   std::vector<std::string> param_paths;  // the model's parameter paths after layout
+  std::vector<const TensorImpl*> param_impls;  // and the tensors in those slots
 
   std::optional<nn::GradScaler> scaler;  // RunOptions::loss_scaling
   std::optional<anomaly::Guard> anomaly;  // RunOptions::detect_anomaly
@@ -95,6 +96,7 @@ class RunState {
     DType input_dtype = DType::Float32, target_dtype = DType::Float32;
     numerics::Settings numerics;  // bitwise mode, V, GEMM mode: the kernels' arguments depend on them
     double loss_scale = 0;        // loss scaling's scale when recorded (0: none)
+    std::optional<DType> autocast;  // the thread's autocast around forward_backward when recorded (nn::AutocastScope)
     CompileStats stats;
   } compiled;
 
@@ -102,7 +104,8 @@ class RunState {
   void on_backward();
   // Sets the thread's forward context to {seed, step} (between steps).
   void set_step_context() const;
-  // The parameters the model holds now, by path (to catch ones added after parallelize).
+  // The parameters the model holds now: the paths and the very tensors
+  // parallelize laid out (to catch ones added, removed or assigned anew).
   void check_parameters_unchanged() const;
   // Throws unless every rank passed the same `full` to input() (one all-reduce).
   void check_same_on_every_rank(const Tensor& full) const;

@@ -47,6 +47,10 @@ std::string trace_rank_path(const std::string& path, int rank) {
 }
 
 void prepare_trace_file(const std::string& path, int rank, int ranks) {
+  std::error_code ec;
+  TESSEL_CHECK(!std::filesystem::is_directory(path, ec), kOp,
+               "the timeline's path '{}' (RunOptions::trace, --trace) is a folder; give a file, e.g. '{}'", path,
+               (std::filesystem::path(path) / "trace.json").string());
   write_file(ranks > 1 ? trace_rank_path(path, rank) : path, "");
 }
 

@@ -48,15 +48,24 @@ void Stored<Tensor>::bind(const std::vector<std::shared_ptr<StorageImpl>>& buffe
 namespace {
 struct HostCheck {
   const char* kernel;
-  void (*check)(const std::vector<int64_t>&);
+  void (*check)(const HostOutputs&);
 };
-void check_index_bounds(const std::vector<int64_t>& v) {
+void check_index_bounds(const HostOutputs& v) {
   // index_bounds(index, limit, &bad_pos, &bad_value): bad_pos = -1 when every index is in range.
-  if (v.size() == 2 && v[0] >= 0)
-    throw Error(fmt::format(FMT_STRING("{}: a replayed step read index {} at position {} of its index tensor, out of "
-                                       "the range the step was recorded with (the same check as eager mode: an "
-                                       "embedding or gather index must lie in [0, limit))"),
-                            kOp, v[1], v[0]));
+  if (v.written.size() != 2 || v.written[0] < 0) return;
+  // The position as coordinates of the index tensor, as eager's message.
+  Dims at = Dims::filled(v.shape.size(), 0);
+  for (int64_t d = int64_t(v.shape.size()) - 1, rest = v.written[0]; d >= 0; --d) {
+    at[size_t(d)] = v.shape[size_t(d)] > 0 ? rest % v.shape[size_t(d)] : 0;
+    rest = v.shape[size_t(d)] > 0 ? rest / v.shape[size_t(d)] : 0;
+  }
+  const std::string range =
+      v.integers.size() == 1 ? fmt::format(FMT_STRING("[0, {})"), v.integers[0]) : std::string("[0, limit)");
+  throw Error(fmt::format(FMT_STRING("{}: index {} at position {} of a replayed step's index tensor (shape {}) is {}; "
+                                     "valid range is {} (the check eager mode makes for an embedding id or a "
+                                     "gather/index_select index)"),
+                          kOp, v.written[1], at.str(), v.shape.str(), v.written[1] < 0 ? "negative" : "out of range",
+                          range));
 }
 constexpr HostCheck kHostChecks[] = {{"index_bounds", &check_index_bounds}};
 }  // namespace
@@ -67,7 +76,7 @@ bool has_host_output_check(const char* kernel) {
   return false;
 }
 
-void check_host_outputs(const char* kernel, const std::vector<int64_t>& values) {
+void check_host_outputs(const char* kernel, const HostOutputs& values) {
   for (const HostCheck& c : kHostChecks)
     if (std::strcmp(c.kernel, kernel) == 0) return c.check(values);
 }
@@ -594,6 +603,11 @@ void Program::set_input(int i, const Tensor& value) {
 void Program::materialize() {
   TESSEL_CHECK(replayable_, kOp, "{} was recorded to be compared only (Recorder::finish(Use::CompareOnly))", label_);
   if (materialized_) return;
+  // References to the tensors from before the step: one (storages_) until
+  // the launches are bound to views of them (replaced_outside).
+  std::vector<long> unbound(storages_.size(), 0);
+  for (size_t i = 0; i < storages_.size(); ++i)
+    if (outside_[i] && storages_[i]) unbound[i] = storages_[i].use_count();
   for (const ArenaPlan& plan : arena_plans_) {
     Arena arena;
     arena.memory = std::make_shared<StorageImpl>(size_t(plan.bytes), plan.device);
@@ -614,7 +628,22 @@ void Program::materialize() {
   }
   for (auto& l : launches_) l->bind(storages_);
   for (Chain& c : chains_) make_tiles(c);  // views of the bound buffers and of the scratch
+  own_refs_.assign(storages_.size(), 1);
+  for (size_t i = 0; i < storages_.size(); ++i)
+    if (outside_[i] && storages_[i]) own_refs_[i] = 1 + (storages_[i].use_count() - unbound[i]);
   materialized_ = true;
+}
+
+std::string Program::replaced_outside() const {
+  for (size_t i = 0; i < storages_.size(); ++i) {
+    if (!outside_[i] || !storages_[i]) continue;
+    const long own = materialized_ ? own_refs_[i] : 1;
+    if (storages_[i].use_count() > own) continue;
+    return fmt::format(FMT_STRING("buffer {} ({} bytes on {}), a tensor from before the step that {} reads, is held "
+                                  "by nothing else any more: its owner replaced it (a module's tensor assigned anew)"),
+                       i, sizes_[i], storages_[i]->device().str(), label_);
+  }
+  return std::string();
 }
 
 Tensor Program::output(const TensorArg& a) {

@@ -400,6 +400,13 @@ class Program {
   int64_t held_bytes() const;
   int64_t launches() const { return int64_t(launches_.size()); }
   const std::string& label() const { return label_; }
+  // "" while every tensor from before the step that the recording reads
+  // (parameters, buffers, caches: held by their owners) is still held by
+  // something besides this program; else which one is not. Its owner
+  // replaced it (`module.shift = new_tensor`), and a replay would read the
+  // old values: the caller records again. (An old tensor kept alive
+  // elsewhere too is not seen: docs/compile.md, "Guards".)
+  std::string replaced_outside() const;
   // Fused chains and the launches in them (docs/compile.md, "Fusion").
   int64_t fused_chains() const { return int64_t(chains_.size()); }
   int64_t fused_launches() const;
@@ -463,6 +470,7 @@ class Program {
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
   std::vector<std::string> constants_;  // per buffer ("" if none)
   std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object
+  std::vector<long> own_refs_;          // per outside buffer: references to its storage the program holds (materialize)
   std::vector<char> in_arena_;          // per buffer: a view of an arena
   std::vector<std::function<PhiloxKey()>> producers_;
   std::vector<std::function<GlobalBlock()>> block_producers_;
@@ -571,8 +579,15 @@ struct Stored<int64_t*> {
 };
 
 // After a replayed launch with host output pointers: the check its op makes
-// eagerly (throws with the op's message). Registered per kernel name.
-void check_host_outputs(const char* kernel, const std::vector<int64_t>& values);
+// eagerly (throws with the op's message). Registered per kernel name. It
+// gets what the launch wrote through its pointers, its by-value integer
+// arguments and its first tensor's shape (index_bounds: the bad position and
+// value; the limit; the index's shape).
+struct HostOutputs {
+  std::vector<int64_t> written, integers;
+  Dims shape;
+};
+void check_host_outputs(const char* kernel, const HostOutputs& values);
 bool has_host_output_check(const char* kernel);
 
 template <class T>
@@ -589,7 +604,7 @@ class KernelLaunch final : public Launch {
   void run() override {
     std::apply([this](const auto&... s) { fn_(s.get()...); }, args_);
     if constexpr ((std::is_same_v<std::decay_t<A>, int64_t*> || ...)) {
-      std::vector<int64_t> values;
+      HostOutputs values;
       std::apply([&](const auto&... s) { (push_host_output(values, s), ...); }, args_);
       check_host_outputs(name, values);
     }
@@ -620,8 +635,11 @@ class KernelLaunch final : public Launch {
     if constexpr (is_stored_tensor_v<S>) s.arg.view = view(i++, s.arg);
   }
   template <class S>
-  static void push_host_output(std::vector<int64_t>& v, const S& s) {
-    if constexpr (std::is_same_v<S, Stored<int64_t*>>) v.push_back(s.slot);
+  static void push_host_output(HostOutputs& v, const S& s) {
+    if constexpr (std::is_same_v<S, Stored<int64_t*>>) v.written.push_back(s.slot);
+    if constexpr (std::is_same_v<S, Stored<int64_t>>) v.integers.push_back(s.value);
+    if constexpr (std::is_same_v<S, Stored<Tensor>>)
+      if (v.shape.size() == 0 && s.arg.buffer >= 0) v.shape = s.arg.shape;
   }
   template <size_t... I, class... Args>
   void record_each(Recorder& r, std::index_sequence<I...>, const Args&... args) {

@@ -381,6 +381,16 @@ TEST_CASE("compile: what this version does not record is refused at parallelize,
     INFO(e);
     CHECK(contains(e, "but not on every rank of mesh"));
   }
+  for (const std::string& e : errors_on_ranks(2, [](int rank) {
+         auto m = models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed);
+         RunOptions o;
+         o.compile_modules = rank == 0 ? nn::CompileModules::Blocks : nn::CompileModules::None;
+         parallelize(m, Mesh::world({{"dp", 2}}), parallel::ParallelPlan{}, adamw(), o);
+       })) {
+    INFO(e);
+    CHECK(contains(e, "RunOptions::compile_modules is"));
+    CHECK(contains(e, "but not on every rank of mesh"));
+  }
   RunOptions o;
   o.compile = true;
   o.detect_anomaly = true;
@@ -980,6 +990,143 @@ TEST_CASE("compiled modules: a module that reads its values on the host runs eag
   CHECK(s.replayed == 0);
 }
 
+// ---- what a replay would not see: the guard records again ---------------------------------------------------------
+
+// A layer that reads two tensors of its own beside its parameters: `shift`,
+// a plain member, and `scale`, a registered (non-persistent) buffer.
+struct ShiftedLinear : nn::UnaryModule {
+  std::shared_ptr<nn::Linear> linear;
+  Tensor shift = zeros({8});
+  Tensor scale;
+  ShiftedLinear() : UnaryModule("ShiftedLinear") {
+    linear = child("linear", std::make_shared<nn::Linear>(8, 8));
+    buffer("scale", scale, full({8}, 1.0), /*persistent=*/false);
+  }
+  Tensor forward(const Tensor& x) override { return (*linear)(x) * scale + shift; }
+};
+struct Shifted : nn::Module {
+  std::shared_ptr<ShiftedLinear> body;
+  Shifted() : nn::Module("Shifted") { body = child("body", std::make_shared<ShiftedLinear>()); }
+  Tensor loss(const Tensor& x, const Tensor& y) {
+    Tensor d = (*body)(x) - y;
+    return mean(d * d);
+  }
+};
+
+// 9 steps of Shifted with `o`, calling change(model, step) before each
+// step's forward_backward: every loss's bits, then the parameters' hash.
+struct ShiftedRun {
+  std::vector<double> losses;
+  std::string hash;
+  CompileStats stats;
+};
+ShiftedRun train_shifted(RunOptions o, const std::function<void(Shifted&, int)>& change, bool compiled_body = false) {
+  auto model = std::make_shared<Shifted>();
+  model->reset_parameters(kSeed);
+  if (compiled_body) model->body->set_compiled(true);
+  auto run = parallelize(model, adamw(), o);
+  ShiftedRun r;
+  for (int step = 0; step < 9; ++step) {
+    const Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step)});
+    const Tensor y = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step + 1)});
+    change(run.model(), step);
+    r.losses.push_back(run.forward_backward(x, y).loss_sum);
+    run.step_optimizer();
+  }
+  r.hash = run.param_hash();
+  r.stats = run.compile_stats();
+  return r;
+}
+
+TEST_CASE("compile: a tensor of the model replaced after replays began records again, the eager bits", "[compile]") {
+  // After the replays began (step 4): at step 5 the plain member is
+  // assigned a new tensor, at step 7 the registered buffer (the old ones
+  // dropped). A replay would read the old tensors.
+  const auto change = [](Shifted& m, int step) {
+    if (step == 4) m.body->shift = full({8}, 0.5);
+    if (step == 6) m.body->scale = full({8}, 3.0);
+  };
+  const ShiftedRun eager = train_shifted(RunOptions{}, change);
+  for (bool mixed : {false, true}) {
+    INFO((mixed ? "mixed mode (the body compiled)" : "the whole step compiled"));
+    RunOptions o;
+    o.compile = !mixed;
+    const ShiftedRun compiled = train_shifted(o, change, mixed);
+    CHECK(compiled.losses == eager.losses);
+    CHECK(compiled.hash == eager.hash);
+    if (mixed) {
+      CHECK(compiled.stats.modules.recaptures == 2);
+      CHECK(compiled.stats.modules.refused.empty());
+    } else {
+      CHECK(compiled.stats.recaptures == 2);
+      CHECK(compiled.stats.refused.empty());
+      CHECK(compiled.stats.replays == 9 - 3 - 2 * 2);  // steps 4 and 9 (steps 5-6 and 7-8 recorded again)
+    }
+  }
+}
+
+TEST_CASE("compile: an autocast opened around forward_backward after replays began records again", "[compile]") {
+  const auto run_with = [](bool compile) {
+    auto model = std::make_shared<Shifted>();
+    model->reset_parameters(kSeed);
+    RunOptions o;
+    o.compile = compile;
+    auto run = parallelize(model, adamw(), o);
+    std::vector<double> losses;
+    for (int step = 0; step < 8; ++step) {
+      const Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step)});
+      const Tensor y = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step + 1)});
+      std::optional<nn::AutocastScope> autocast;
+      if (step >= 5) autocast.emplace(DType::BFloat16);
+      losses.push_back(run.forward_backward(x, y).loss_sum);
+      autocast.reset();
+      run.step_optimizer();
+    }
+    return std::make_pair(losses, run.compile_stats());
+  };
+  const auto [eager, eager_stats] = run_with(false);
+  const auto [compiled, stats] = run_with(true);
+  CHECK(compiled == eager);
+  CHECK(eager[5] != eager[4]);  // (the bfloat16 steps differ)
+  CHECK(stats.recaptures == 1);
+  CHECK(stats.replays == 8 - 3 - 2);  // steps 4 and 8
+}
+
+TEST_CASE("compile: an out-of-range token id in a replayed step is eager's error, with the position and range",
+          "[compile][errors]") {
+  const models::ModelConfig cfg = models::model_config("nanogpt", "tiny");
+  RunOptions o;
+  o.compile = true;
+  auto run = parallelize(models::make_language_model(cfg, kSeed), adamw(), o);
+  Tensor tokens = randint({2, 17}, kSeed, 0, cfg.vocab_size);
+  for (int step = 0; step < 4; ++step) {
+    run.forward_backward(tokens.narrow(1, 0, 16).contiguous(), tokens.narrow(1, 1, 16).contiguous());
+    run.step_optimizer();
+  }
+  REQUIRE(run.compile_stats().replays == 1);
+  Tensor ids = tokens.narrow(1, 0, 16).contiguous();
+  ids.data<int64_t>()[16 + 3] = cfg.vocab_size + 5;  // row 1, column 3
+  const std::string e = error_of([&] { run.forward_backward(ids, tokens.narrow(1, 1, 16).contiguous()); });
+  CHECK(contains(e, fmt::format("index {} at position [1, 3]", cfg.vocab_size + 5)));
+  CHECK(contains(e, fmt::format("is out of range; valid range is [0, {})", cfg.vocab_size)));
+}
+
+TEST_CASE("a parameter assigned a new tensor after parallelize is an error naming it, eager or compiled",
+          "[compile][errors]") {
+  for (bool compile : {false, true}) {
+    INFO("compile " << compile);
+    RunOptions o;
+    o.compile = compile;
+    const std::string e = error_of([&] {
+      train_shifted(o, [](Shifted& m, int step) {
+        if (step == 5) m.body->linear->weight = full({8, 8}, 0.1).requires_grad_(true);
+      });
+    });
+    CHECK(contains(e, "parameter 'body.linear.weight' of"));
+    CHECK(contains(e, "was assigned a new tensor"));
+  }
+}
+
 TEST_CASE("compiled modules: what this version does not do is an error naming it", "[compile][errors]") {
   auto model = [] { return models::make_language_model(models::model_config("nanogpt", "tiny"), kSeed); };
   RunOptions o;
@@ -997,6 +1144,15 @@ TEST_CASE("compiled modules: what this version does not do is an error naming it
   CHECK(contains(error_of([&] { parallelize(mixtral, adamw(), o); }),
                  "block 'layers.0' holds an MoE layer, which routes tokens on the host"));
   CHECK(contains(error_of([] { nn::parse_compile_modules("all"); }), "none, attention, blocks"));
+  // On a model with MoE layers `compile` alone is mixed mode already.
+  o.compile = true;
+  o.compile_modules = nn::CompileModules::Attention;
+  CHECK(contains(error_of([&] { parallelize(mixtral, adamw(), o); }),
+                 "a model with MoE layers: there compile alone is already mixed mode"));
+  // Nothing to mark: an error, not a silently eager run.
+  auto mlp = std::make_shared<TwoLayer>();
+  CHECK(contains(error_of([&] { nn::apply_compile_modules(*mlp, nn::CompileModules::Attention); }),
+                 "compile_modules = attention marks every nn::Attention module, and TwoLayer has none"));
   auto net = std::make_shared<TwoLayer>();
   net->set_recompute(true);
   CHECK(contains(error_of([&] { net->set_compiled(true); }), "either recomputed or compiled"));

@@ -228,6 +228,10 @@ TEST_CASE("trace: a Run that ends before write_trace leaves each rank's file; ba
   o.trace = "/proc/no/such/dir/run.json";
   // At parallelize, before any step.
   CHECK_THAT(error_of([&] { parallelize(m, adamw(), o); }), Catch::Contains("timeline '/proc/no/such/dir/run.json'"));
+  // A folder given for the file: named, with a file path to give instead.
+  o.trace = std::filesystem::path(path).parent_path().string();
+  CHECK_THAT(error_of([&] { parallelize(m, adamw(), o); }),
+             Catch::Contains("is a folder; give a file, e.g. '" + o.trace + "/trace.json'"));
 }
 
 TEST_CASE("trace: after a checkpoint's load the trace counts its steps from the loaded step", "[trace][run][ckpt]") {

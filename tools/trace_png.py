@@ -22,6 +22,7 @@ COLOURS = {
     "step": "#bdbdbd",
     "optimizer": "#31a354",
     "pipeline": "#756bb1",
+    "kernel": "#6baed6",
 }
 
 
