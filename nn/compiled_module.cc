@@ -15,6 +15,7 @@
 #include "nn/moe.h"
 #include "nn/staged.h"
 #include "runtime/capture.h"
+#include "runtime/profile.h"
 #include "runtime/comm/comm.h"
 #include "runtime/error.h"
 #include "runtime/numerics.h"
@@ -174,6 +175,8 @@ struct CompiledModuleNode final : Node {
                  "'{}': the gradient of the output arrived as {} ({}), but the recorded backward took {}: call "
                  "set_compiled(false) on this module",
                  who, grads[0].desc(), placement_of(grads[0]), m.g_placement);
+    const std::string span = who + " (backward)";
+    profile::Timer timer("compile.replay ", span.c_str(), "step");  // (a span naming the module in traces)
     m.program->set_input(1, raw::local_of(grads[0]).contiguous());
     m.program->replay_range(m.forward_launches, m.program->launches());
     for (size_t i = 0; i < m.grads.size(); ++i)
@@ -335,6 +338,7 @@ Tensor UnaryModule::compiled_forward(const std::shared_ptr<CompiledModule>& c, c
   }
 
   if (m.state == CompiledModule::State::Ready) {
+    profile::Timer timer("compile.replay ", who.c_str(), "step");  // (a span naming the module in traces)
     m.program->set_input(0, raw::local_of(x).contiguous());
     m.program->replay_range(0, m.forward_launches);
     Tensor y = copy_out(*m.program, m.y);  // the arena's is reused by the next call

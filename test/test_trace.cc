@@ -65,7 +65,9 @@ std::string nesting_problem(const json& events, int pid) {
   std::sort(spans.begin(), spans.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
   std::vector<double> open;
   for (auto [t0, t1] : spans) {
-    while (!open.empty() && open.back() <= t0) open.pop_back();
+    // (Times are microseconds with 3 decimals: ts + dur may round a hair past
+    // a sibling's start; a span that ends within a nanosecond of t0 is done.)
+    while (!open.empty() && open.back() <= t0 + 1e-3) open.pop_back();
     if (!open.empty() && t1 > open.back() + 1e-3)
       return "a span [" + std::to_string(t0) + ", " + std::to_string(t1) + ") crosses the end of its parent " +
              std::to_string(open.back());
@@ -170,6 +172,47 @@ TEST_CASE("trace: a dp=2,tp=2 run through the API writes one file per rank and a
     std::set<int> pids;
     for (const json& e : own["traceEvents"]) pids.insert(e["pid"].get<int>());
     CHECK(pids == std::set<int>{pid});
+  }
+}
+
+// Compile mode's replayed steps hold their launches as `kernel` spans,
+// inside `compile.replay` (the whole step) or `compile.replay <module>` and
+// `compile.replay <module> (backward)` (mixed mode).
+TEST_CASE("trace: replayed steps show their kernels, mixed mode per module call", "[trace][run][compile]") {
+  auto [x, y] = mlp_batch(MlpConfig{}, kBatch, 0, 0);
+  const std::string folder = scratch_dir("trace_compiled");
+  for (bool mixed : {false, true}) {
+    INFO((mixed ? "mixed mode" : "the whole step"));
+    const std::string path = folder + (mixed ? "/mixed.json" : "/compiled.json");
+    auto m = mlp();
+    RunOptions o;
+    o.trace = path;
+    o.trace_steps = 5;
+    o.compile = !mixed;
+    o.compile_modules = mixed ? nn::CompileModules::Blocks : nn::CompileModules::None;
+    auto run = parallelize(m, adamw(), o);
+    for (int step = 0; step < 5; ++step) {
+      run.forward_backward(x, y);
+      run.step_optimizer();
+    }
+    const json doc = read_json(path);
+    std::map<std::string, int> cats;
+    std::set<std::string> replays;
+    for (const json& e : doc["traceEvents"]) {
+      if (e.contains("cat")) ++cats[e["cat"].get<std::string>()];
+      const std::string name = e["name"];
+      if (name.rfind("compile.replay", 0) == 0) replays.insert(name);
+    }
+    CHECK(cats["kernel"] > 0);
+    if (mixed) {
+      REQUIRE(!m->blocks().empty());
+      const std::string block = m->blocks()[0]->path();
+      CHECK(replays.count("compile.replay " + block) == 1);
+      CHECK(replays.count("compile.replay " + block + " (backward)") == 1);
+    } else {
+      CHECK(replays == std::set<std::string>{"compile.replay"});
+    }
+    CHECK(nesting_problem(doc["traceEvents"], 0) == "");
   }
 }
 
