@@ -797,12 +797,20 @@ bool agree(const RunState& s, bool ok) { return first_failing_rank(s, ok) < 0; }
 int world_rank() { return comm::has_world() ? comm::world()->rank() : 0; }
 
 // What the step depends on that no tensor carries and a replay would not
-// see: each module's train()/eval() (dropout) and each parameter's
-// requires_grad (frozen parameters get no gradient).
+// see: each module's train()/eval() (dropout), each parameter's
+// requires_grad (frozen parameters get no gradient), and which tensor each
+// registered buffer is.
 std::vector<char> module_state(const RunState& s) {
   std::vector<char> v;
   for (const auto& [path, m] : s.model->named_modules()) v.push_back(char(m->is_training()));
   for (const Tensor& p : s.model->parameters()) v.push_back(char(p.requires_grad()));
+  // Each registered buffer's storage: one assigned anew is seen even while
+  // the old one lives on elsewhere (Program::replaced_outside sees the rest).
+  for (const auto& [path, slot] : s.model->buffer_slots()) {
+    const StorageImpl* st = slot->tensor->defined() ? raw::local_of(*slot->tensor).storage().get() : nullptr;
+    const char* bytes = reinterpret_cast<const char*>(&st);
+    v.insert(v.end(), bytes, bytes + sizeof st);
+  }
   return v;
 }
 
@@ -833,7 +841,8 @@ std::string changed_since_recording(RunState& s, const Tensor& inputs, const Ten
                        dtype_name(c.target_dtype), c.target_shape.str());
   if (!same_parameters(s)) return "a parameter's memory was replaced (a load)";
   if (!(numerics::current_settings() == c.numerics)) return "the numerics settings (bitwise mode, V, GEMM mode) changed";
-  if (module_state(s) != c.module_state) return "a module's train()/eval() or a parameter's requires_grad changed";
+  if (module_state(s) != c.module_state)
+    return "a module's train()/eval(), a parameter's requires_grad or a registered buffer's tensor changed";
   if (loss_scale_of(s) != c.loss_scale)
     return fmt::format(FMT_STRING("the loss scale is {}; the recording multiplied by {}"), loss_scale_of(s),
                        c.loss_scale);

@@ -1040,11 +1040,15 @@ ShiftedRun train_shifted(RunOptions o, const std::function<void(Shifted&, int)>&
 
 TEST_CASE("compile: a tensor of the model replaced after replays began records again, the eager bits", "[compile]") {
   // After the replays began (step 4): at step 5 the plain member is
-  // assigned a new tensor, at step 7 the registered buffer (the old ones
-  // dropped). A replay would read the old tensors.
-  const auto change = [](Shifted& m, int step) {
+  // assigned a new tensor (the old one dropped), at step 7 the registered
+  // buffer (the old one kept alive here). A replay would read the old ones.
+  std::vector<Tensor> kept;
+  const auto change = [&kept](Shifted& m, int step) {
     if (step == 4) m.body->shift = full({8}, 0.5);
-    if (step == 6) m.body->scale = full({8}, 3.0);
+    if (step == 6) {
+      kept.push_back(m.body->scale);
+      m.body->scale = full({8}, 3.0);
+    }
   };
   const ShiftedRun eager = train_shifted(RunOptions{}, change);
   for (bool mixed : {false, true}) {
