@@ -27,4 +27,15 @@ std::shared_ptr<LanguageModel> make_language_model(const ModelConfig& config, ui
   return m;
 }
 
+std::shared_ptr<LanguageModel> make_language_model(const ModelConfig& config, uint64_t seed, Device device) {
+  std::shared_ptr<LanguageModel> m;
+  {
+    nn::ConstructionScope meta(kMeta);
+    m = build_model(config);
+  }
+  m->materialize(device);
+  m->reset_parameters(seed);
+  return m;
+}
+
 }  // namespace tessel::models

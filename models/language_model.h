@@ -44,5 +44,9 @@ std::shared_ptr<LanguageModel> build_model(const ModelConfig& config);
 
 // Convenience for eager use: build on CPU and initialise from `seed`.
 std::shared_ptr<LanguageModel> make_language_model(const ModelConfig& config, uint64_t seed);
+// The same on `device` (a GPU): built on Meta, materialised there and
+// initialised from `seed` -- the CPU build's values (Philox: the same bits
+// on every device).
+std::shared_ptr<LanguageModel> make_language_model(const ModelConfig& config, uint64_t seed, Device device);
 
 }  // namespace tessel::models

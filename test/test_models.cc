@@ -66,12 +66,15 @@ TEST_CASE("a model built on Meta and materialised equals the eager build bit for
     }
     lazy->materialize(kCPU);
     lazy->reset_parameters(7);
-    auto a = eager->state_dict(), b = lazy->state_dict();
+    auto on_device = make_language_model(c, 7, kCPU);  // (the same through the device overload)
+    auto a = eager->state_dict(), b = lazy->state_dict(), d = on_device->state_dict();
     REQUIRE(a.size() == b.size());
+    REQUIRE(a.size() == d.size());
     for (size_t i = 0; i < a.size(); ++i) {
       INFO(a[i].name);
       CHECK(a[i].name == b[i].name);
       CHECK(bitwise_equal(a[i].tensor, b[i].tensor));
+      CHECK(bitwise_equal(a[i].tensor, d[i].tensor));
     }
     Tensor ids = randint(0, c.vocab_size, {1, 8}, PhiloxKey{3, 4});
     CHECK(bitwise_equal(eager->forward(ids), lazy->forward(ids)));

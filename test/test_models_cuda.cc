@@ -30,14 +30,7 @@ using namespace tessel::testing;
 namespace {
 
 std::shared_ptr<models::LanguageModel> build_on(const std::string& arch, Device d) {
-  std::shared_ptr<models::LanguageModel> m;
-  {
-    nn::ConstructionScope meta(kMeta);
-    m = models::build_model(models::model_config(arch, "tiny"));
-  }
-  m->materialize(d);
-  m->reset_parameters(7);  // Philox: the same bits on every device
-  return m;
+  return models::make_language_model(models::model_config(arch, "tiny"), 7, d);  // Philox: the same bits on every device
 }
 
 std::vector<float> train(models::LanguageModel& m, Device d, int steps, std::optional<DType> compute = {}) {
@@ -96,13 +89,7 @@ struct RunResult {
 RunResult train_run(const std::string& arch, Device d, bool compile, nn::CompileModules modules) {
   models::ModelConfig cfg = models::model_config(arch, "tiny");
   cfg.dropout = 0.1;
-  std::shared_ptr<models::LanguageModel> m;
-  {
-    nn::ConstructionScope meta(kMeta);
-    m = models::build_model(cfg);
-  }
-  m->materialize(d);
-  m->reset_parameters(7);
+  auto m = models::make_language_model(cfg, 7, d);
   RunOptions o;
   o.compile = compile;
   o.compile_modules = modules;

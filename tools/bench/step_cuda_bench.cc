@@ -79,13 +79,7 @@ Timing time_steps(const StepCudaBenchOptions& o, models::ModelConfig cfg, const 
   const Device dev(DeviceType::CUDA, 0);
   numerics::GemmModeGuard mode(numerics::parse_gemm_mode(gemm.c_str(), "--gemm"));
   cfg.max_seq_len = std::max(cfg.max_seq_len, o.seq);
-  std::shared_ptr<models::LanguageModel> m;
-  {
-    nn::ConstructionScope meta(kMeta);
-    m = models::build_model(cfg);
-  }
-  m->materialize(dev);
-  m->reset_parameters(1);
+  auto m = models::make_language_model(cfg, 1, dev);
   Timing t;
   for (const Tensor& p : m->parameters()) t.params += p.numel();
   nn::AdamWOptions ao;
@@ -211,13 +205,7 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
   Allocator* alloc = allocator_for(dev);
   for (int k = 0; k < 2; ++k) {
     side[k].thread.run([&, k] {
-      std::shared_ptr<models::LanguageModel> m;
-      {
-        nn::ConstructionScope meta(kMeta);
-        m = models::build_model(cfg);
-      }
-      m->materialize(dev);
-      m->reset_parameters(1);
+      auto m = models::make_language_model(cfg, 1, dev);
       RunOptions ro;
       ro.compile = k == 1;
       ro.clip = 1.0;
