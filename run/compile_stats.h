@@ -18,7 +18,7 @@ struct CompileStats {
   int64_t recaptures = 0;   // recordings dropped for new input shapes or replaced parameters
   int64_t launches = 0;     // launches in the recording in use (kernels, collectives, waits, checks)
   int64_t buffer_bytes = 0;  // bytes the recording's buffers use in a replay
-  int64_t held_bytes = 0;    // of those, held between replays (the temporaries' arena is given back after each)
+  int64_t held_bytes = 0;    // of those, held now (between steps the arenas are given back: docs/compile.md)
   int64_t fused_chains = 0;    // runs of elementwise launches replayed as one pass (RunOptions::compile_fusion)
   int64_t fused_launches = 0;  // the launches in them
   std::string refused;       // why compile mode stopped (empty: it did not)

@@ -642,6 +642,16 @@ StepReport RunBase::step_optimizer() {
     s.opt->zero_grad();
   }
   if (s.scaler) s.scaler->update();
+  if (s.compiled.program) {
+    // The replayed step's losses and gradients are used (zero_grad dropped
+    // the parameters' views): the arena goes back to the allocator until
+    // the next replay, as eager's step buffers are freed by now -- unless
+    // the caller still holds a view of it (a gradient kept), which keeps it.
+    s.compiled.losses.clear();
+    s.compiled.grads.clear();
+    s.compiled.tied.clear();
+    s.compiled.program->release_unheld();
+  }
   s.scaled = 0;
   ++s.step;
   s.micro = 0;
@@ -877,7 +887,6 @@ void make_output_views(RunState& s) {
     else if (o.contribution >= 0) c.tied[size_t(o.param)].push_back(t);  // (in micro-batch order)
     else c.grads.emplace_back(s.params[size_t(o.param)], t);
   }
-  c.output_layouts.clear();
 }
 
 StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Tensor& targets) {
@@ -915,7 +924,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
     try {
       nn::ForwardScope scope(run.forward_context(0, inputs.size(0)));  // the keys' producers read it
       c.program->replay();
-      if (!c.output_layouts.empty()) make_output_views(s);
+      make_output_views(s);  // (dropped after step_optimizer, so the arena can go back between steps)
     } catch (const capture::ReplayDiverged& e) {
       // Nothing after the check ran, and the parameters are untouched: the
       // step runs eagerly instead (every rank read the same values, so every
@@ -1030,7 +1039,6 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   c.stats.replaying = true;
   c.stats.launches = c.program->launches();
   c.stats.buffer_bytes = c.program->bytes();
-  c.stats.held_bytes = c.program->held_bytes();
   c.stats.fused_chains = c.program->fused_chains();
   c.stats.fused_launches = c.program->fused_launches();
   return out;
@@ -1065,6 +1073,7 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
 
 CompileStats RunBase::compile_stats() const {
   CompileStats c = state_->compiled.stats;
+  if (state_->compiled.program) c.held_bytes = state_->compiled.program->held_bytes();  // (now)
   c.modules = nn::compiled_module_stats(*state_->model);
   return c;
 }

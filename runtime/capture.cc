@@ -631,7 +631,25 @@ void Program::materialize() {
   own_refs_.assign(storages_.size(), 1);
   for (size_t i = 0; i < storages_.size(); ++i)
     if (outside_[i] && storages_[i]) own_refs_[i] = 1 + (storages_[i].use_count() - unbound[i]);
+  // The arenas' views were made just now: every reference to them is the
+  // program's own (release_unheld).
+  for (Arena& a : arenas_)
+    for (const auto& [v, offset] : a.views) a.own_refs.push_back(v.use_count());
   materialized_ = true;
+}
+
+bool Program::release_unheld() {
+  if (!materialized_) return false;
+  bool released = false;
+  for (Arena& a : arenas_) {
+    if (a.memory->released()) continue;
+    bool held = false;
+    for (size_t k = 0; k < a.views.size() && !held; ++k) held = a.views[k].first.use_count() > a.own_refs[k];
+    if (held) continue;
+    a.memory->release();  // (allocated again, and its views re-pointed, by the next replay)
+    released = true;
+  }
+  return released;
 }
 
 std::string Program::replaced_outside() const {
@@ -743,8 +761,10 @@ void Program::replay_range(int64_t begin, int64_t end) {
 
 int64_t Program::held_bytes() const {
   int64_t n = bytes();
-  for (const ArenaPlan& a : arena_plans_)
-    if (a.temporaries_only) n -= a.bytes;
+  for (size_t k = 0; k < arena_plans_.size(); ++k) {
+    const bool given_back = materialized_ ? arenas_[k].memory->released() : arena_plans_[k].temporaries_only;
+    if (given_back) n -= arena_plans_[k].bytes;
+  }
   return n;
 }
 

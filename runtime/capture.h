@@ -391,12 +391,19 @@ class Program {
   // Runs launches [begin, end) only (a program recorded in parts); the keys
   // are re-made when begin is 0, for the whole program.
   void replay_range(int64_t begin, int64_t end);
+  // Gives every arena's memory back until the next replay, as eager frees
+  // a step's buffers once they are used -- when nothing outside the program
+  // holds a view of it (a caller still holding an output, a gradient,
+  // keeps the arena). Returns whether it gave any back.
+  bool release_unheld();
   // The bytes the program's replay uses: its arenas and the buffers of its
   // own outside them (not the tensors from before the step).
   int64_t bytes() const;
-  // Of those, what it holds between replays: a temporaries-only arena gives
-  // its memory back after each replay() (not after replay_range: a program
-  // replayed in parts keeps its activations between the parts).
+  // Of those, what it holds now, between replays: a temporaries-only arena
+  // gives its memory back after each replay() (not after replay_range: a
+  // program replayed in parts keeps its activations between the parts), and
+  // release_unheld() the others. Before the first replay: what replay()
+  // alone would leave held.
   int64_t held_bytes() const;
   int64_t launches() const { return int64_t(launches_.size()); }
   const std::string& label() const { return label_; }
@@ -464,6 +471,7 @@ class Program {
   struct Arena {
     std::shared_ptr<StorageImpl> memory;
     std::vector<std::pair<std::shared_ptr<StorageImpl>, int64_t>> views;  // (view, offset)
+    std::vector<long> own_refs;  // per view: references the program itself holds (set by materialize)
     bool temporaries_only = false;
   };
   std::vector<Arena> arenas_;  // per ArenaPlan

@@ -560,6 +560,20 @@ TEST_CASE("capture: the temporaries' arena is given back between replays; the ou
   p->replay();
   CHECK(bitwise_equal(p->output(out2, y), chain(x)));
   CHECK(p->held_bytes() == p->bytes());  // one arena, kept
+  // Once its outputs are used and dropped, release_unheld gives that arena
+  // back too (tessel::Run does after step_optimizer); a view of it still
+  // held keeps it, with its values.
+  {
+    const Tensor kept = p->output(out2, y);
+    CHECK(!p->release_unheld());
+    CHECK(p->held_bytes() == p->bytes());
+    CHECK(bitwise_equal(kept, chain(x)));
+  }
+  CHECK(p->release_unheld());
+  CHECK(p->held_bytes() == n * 4);  // the input buffer alone
+  p->set_input(0, x * Scalar(2.0));
+  p->replay();  // allocated again, the buffers re-pointed
+  CHECK(bitwise_equal(p->output(out2, y), chain(x * Scalar(2.0))));
 }
 
 TEST_CASE("capture: a storage released and refilled in place is released and refilled again at replay", "[compile]") {
@@ -1067,6 +1081,34 @@ TEST_CASE("compile: a tensor of the model replaced after replays began records a
       CHECK(compiled.stats.replays == 9 - 3 - 2 * 2);  // steps 4 and 9 (steps 5-6 and 7-8 recorded again)
     }
   }
+}
+
+// Between steps a replayed step's arena is given back once the optimizer
+// has used the gradients, as eager frees them (memory for an evaluation
+// between steps); a gradient the caller keeps keeps it, with its values.
+TEST_CASE("compile: between steps the arena is given back, unless the caller holds a gradient", "[compile]") {
+  auto model = std::make_shared<Shifted>();
+  model->reset_parameters(kSeed);
+  RunOptions o;
+  o.compile = true;
+  auto run = parallelize(model, adamw(), o);
+  const Tensor x = randn({4, 8}, PhiloxKey{kSeed, 1}), y = randn({4, 8}, PhiloxKey{kSeed, 2});
+  for (int step = 0; step < 4; ++step) {
+    run.forward_backward(x, y);
+    run.step_optimizer();
+  }
+  REQUIRE(run.compile_stats().replays == 1);
+  const int64_t inputs = 2 * x.nbytes();  // (the program's own copies of x and y stay)
+  CHECK(run.compile_stats().held_bytes == inputs);
+  run.forward_backward(x, y);
+  const Tensor kept = run.model().body->linear->weight.grad();
+  const Tensor values = kept.clone();
+  run.step_optimizer();
+  CHECK(run.compile_stats().held_bytes > inputs);  // kept's memory is the arena's
+  CHECK(bitwise_equal(kept, values));
+  run.forward_backward(x, y);
+  run.step_optimizer();
+  CHECK(run.compile_stats().replays == 3);
 }
 
 TEST_CASE("compile: an autocast opened around forward_backward after replays began records again", "[compile]") {

@@ -25,6 +25,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A layer without a bias, for column_parallel's hint.
+struct NoBiasNet : nn::Module {
+  std::shared_ptr<nn::Linear> proj;
+  NoBiasNet() : nn::Module("NoBiasNet") { proj = child("proj", std::make_shared<nn::Linear>(8, 8, /*bias=*/false)); }
+};
+
 constexpr uint64_t kSeed = 7;
 constexpr int64_t kBatch = 8;
 
@@ -564,6 +570,18 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
       INFO(e);
       CHECK(contains(e, "layers\\.\\d+\\.fc1\\.weight"));
       CHECK(contains(e, "matches no parameter"));
+    }
+  }
+  SECTION("column_parallel on a Linear without a bias says how to mark it") {
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           parallel::ParallelPlan plan;
+           plan.column_parallel("proj");
+           parallelize(std::make_shared<NoBiasNet>(), Mesh::world({{"tp", 2}}), plan, adamw(), {});
+         })) {
+      INFO(e);
+      CHECK(contains(e, "parameter rule 'proj\\.bias' matches no parameter of the model -- it was made by "
+                        "column_parallel(\"proj\")"));
+      CHECK(contains(e, "call column_parallel(\"proj\", /*bias=*/false)"));
     }
   }
   SECTION("a mesh dim the plan does not know") {

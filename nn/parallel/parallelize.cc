@@ -84,8 +84,9 @@ ParallelizeResult parallelize(nn::Module& model, const MeshPtr& mesh, const Para
   for (size_t i = 0; i < plan.params.size(); ++i) {
     bool hit = false;
     for (const auto& n : param_names) hit = hit || std::regex_match(n, param_re[i]);
-    TESSEL_CHECK(hit, "parallelize", "plan '{}': parameter rule '{}' matches no parameter of the model (parameters: {})",
-                 plan.name, plan.params[i].match, fmt::join(sample(param_names, 6), ", "));
+    TESSEL_CHECK(hit, "parallelize", "plan '{}': parameter rule '{}' matches no parameter of the model{} (parameters: {})",
+                 plan.name, plan.params[i].match, plan.params[i].hint.empty() ? "" : " -- it was " + plan.params[i].hint,
+                 fmt::join(sample(param_names, 6), ", "));
   }
   for (size_t i = 0; i < plan.modules.size(); ++i) {
     bool hit = false;

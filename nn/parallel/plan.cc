@@ -173,7 +173,11 @@ std::string ParallelPlan::to_json() const {
 
 ParallelPlan& ParallelPlan::column_parallel(const std::string& linear, bool bias, const std::string& dim) {
   params.push_back({linear + "\\.weight", DimLayout{{{dim, Shard(0)}}}});
-  if (bias) params.push_back({linear + "\\.bias", DimLayout{{{dim, Shard(0)}}}});
+  if (bias)
+    params.push_back({linear + "\\.bias", DimLayout{{{dim, Shard(0)}}},
+                      fmt::format(FMT_STRING("made by column_parallel(\"{}\"), which shards the bias too: for Linear "
+                                             "layers without a bias, call column_parallel(\"{}\", /*bias=*/false)"),
+                                  linear, linear)});
   return *this;
 }
 

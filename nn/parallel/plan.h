@@ -48,6 +48,7 @@ struct DimLayout {
 struct ParamRule {
   std::string match;
   DimLayout layout;
+  std::string hint;  // what made the rule, for the error when it matches nothing ("" for a rule written as is)
 };
 
 struct ModuleRule {
