@@ -167,7 +167,9 @@ TEST_CASE("resume refuses a checkpoint of another seed or model; no checkpoint s
   TrainConfig m = c;
   m.resume = true;
   m.model = "llama";
-  CHECK_THROWS_WITH(run_training(m, {nullptr, true}), Catch::Contains("nanogpt"));
+  CHECK_THROWS_WITH(run_training(m, {nullptr, true}),
+                    Catch::Contains("nanogpt") &&
+                        Catch::Contains("the run started with --model nanogpt --config " + c.model_config));
   TrainConfig fresh = resume_config(root + "/empty", "");
   fresh.steps = 2;
   fresh.resume = true;

@@ -26,9 +26,20 @@ void check_resumed(const nlohmann::json& state, const TrainConfig& cfg, const mo
                "loader position",
                root, steps_done);
   const models::ModelConfig saved = checkpoint::model_config_from_json(state["model"]);
-  TESSEL_CHECK(checkpoint::model_config_to_json(saved) == checkpoint::model_config_to_json(model), kOp,
-               "the checkpoint under '{}' (step {}) holds a {} model ({}) but this run builds {}", root, steps_done,
-               models::arch_name(saved.arch), saved.describe(), model.describe());
+  if (checkpoint::model_config_to_json(saved) != checkpoint::model_config_to_json(model)) {
+    // How the checkpointed run chose its model, so the resume can say it again.
+    std::string how;
+    if (state.contains("config") && state["config"].is_object()) {
+      const nlohmann::json& was = state["config"];
+      const std::string init = was.value("init_from", std::string());
+      how = !init.empty() ? fmt::format(FMT_STRING("; the run started with --init-from {}: pass it again"), init)
+                          : fmt::format(FMT_STRING("; the run started with --model {} --config {} (and its shape "
+                                                   "flags): pass them again"),
+                                        was.value("model", std::string("?")), was.value("model_config", std::string("?")));
+    }
+    TESSEL_FAIL(kOp, "the checkpoint under '{}' (step {}) holds a {} model ({}) but this run builds {}{}", root,
+                steps_done, models::arch_name(saved.arch), saved.describe(), model.describe(), how);
+  }
   const LoaderState loader = LoaderState::from_json(state["loader"].dump());
   TESSEL_CHECK(loader.seed == cfg.seed && loader.step == steps_done, kOp,
                "the checkpoint under '{}': loader state {} does not match step {}", root, state["loader"].dump(),
