@@ -53,12 +53,7 @@ struct HostCheck {
 void check_index_bounds(const HostOutputs& v) {
   // index_bounds(index, limit, &bad_pos, &bad_value): bad_pos = -1 when every index is in range.
   if (v.written.size() != 2 || v.written[0] < 0) return;
-  // The position as coordinates of the index tensor, as eager's message.
-  Dims at = Dims::filled(v.shape.size(), 0);
-  for (int64_t d = int64_t(v.shape.size()) - 1, rest = v.written[0]; d >= 0; --d) {
-    at[size_t(d)] = v.shape[size_t(d)] > 0 ? rest % v.shape[size_t(d)] : 0;
-    rest = v.shape[size_t(d)] > 0 ? rest / v.shape[size_t(d)] : 0;
-  }
+  const Dims at = coordinates_of(v.shape, v.written[0]);  // (as eager's message)
   const std::string range =
       v.integers.size() == 1 ? fmt::format(FMT_STRING("[0, {})"), v.integers[0]) : std::string("[0, limit)");
   throw Error(fmt::format(FMT_STRING("{}: index {} at position {} of a replayed step's index tensor (shape {}) is {}; "

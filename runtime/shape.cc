@@ -27,6 +27,16 @@ Dims contiguous_strides(const Dims& shape) {
   return st;
 }
 
+Dims coordinates_of(const Dims& shape, int64_t linear) {
+  Dims c = Dims::filled(shape.size(), 0);
+  for (int d = shape.size() - 1; d >= 0; --d) {
+    if (shape[d] <= 0) continue;
+    c[d] = linear % shape[d];
+    linear /= shape[d];
+  }
+  return c;
+}
+
 int wrap_dim(int64_t dim, int ndim, const char* op) {
   int64_t lo = ndim > 0 ? -ndim : -1, hi = ndim > 0 ? ndim - 1 : 0;
   TESSEL_CHECK(dim >= lo && dim <= hi, op, "dimension {} is out of range for a tensor with {} dimensions (expected {}..{})",

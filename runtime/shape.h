@@ -89,6 +89,9 @@ using Shape = Dims;
 
 int64_t numel_of(const Dims& shape);
 Dims contiguous_strides(const Dims& shape);
+// The row-major coordinates of element `linear` of `shape` (error messages:
+// "id 64 at position [1, 3]").
+Dims coordinates_of(const Dims& shape, int64_t linear);
 // Wraps a possibly negative dim index into [0, ndim); error names the op.
 int wrap_dim(int64_t dim, int ndim, const char* op);
 // The broadcast of two shapes (numpy rules); error names the op and both shapes.

@@ -13,3 +13,9 @@ TEST_CASE("dtype promotion follows the lattice") {
   CHECK(promote_types(DType::Bool, DType::Int64) == DType::Int64);
 }
 
+TEST_CASE("coordinates_of: row-major coordinates of a linear index") {
+  CHECK(coordinates_of(Dims{2, 16}, 19) == Dims{1, 3});
+  CHECK(coordinates_of(Dims{2, 3, 4}, 23) == Dims{1, 2, 3});
+  CHECK(coordinates_of(Dims{5}, 4) == Dims{4});
+  CHECK(coordinates_of(Dims{}, 0) == Dims{});
+}

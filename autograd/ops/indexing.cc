@@ -21,16 +21,6 @@ void check_index_dtype(const char* op, const Tensor& index, const char* what) {
                what, index.desc());
 }
 
-// Row-major coordinates of element `linear` of `shape`, as "[i, j, ...]".
-std::string position_of(const Dims& shape, int64_t linear) {
-  Dims c = Dims::filled(shape.size(), 0);
-  for (int d = shape.size() - 1; d >= 0; --d) {
-    c[d] = linear % shape[d];
-    linear /= shape[d];
-  }
-  return c.str();
-}
-
 // Every element of `index` must lie in [0, limit). `what` names the index
 // argument, `range` says what the range is (for the message).
 void check_indices(const char* op, const Tensor& index, int64_t limit, const char* what, const std::string& range) {
@@ -43,10 +33,10 @@ void check_indices(const char* op, const Tensor& index, int64_t limit, const cha
     TESSEL_FAIL(op,
                 "{} {} at position {} of {} is negative; negative indices are not supported (no wrap-around), "
                 "valid range is [0, {}) ({})",
-                what, value, position_of(idx.shape(), pos), index.desc(), limit, range);
+                what, value, coordinates_of(idx.shape(), pos).str(), index.desc(), limit, range);
   }
   TESSEL_FAIL(op, "{} {} at position {} of {} is out of range; valid range is [0, {}) ({})", what, value,
-              position_of(idx.shape(), pos), index.desc(), limit, range);
+              coordinates_of(idx.shape(), pos).str(), index.desc(), limit, range);
 }
 
 // `t` as a contiguous tensor viewed with `shape` (no autograd).
