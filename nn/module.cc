@@ -169,6 +169,11 @@ std::vector<std::pair<std::string, const ParameterSlot*>> Module::parameter_slot
   return out;
 }
 
+void Module::for_each_parameter_slot(FunctionRef<void(const ParameterSlot&)> fn) const {
+  for (const auto& p : params_) fn(p);
+  for (const auto& [name, child] : children_) child->for_each_parameter_slot(fn);
+}
+
 std::vector<std::pair<std::string, const BufferSlot*>> Module::buffer_slots(bool recurse) const {
   std::vector<std::pair<std::string, const BufferSlot*>> out;
   collect_buffer_slots("", recurse, out);

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/function_ref.h"
 #include "runtime/global_block.h"
 #include "runtime/philox.h"
 #include "runtime/tensor.h"
@@ -104,6 +105,9 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   // Parameters with their init and weight-decay flag, by path.
   std::vector<std::pair<std::string, const ParameterSlot*>> parameter_slots() const;
+  // The same slots in the same order, without building their paths (no
+  // allocation: a Run checks its parameters with it at every step).
+  void for_each_parameter_slot(FunctionRef<void(const ParameterSlot&)> fn) const;
   // Buffers by path, through their slots (the module's members), so that a
   // caller can replace one (a pipeline stage drops those it does not run).
   std::vector<std::pair<std::string, const BufferSlot*>> buffer_slots(bool recurse = true) const;

@@ -222,6 +222,16 @@ void RunState::set_step_context() const {
 }
 
 void RunState::check_parameters_unchanged() const {
+  // At every step: first without a path string. The same slots holding the
+  // same tensors, in the same order, is the common case.
+  size_t k = 0;
+  bool unchanged = true;
+  model->for_each_parameter_slot([&](const nn::ParameterSlot& slot) {
+    unchanged = unchanged && k < param_slots.size() && &slot == param_slots[k] && slot.tensor->impl() == param_impls[k];
+    ++k;
+  });
+  if (unchanged && k == param_slots.size()) return;
+  // Something changed: find what, by path, and say so.
   const auto slots = model->parameter_slots();
   if (slots.size() == param_paths.size()) {
     bool same = true;
@@ -382,6 +392,7 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
   for (const auto& [path, slot] : m.parameter_slots()) {
     s->param_paths.push_back(path);
     s->param_impls.push_back(slot->tensor->impl());
+    s->param_slots.push_back(slot);
   }
 
   auto groups = s->spec.groups ? s->spec.groups(m) : nn::default_param_groups(m, 0.0);

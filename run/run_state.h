@@ -42,6 +42,7 @@ class RunState {
   std::vector<Tensor> params;  // what the gradient norm covers (dp: what this rank updates)
   std::vector<std::string> param_paths;  // the model's parameter paths after layout
   std::vector<const TensorImpl*> param_impls;  // and the tensors in those slots
+  std::vector<const nn::ParameterSlot*> param_slots;  // and the slots (the check's fast path)
 
   std::optional<nn::GradScaler> scaler;  // RunOptions::loss_scaling
   std::optional<anomaly::Guard> anomaly;  // RunOptions::detect_anomaly

@@ -87,6 +87,12 @@ TEST_CASE("named_parameters: dotted paths in registration order") {
                                                                  "layers.1.attn.rope_cos", "layers.1.attn.rope_sin"});
   // Weight decay flags: matrices yes, vectors no.
   for (const auto& [path, slot] : m->parameter_slots()) CHECK(slot->weight_decay == (slot->tensor->dim() >= 2));
+  // for_each_parameter_slot: the same slots in the same order, without paths.
+  std::vector<const ParameterSlot*> visited;
+  m->for_each_parameter_slot([&](const ParameterSlot& slot) { visited.push_back(&slot); });
+  const auto slots = m->parameter_slots();
+  REQUIRE(visited.size() == slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) CHECK(visited[i] == slots[i].second);
 }
 
 TEST_CASE("buffer_slots: paths and the module's members, recursively or the module's own") {

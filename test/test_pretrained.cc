@@ -13,6 +13,7 @@
 #include "checkpoint/manager.h"
 #include "test/util/runfiles.h"
 #include "run/checkpoint.h"
+#include "train/atomic_file.h"
 #include "train/config.h"
 #include "train/data.h"
 #include "train/metrics.h"
@@ -84,6 +85,12 @@ TEST_CASE("--init-from: HF folder and checkpoint, one device and dp=2,tp=2, the 
   CHECK(find_pretrained(run + "/checkpoints").path == find_pretrained(run).path);
 
   const auto one = fine_tune(hf, scratch("ft_hf_1"), "");
+  // config.json says what was trained: the folder's family and preset, not
+  // the defaults the flags were left at.
+  const auto written = nlohmann::json::parse(read_file(scratch("ft_hf_1") + "/config.json", "test"));
+  CHECK(written["model"] == "llama");
+  CHECK(written["model_config"] == "hf");
+  CHECK(written["init_from"] == hf);
   const auto dp_tp = fine_tune(hf, scratch("ft_hf_dptp"), "dp=2,tp=2");
   const auto from_ckpt = fine_tune(run, scratch("ft_ckpt_tp"), "tp=2");
   REQUIRE(one.size() == 3);
@@ -118,6 +125,23 @@ TEST_CASE("--init-from: bad folders and flags are errors naming them", "[pretrai
   c.n_layer = 4;
   CHECK_THROWS_WITH(run_training(c, {nullptr, true}), Catch::Contains("drop --n-layer"));
   c.n_layer = 0;
+  // --model or --config naming another model than the folder's (a llama
+  // model, preset "hf"): errors, not silently the folder's model.
+  TrainConfig named = c;
+  named.model = "mixtral";
+  CHECK_THROWS_WITH(run_training(named, {nullptr, true}),
+                    Catch::Contains("holds a llama model") && Catch::Contains("--model mixtral names another family: "
+                                                                              "drop --model"));
+  named = c;
+  named.model = "nanogpt";  // the default, but given as a flag: `--model nanogpt`
+  named.given.insert("model");
+  CHECK_THROWS_WITH(run_training(named, {nullptr, true}), Catch::Contains("--model nanogpt names another family"));
+  named = c;
+  named.model_config = "small";
+  named.given.insert("model_config");
+  CHECK_THROWS_WITH(run_training(named, {nullptr, true}),
+                    Catch::Contains("llama model 'hf'") && Catch::Contains("--config small names another preset: "
+                                                                           "drop --config"));
 
   // An architecture tessel does not have, named with the ones it has.
   const std::string other = scratch("bert");

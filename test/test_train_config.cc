@@ -200,6 +200,14 @@ TEST_CASE("flags override the file, whatever their position", "[config]") {
   CHECK(e.model == "llama");
   CHECK(e.model_config == "small");
   CHECK(e.out_dir == "runs/z");
+  // What was asked for, as against left at its default: `given` (the key names).
+  CHECK(e.given == std::set<std::string>{"model", "model_config", "out_dir"});
+  CHECK(e.was_given("model"));
+  CHECK_FALSE(e.was_given("steps"));
+  CHECK(b.given == std::set<std::string>{"steps", "lr", "batch_size", "betas"});  // the file's keys and the flags'
+  CHECK(parse({"--bitwise"}).given == std::set<std::string>{"bitwise"});
+  CHECK(parse({}).given.empty());
+  CHECK(e.to_json().find("given") == std::string::npos);  // not a setting
   // A Hugging Face tokenizer.json (tessel train --tokenizer hf --tokenizer-json FILE).
   TrainConfig f = parse({"--tokenizer", "hf", "--tokenizer-json", "models/llama/tokenizer.json"});
   CHECK(f.tokenizer == "hf");

@@ -169,6 +169,7 @@ void TrainConfig::load_toml(const std::string& path) {
       if (key == f.key) field = &f;
     const auto line = node.source().begin.line;
     TESSEL_CHECK(field != nullptr, kOp, "unknown key '{}' in '{}' (line {})", key, path, line);
+    given.insert(key);
     auto wrong = [&](const char* expected) {
       TESSEL_FAIL(kOp, "key '{}' in '{}' (line {}) must be {}, got {}", key, path, line, expected,
                   toml_type_name(node));
@@ -398,11 +399,21 @@ void add_train_options(CLI::App& app, TrainConfig& cfg) {
     std::visit(Overloaded{
                    [&](bool TrainConfig::*m) {
                      app.add_flag_function(
-                         flag, [&cfg, m](int64_t n) { cfg.*m = n > 0; }, f.help);
+                         flag,
+                         [&cfg, m, key = f.key](int64_t n) {
+                           cfg.*m = n > 0;
+                           cfg.given.insert(key);
+                         },
+                         f.help);
                    },
                    [&](std::array<double, 2> TrainConfig::*m) {
                      app.add_option_function<std::vector<double>>(
-                            flag, [&cfg, m](const std::vector<double>& v) { (cfg.*m) = {v[0], v[1]}; }, f.help)
+                            flag,
+                            [&cfg, m, key = f.key](const std::vector<double>& v) {
+                              (cfg.*m) = {v[0], v[1]};
+                              cfg.given.insert(key);
+                            },
+                            f.help)
                          ->expected(2)
                          ->delimiter(',')
                          ->default_str(fmt::format(FMT_STRING("{},{}"), (cfg.*m)[0], (cfg.*m)[1]));
@@ -411,7 +422,12 @@ void add_train_options(CLI::App& app, TrainConfig& cfg) {
                      using T = std::remove_reference_t<decltype(cfg.*m)>;
                      // --help shows each flag's default (cfg's value when the flags are registered).
                      app.add_option_function<T>(
-                            flag, [&cfg, m](const T& v) { cfg.*m = v; }, f.help)
+                            flag,
+                            [&cfg, m, key = f.key](const T& v) {
+                              cfg.*m = v;
+                              cfg.given.insert(key);
+                            },
+                            f.help)
                          ->default_str(fmt::format(FMT_STRING("{}"), cfg.*m));
                    },
                },

@@ -10,6 +10,7 @@
 // name the key (and the file); validate() names the offending field.
 #include <array>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,11 @@ struct TrainConfig {
   // The model (family and shape) is the folder's; the optimizer and schedule
   // start fresh. A --resume that finds a checkpoint of this run wins.
   std::string init_from;
+  // The keys a config file or a flag set (load_toml, add_train_options) --
+  // not a setting (to_json leaves it out): it tells "asked for" from "the
+  // default", as when --model or --config is given beside --init-from.
+  std::set<std::string> given;
+  bool was_given(const std::string& key) const { return given.count(key) > 0; }
   // Overrides of the preset's shape (0 / -1: keep the preset's value).
   int64_t n_layer = 0;
   int64_t dim = 0;

@@ -121,6 +121,20 @@ models::ModelConfig training_model(const TrainConfig& cfg, std::optional<Pretrai
                  cfg.init_from);
     *pretrained = find_pretrained(cfg.init_from);
     mc = (*pretrained)->model;
+    // --model and --config name a model too: one that is not the folder's
+    // is an error, not silently another model than the one asked for. (A
+    // program that sets TrainConfig::model in C++ is held to it the same
+    // way unless it leaves the default.)
+    const std::string family = models::arch_name(mc.arch);
+    const bool model_named = cfg.was_given("model") || cfg.model != TrainConfig{}.model;
+    TESSEL_CHECK(!model_named || cfg.model == family, "train",
+                 "--init-from {} holds a {} model ({}), but --model {} names another family: drop --model (the "
+                 "folder says what the model is)",
+                 cfg.init_from, family, mc.describe(), cfg.model);
+    TESSEL_CHECK(!cfg.was_given("model_config") || cfg.model_config == mc.name, "train",
+                 "--init-from {} holds a {} model '{}' ({}), but --config {} names another preset: drop --config "
+                 "(the folder says what the model is)",
+                 cfg.init_from, family, mc.name, mc.describe(), cfg.model_config);
   } else {
     mc = models::model_config(cfg.model, cfg.model_config);
   }
@@ -270,8 +284,20 @@ void print_header(const TrainConfig& cfg, const Setup& s, const Run<models::Lang
   std::fflush(stdout);
 }
 
-// Rank 0's outputs: the folder, config.json, and the metrics file (a resumed
-// run keeps the records up to its step).
+// The run's settings as config.json and the checkpoints record them: with
+// --init-from, the model family and preset are the folder's, not the
+// defaults the flags were left at.
+TrainConfig as_trained(const TrainConfig& cfg, const models::ModelConfig& mc) {
+  TrainConfig c = cfg;
+  if (!cfg.init_from.empty()) {
+    c.model = models::arch_name(mc.arch);
+    c.model_config = mc.name;
+  }
+  return c;
+}
+
+// Rank 0's outputs: the folder, config.json (`cfg` as trained), and the
+// metrics file (a resumed run keeps the records up to its step).
 std::unique_ptr<MetricsWriter> open_outputs(const TrainConfig& cfg, OutputDir& out, int64_t first_step) {
   out.create();
   out.remove_temporaries();
@@ -511,7 +537,8 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
 
   // ---- outputs (rank 0) -----------------------------------------------------------------------
   OutputDir out(cfg.out_dir);
-  std::unique_ptr<MetricsWriter> metrics = main_rank ? open_outputs(cfg, out, first_step) : nullptr;
+  const TrainConfig recorded = as_trained(cfg, s.model);
+  std::unique_ptr<MetricsWriter> metrics = main_rank ? open_outputs(recorded, out, first_step) : nullptr;
   if (!hooks.quiet) print_header(cfg, s, run, *s.tokenizer);
   if (!hooks.quiet && initialised)
     std::printf("  initialised from %s %s: %zu tensors, %s read by rank 0; optimizer and schedule fresh\n",
@@ -568,7 +595,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
     if (bar) bar->update(report.step, *sm.loss, *sm.tokens_per_s);
     result.final_loss = *sm.loss;
     result.param_hash = sm.param_hash;
-    if (ckpt && save_final) ckpt->after_step(run, last, checkpoint_state(cfg, mc, report.step));
+    if (ckpt && save_final) ckpt->after_step(run, last, checkpoint_state(recorded, mc, report.step));
   }
   wait_for_save(run);
   bar.reset();
