@@ -18,6 +18,15 @@ size_t cpu_size_class(size_t n) {
   return (n + step - 1) / step * step;
 }
 
+size_t cpu_size_class_at_most(size_t n) {
+  TESSEL_CHECK(n >= 64, "cpu_size_class_at_most", "no size class is at most {} bytes (the smallest is 64)", n);
+  if (n <= 4096) return n & ~size_t(63);
+  // The classes in [P, 2P), for P the largest power of two <= n: P + k P/8.
+  const size_t p = size_t(1) << (63 - __builtin_clzll(n));
+  const size_t step = p / 8;
+  return p + (n - p) / step * step;
+}
+
 int64_t parse_bytes(const std::string& text, const char* what) {
   size_t used = 0;
   double v = -1;

@@ -54,5 +54,9 @@ int64_t parse_bytes(const std::string& text, const char* what);
 
 // The size class a request of n bytes is served from (exposed for tests).
 size_t cpu_size_class(size_t n);
+// The largest size class <= n (n >= 64): a block of that many bytes is
+// served with nothing rounded on (compile mode cuts its arena into such
+// blocks).
+size_t cpu_size_class_at_most(size_t n);
 
 }  // namespace tessel

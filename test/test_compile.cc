@@ -18,6 +18,7 @@
 #include "tessel.h"
 #include "test/util/dist.h"
 #include "test/util/error_of.h"
+#include "test/skip.h"
 #include "test/util/util.h"
 
 using namespace tessel;
@@ -574,6 +575,43 @@ TEST_CASE("capture: the temporaries' arena is given back between replays; the ou
   p->set_input(0, x * Scalar(2.0));
   p->replay();  // allocated again, the buffers re-pointed
   CHECK(bitwise_equal(p->output(out2, y), chain(x * Scalar(2.0))));
+}
+
+TEST_CASE("capture: an arena is cut into blocks the allocator serves without rounding", "[compile]") {
+  if (!cpu_allocator_pools()) TESSEL_SKIP("TESSEL_CPU_ALLOCATOR=system: blocks are not rounded");
+  // 21 outputs of 128 KiB, all alive to the end: 2688 KiB in one arena,
+  // which the pooling allocator would serve from its 2816 KiB class. Cut
+  // into a 2560 KiB block and a 128 KiB one, both classes: nothing rounded.
+  const int64_t n = 32768;  // floats: 128 KiB
+  const int64_t kOutputs = 21;
+  Tensor x = randn({n}, PhiloxKey{kSeed, 2});
+  std::unique_ptr<capture::Program> p;
+  std::vector<Tensor> ys;
+  std::vector<int> outs;
+  {
+    NoGradGuard no_grad;
+    Tensor in = x.clone();
+    capture::Recorder rec("cut arena");
+    rec.input(in);
+    for (int64_t k = 0; k < kOutputs; ++k) ys.push_back(in * Scalar(double(k + 1)));
+    for (const Tensor& y : ys) outs.push_back(rec.output(y));
+    p = rec.finish();
+  }
+  const int64_t whole = kOutputs * n * 4;
+  REQUIRE(int64_t(cpu_size_class(size_t(whole))) > whole);  // one block would round up
+  Allocator* alloc = cpu_allocator();
+  ys.clear();  // the recording's eager outputs: the arena holds them from now on
+  const Tensor like = zeros({n});  // (the outputs' layout)
+  const int64_t before = alloc->stats().current_bytes;
+  p->set_input(0, x);
+  p->replay();
+  CHECK(alloc->stats().current_bytes - before == whole);  // the outputs' blocks, exactly (the temporaries' went back)
+  for (int64_t k = 0; k < kOutputs; ++k)
+    CHECK(bitwise_equal(p->output(outs[size_t(k)], like), x * Scalar(double(k + 1))));
+  p->set_input(0, x * Scalar(2.0));
+  p->replay();
+  for (int64_t k = 0; k < kOutputs; ++k)
+    CHECK(bitwise_equal(p->output(outs[size_t(k)], like), x * Scalar(2.0) * Scalar(double(k + 1))));
 }
 
 TEST_CASE("capture: a storage released and refilled in place is released and refilled again at replay", "[compile]") {

@@ -141,6 +141,18 @@ TEST_CASE("pooling allocator: no system allocations in a steady-state loop") {
   CHECK(cpu_size_class(4097) == 4608);
   CHECK(cpu_size_class(1 << 20) == (1 << 20));
   CHECK(cpu_size_class((1 << 20) + 1) == (1 << 20) + (1 << 17));
+  // The largest class at most n: a class itself, <= n, and the next class up is above n.
+  CHECK(cpu_size_class_at_most(64) == 64);
+  CHECK(cpu_size_class_at_most(4097) == 4096);
+  CHECK(cpu_size_class_at_most(4608) == 4608);
+  CHECK(cpu_size_class_at_most(22299200) == (size_t(20) << 20));  // NanoGPT tiny's arena: 21.3 MiB
+  for (size_t n = 64; n < (size_t(1) << 26); n = n * 5 / 4 + 7) {
+    const size_t c = cpu_size_class_at_most(n);
+    CHECK(cpu_size_class(c) == c);
+    CHECK(c <= n);
+    CHECK(cpu_size_class(c + 1) > n);
+  }
+  CHECK_THROWS_WITH(cpu_size_class_at_most(63), Catch::Contains("no size class is at most 63 bytes"));
   if (!cpu_allocator_pools()) TESSEL_SKIP("TESSEL_CPU_ALLOCATOR=system: no pool to serve the loop from");
   Allocator* a = cpu_allocator();
   auto step = [] {
