@@ -930,8 +930,9 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
       s.accept_input(targets);
     }
     profile::Timer timer("compile.replay", nullptr, "step");
-    c.program->set_input(0, inputs.contiguous());
-    c.program->set_input(1, targets.contiguous());
+    // The replay reads the batch where it is (no copy; eager reads it there too).
+    c.program->bind_input(0, inputs.contiguous());
+    c.program->bind_input(1, targets.contiguous());
     try {
       nn::ForwardScope scope(run.forward_context(0, inputs.size(0)));  // the keys' producers read it
       c.program->replay();
@@ -957,11 +958,21 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   }
 
   // Record this step while running it eagerly.
+  // The program's input buffers: on the CPU the batch itself when each of
+  // its tensors is a whole storage of its own (the replays bind theirs in
+  // its place: Program::bind_input), else a copy (made before the
+  // recording: an input, not a temporary of the step; on a GPU the replays
+  // copy the batch into it).
   Tensor x, y;
   {
     NoGradGuard no_grad;
-    x = inputs.clone();  // the program's own input buffers (made before the recording: inputs, not temporaries)
-    y = targets.clone();
+    auto whole = [](const Tensor& t) {
+      return t.is_contiguous() && t.offset() == 0 && t.storage() && t.nbytes() == int64_t(t.storage()->nbytes());
+    };
+    const bool own = inputs.device().is_cpu() && whole(inputs) && whole(targets) &&
+                     inputs.storage() != targets.storage();
+    x = own ? inputs : inputs.clone();
+    y = own ? targets : targets.clone();
   }
   std::vector<Tensor> losses;
   std::vector<std::vector<Tensor>> tied;

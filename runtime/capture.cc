@@ -637,7 +637,18 @@ void Program::set_input(int i, const Tensor& value) {
                s->nbytes(), s->device().str());
   if (value.storage() == s && value.offset() == 0) return;
   if (s->device().is_cpu()) {
-    std::memcpy(s->data(), value.raw_data(), s->nbytes());
+    make_input_views();
+    const auto& view = storages_[size_t(inputs_[size_t(i)])];
+    if (value.raw_data() == view->data()) return;  // the tensor it reads already
+    std::shared_ptr<StorageImpl>& memory = input_memory_[size_t(i)];
+    if (input_bound_[size_t(i)] || memory.use_count() > 1) {
+      // A caller's tensor (bound, or the batch the step was recorded with,
+      // still held): the copy goes to memory of the program's own.
+      memory = std::make_shared<StorageImpl>(view->nbytes(), view->device());
+      input_bound_[size_t(i)] = 0;
+      view->rebind(memory->data());
+    }
+    std::memcpy(view->data(), value.raw_data(), view->nbytes());
     return;
   }
   // A device buffer: a copy queued on the device's current stream, before
@@ -649,6 +660,37 @@ void Program::set_input(int i, const Tensor& value) {
   whole.dtype = value.dtype();
   whole.device = value.device();
   device_copy(value, detail::view_of(whole, s));
+}
+
+// A CPU input buffer is a view of memory the program holds, so that
+// bind_input can point it at a caller's tensor instead. (Before the arenas
+// are allocated: a bound input frees the recording's batch first.)
+void Program::make_input_views() {
+  if (input_memory_.size() == inputs_.size()) return;
+  input_memory_.assign(inputs_.size(), nullptr);
+  input_bound_.assign(inputs_.size(), 0);
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    std::shared_ptr<StorageImpl>& s = storages_[size_t(inputs_[k])];
+    if (!s || !s->device().is_cpu() || s->nbytes() == 0) continue;
+    input_memory_[k] = s;
+    s = std::make_shared<StorageImpl>(s->data(), s->nbytes(), s->device(), std::function<void(void*)>());
+  }
+}
+
+void Program::bind_input(int i, const Tensor& value) {
+  TESSEL_CHECK(i >= 0 && size_t(i) < inputs_.size(), kOp, "input {} of {}", i, inputs_.size());
+  TESSEL_CHECK(replayable_, kOp, "{} was recorded to be compared only (Recorder::finish(Use::CompareOnly))", label_);
+  make_input_views();
+  const auto& s = storages_[size_t(inputs_[size_t(i)])];
+  if (!s->device().is_cpu()) return set_input(i, value);
+  TESSEL_CHECK(value.defined() && !value.is_distributed() && value.is_contiguous() && value.nbytes() == s->nbytes() &&
+                   value.device() == s->device(),
+               kOp, "replaying {}: input {} is {}, the recorded one held {} bytes on {}", label_, i, value.desc(),
+               s->nbytes(), s->device().str());
+  if (s->nbytes() == 0) return;
+  input_memory_[size_t(i)] = value.storage();  // (the program's own copy, if it was, is freed)
+  input_bound_[size_t(i)] = 1;
+  s->rebind(const_cast<void*>(value.raw_data()));
 }
 
 void Program::materialize() {
@@ -677,6 +719,7 @@ void Program::materialize() {
     }
     arenas_.push_back(std::move(arena));
   }
+  make_input_views();
   for (auto& l : launches_) l->bind(storages_);
   for (Chain& c : chains_) make_tiles(c);  // views of the bound buffers and of the scratch
   own_refs_.assign(storages_.size(), 1);
@@ -824,6 +867,8 @@ int64_t Program::bytes() const {
   for (const ArenaPlan& a : arena_plans_) n += a.bytes;
   for (size_t i = 0; i < storages_.size(); ++i)
     if (storages_[i] && !in_arena_[i] && !outside_[i]) n += int64_t(storages_[i]->nbytes());
+  for (size_t k = 0; k < input_bound_.size(); ++k)  // a caller's tensor, not the program's
+    if (input_bound_[k]) n -= int64_t(storages_[size_t(inputs_[k])]->nbytes());
   return n;
 }
 

@@ -377,6 +377,14 @@ class Program {
   // recorded input; else an Error naming both) into input buffer i: a memcpy
   // on the CPU, a copy queued on the current stream on a GPU.
   void set_input(int i, const Tensor& value);
+  // Points input buffer i at `value`'s memory instead of copying it (on the
+  // CPU; on a GPU it copies, as set_input): the replay reads the caller's
+  // tensor -- and writes it, if the step writes its input -- as eager
+  // does, and the program keeps no copy of its own. It holds value's
+  // storage until the next bind_input or set_input. For a whole step's
+  // batch; not for a module's input in mixed mode, which eager code could
+  // change in place before the module's backward reads it.
+  void bind_input(int i, const Tensor& value);
   // A view of a recorded output's buffer (layout.buffer: Recorder::output's
   // number) with layout's shape, strides, offset and dtype.
   Tensor output(const TensorArg& layout);
@@ -461,6 +469,7 @@ class Program {
     bool temporaries_only = false;
   };
   void materialize();  // allocates the arenas, binds the launches (once)
+  void make_input_views();  // (once: input_memory_)
   std::vector<std::shared_ptr<StorageImpl>> storages_;  // (arena buffers: null until materialize)
   std::vector<int64_t> sizes_;         // per buffer, bytes
   std::vector<ArenaPlan> arena_plans_;
@@ -476,6 +485,10 @@ class Program {
   };
   std::vector<Arena> arenas_;  // per ArenaPlan
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
+  // Per input, once materialized (CPU inputs): its buffer is a view of this
+  // memory -- the program's own, or the caller's tensor (input_bound_).
+  std::vector<std::shared_ptr<StorageImpl>> input_memory_;
+  std::vector<char> input_bound_;
   std::vector<std::string> constants_;  // per buffer ("" if none)
   std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object
   std::vector<long> own_refs_;          // per outside buffer: references to its storage the program holds (materialize)

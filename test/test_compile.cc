@@ -577,6 +577,58 @@ TEST_CASE("capture: the temporaries' arena is given back between replays; the ou
   CHECK(bitwise_equal(p->output(out2, y), chain(x * Scalar(2.0))));
 }
 
+TEST_CASE("capture: bind_input reads the caller's tensor; set_input never writes one", "[compile]") {
+  const int64_t n = 4096;  // 16 KiB
+  Tensor recorded = randn({n}, PhiloxKey{kSeed, 3});
+  std::unique_ptr<capture::Program> p;
+  Tensor y;
+  int out = -1;
+  {
+    NoGradGuard no_grad;
+    capture::Recorder rec("bind");
+    rec.input(recorded);  // the caller's tensor itself, as tessel::Run records a whole batch
+    recorded.add_(Scalar(1.0));  // the step writes its input, in place
+    y = recorded * Scalar(2.0);
+    out = rec.output(y);
+    p = rec.finish();
+  }
+  const Tensor kept = recorded.clone();
+  // set_input while the caller still holds the recorded tensor: the copy
+  // goes to memory of the program's own, not into the caller's tensor.
+  Tensor a = randn({n}, PhiloxKey{kSeed, 4});
+  const Tensor a0 = a.clone();
+  p->set_input(0, a);
+  p->replay();
+  CHECK(bitwise_equal(p->output(out, y), (a0 + Scalar(1.0)) * Scalar(2.0)));
+  CHECK(bitwise_equal(recorded, kept));
+  CHECK(bitwise_equal(a, a0));  // a copy was written, not a
+  // bind_input: the replay reads b where it is and writes it in place, as eager would.
+  Tensor b = randn({n}, PhiloxKey{kSeed, 5});
+  const Tensor b0 = b.clone();
+  const int64_t own = p->bytes();
+  p->bind_input(0, b);
+  CHECK(p->bytes() == own - n * 4);  // the caller's memory, not the program's
+  p->replay();
+  CHECK(bitwise_equal(b, b0 + Scalar(1.0)));
+  CHECK(bitwise_equal(p->output(out, y), (b0 + Scalar(1.0)) * Scalar(2.0)));
+  // Another tensor bound; then set_input again: b is not written.
+  Tensor c = randn({n}, PhiloxKey{kSeed, 6});
+  const Tensor c0 = c.clone();
+  p->bind_input(0, c);
+  p->replay();
+  CHECK(bitwise_equal(p->output(out, y), (c0 + Scalar(1.0)) * Scalar(2.0)));
+  const Tensor b1 = b.clone(), c1 = c.clone();
+  p->set_input(0, a0);
+  CHECK(p->bytes() == own);
+  p->replay();
+  CHECK(bitwise_equal(p->output(out, y), (a0 + Scalar(1.0)) * Scalar(2.0)));
+  CHECK(bitwise_equal(b, b1));
+  CHECK(bitwise_equal(c, c1));
+  // A tensor of another size is an error naming both.
+  CHECK_THROWS_WITH(p->bind_input(0, randn({n / 2}, PhiloxKey{kSeed, 7})),
+                    Catch::Contains("input 0 is") && Catch::Contains("the recorded one held 16384 bytes"));
+}
+
 TEST_CASE("capture: an arena is cut into blocks the allocator serves without rounding", "[compile]") {
   if (!cpu_allocator_pools()) TESSEL_SKIP("TESSEL_CPU_ALLOCATOR=system: blocks are not rounded");
   // 21 outputs of 128 KiB, all alive to the end: 2688 KiB in one arena,
@@ -1136,7 +1188,7 @@ TEST_CASE("compile: between steps the arena is given back, unless the caller hol
     run.step_optimizer();
   }
   REQUIRE(run.compile_stats().replays == 1);
-  const int64_t inputs = 2 * x.nbytes();  // (the program's own copies of x and y stay)
+  const int64_t inputs = 0;  // (the replay reads x and y where they are: Program::bind_input)
   CHECK(run.compile_stats().held_bytes == inputs);
   run.forward_backward(x, y);
   const Tensor kept = run.model().body->linear->weight.grad();
