@@ -185,6 +185,8 @@ struct CompiledModuleNode final : Node {
     m.program->replay_range(m.forward_launches, m.program->launches());
     for (size_t i = 0; i < m.grads.size(); ++i)
       if (m.grads[i].local.buffer >= 0) out[m.grad_edges[i]] = copy_out(*m.program, m.grads[i]);
+    m.program->release_finished(m.program->launches());  // the call's arenas go back: all is copied out
+    m.program->release_inputs();                         // and its copies of x and the gradient
     close();
     return out;
   }
@@ -282,6 +284,7 @@ ModuleCompileStats UnaryModule::compile_stats() const {
   if (!compiled_) return ModuleCompileStats{};
   ModuleCompileStats s = compiled_->stats;
   s.modules = 1;
+  if (compiled_->program) s.held_bytes = compiled_->program->held_bytes();
   return s;
 }
 
@@ -346,6 +349,7 @@ Tensor UnaryModule::compiled_forward(const std::shared_ptr<CompiledModule>& c, c
     m.program->set_input(0, raw::local_of(x).contiguous());
     m.program->replay_range(0, m.forward_launches);
     Tensor y = copy_out(*m.program, m.y);  // the arena's is reused by the next call
+    m.program->release_finished(m.forward_launches);  // the forward's temporaries go back until the backward
     ++m.stats.replayed;
     attach(c, who, x, params, y);
     return y;
@@ -357,6 +361,7 @@ Tensor UnaryModule::compiled_forward(const std::shared_ptr<CompiledModule>& c, c
   if (x.requires_grad()) x_in.requires_grad_(true);
   auto rec = std::make_unique<capture::Recorder>(fmt::format(FMT_STRING("module '{}'"), who));
   rec->remake_blocks = true;  // replayed for every micro-batch: where it sits in the batch is per call
+  rec->outputs_read_per_part = true;  // y after the forward, the gradients after the backward: copy_out
   rec->input(x_local);
   Tensor y;
   try {
@@ -467,6 +472,7 @@ ModuleCompileStats compiled_module_stats(const Module& root) {
     s.busy += one.busy;
     s.launches += one.launches;
     s.buffer_bytes += one.buffer_bytes;
+    s.held_bytes += one.held_bytes;
     if (s.refused.empty()) s.refused = one.refused;
   }
   return s;

@@ -67,7 +67,8 @@ struct ModuleCompileStats {
   int64_t recaptures = 0;   // recordings started again after a change (shape, parameters, mode)
   int64_t busy = 0;         // calls run eagerly while the module's recording was in use
   int64_t launches = 0;     // launches per replayed call (forward and backward)
-  int64_t buffer_bytes = 0;  // bytes the recordings' buffers hold
+  int64_t buffer_bytes = 0;  // bytes the recordings' buffers take in a replayed call
+  int64_t held_bytes = 0;    // of those, what they hold now (between calls: the input buffers; the arenas go back)
   std::string refused;       // why a module runs eagerly for good (the first such module's; "" if none)
 };
 

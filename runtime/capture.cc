@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include "runtime/allocator.h"
 #include "runtime/profile.h"
@@ -393,6 +394,15 @@ void Recorder::place_in_arenas(Program& p) {
     devices.push_back(d);
     return int(devices.size()) - 1;
   };
+  // The parts of a program recorded in parts (suspend): part k is launches
+  // [boundaries_[k-1], boundaries_[k]).
+  const int64_t n_launches = int64_t(p.launches_.size());
+  auto part_of = [&](int64_t launch) {
+    return int64_t(std::upper_bound(boundaries_.begin(), boundaries_.end(), launch) - boundaries_.begin());
+  };
+  auto part_end = [&](int64_t part) { return part < int64_t(boundaries_.size()) ? boundaries_[size_t(part)] : n_launches; };
+  // An output's last use: past the end, or, read per part, its part's end.
+  auto output_last = [&](int64_t last) { return outputs_read_per_part ? part_end(part_of(last)) - 1 : kForever; };
   for (size_t i = 0; i < buffers_.size(); ++i) {
     Buffer& b = buffers_[i];
     // Outputs (losses, gradients) join the arena too, alive from their first
@@ -408,7 +418,7 @@ void Recorder::place_in_arenas(Program& p) {
     g.nbytes = std::max(g.nbytes, int64_t(b.nbytes));
     g.size = detail::arena_bytes(g.nbytes);
     g.first = std::min(g.first, b.first);
-    g.last = std::max(g.last, b.output ? kForever : b.last);
+    g.last = std::max(g.last, b.output ? output_last(b.last) : b.last);
     if (fresh) by_device[key_of(buffers_[size_t(root)].device)].push_back(root);
   }
   // A fused chain's scratch (one tile-sized slot per worker) is a region of
@@ -492,7 +502,7 @@ void Recorder::place_in_arenas(Program& p) {
     }
     return n;
   };
-  auto add_plans = [&](const Device& device, std::vector<int> roots, bool temporaries) {
+  auto add_plans = [&](const Device& device, std::vector<int> roots) {
     Offsets placed = place(roots, {});
     std::vector<int64_t> cuts = block_cuts(device, placed.total);
     if (!cuts.empty()) {
@@ -513,11 +523,14 @@ void Recorder::place_in_arenas(Program& p) {
       Program::ArenaPlan plan;
       plan.device = device;
       plan.bytes = hi - lo;
-      plan.temporaries_only = temporaries;
+      plan.first_use = kForever;
+      plan.last_use = -1;
       for (size_t k = 0; k < roots.size(); ++k) {
         const int64_t at = placed.at[k];
         if (at < lo || at >= hi) continue;
         const int root = roots[k];
+        plan.first_use = std::min(plan.first_use, groups[root].first);
+        plan.last_use = std::max(plan.last_use, groups[root].last);
         if (root < 0) plan.chain_scratch.emplace_back(size_t(-1 - root), at - lo);
         for (int id : groups[root].members) {
           Buffer& b = buffers_[size_t(id)];
@@ -541,15 +554,33 @@ void Recorder::place_in_arenas(Program& p) {
     // and the outputs are the losses. The temporaries' arena then gives its
     // memory back between replays (Program::replay), as eager frees the
     // step's temporaries before the optimizer runs.
+    if (!boundaries_.empty()) {
+      // Recorded in parts, replayed apart with other work between them (a
+      // module's forward, the rest of the model, its backward): what one
+      // part alone uses goes in an arena of that part, allocated while the
+      // part runs; what lives across parts (activations kept for the
+      // backward, outputs) in one of its own. Eager holds no more between
+      // the parts.
+      std::map<int64_t, std::vector<int>> within;  // part -> roots used in it alone
+      std::vector<int> across;
+      for (int root : roots) {
+        const Group& g = groups[root];
+        if (g.last != kForever && part_of(g.first) == part_of(g.last)) within[part_of(g.first)].push_back(root);
+        else across.push_back(root);
+      }
+      if (!across.empty()) add_plans(device, across);
+      for (auto& [part, in_part] : within) add_plans(device, in_part);
+      continue;
+    }
     std::vector<int> outputs, temporaries;
     for (int root : roots) (groups[root].last == kForever ? outputs : temporaries).push_back(root);
     const int64_t all = place(roots, {}).total;
     if (!outputs.empty() && !temporaries.empty() &&
         place(outputs, {}).total + place(temporaries, {}).total <= all) {
-      add_plans(device, outputs, false);
-      add_plans(device, temporaries, true);
+      add_plans(device, outputs);
+      add_plans(device, temporaries);
     } else {
-      add_plans(device, roots, outputs.empty());
+      add_plans(device, roots);
     }
   }
 }
@@ -594,7 +625,10 @@ std::unique_ptr<Program> Recorder::finish(Use use) {
     p->constants_.push_back(std::move(b.constant));
     p->outside_.push_back(!b.born && !b.input);
     p->in_arena_.push_back(b.in_arena);
-    if (b.input) p->inputs_.push_back(int(i));
+    if (b.input) {
+      p->inputs_.push_back(int(i));
+      p->input_uses_.emplace_back(b.first, b.last);
+    }
   }
   p->replayable_ = replay;  // (bound to the buffers at the first replay: materialize)
   return p;
@@ -641,6 +675,10 @@ void Program::set_input(int i, const Tensor& value) {
     const auto& view = storages_[size_t(inputs_[size_t(i)])];
     if (value.raw_data() == view->data()) return;  // the tensor it reads already
     std::shared_ptr<StorageImpl>& memory = input_memory_[size_t(i)];
+    if (memory && memory->released()) {  // (release_inputs)
+      memory->reallocate();
+      view->rebind(memory->data());
+    }
     if (input_bound_[size_t(i)] || memory.use_count() > 1) {
       // A caller's tensor (bound, or the batch the step was recorded with,
       // still held): the copy goes to memory of the program's own.
@@ -701,18 +739,22 @@ void Program::materialize() {
   std::vector<long> unbound(storages_.size(), 0);
   for (size_t i = 0; i < storages_.size(); ++i)
     if (outside_[i] && storages_[i]) unbound[i] = storages_[i].use_count();
+  arena_of_.assign(storages_.size(), -1);
   for (const ArenaPlan& plan : arena_plans_) {
+    // The memory comes with the first replay that uses it (allocate).
     Arena arena;
-    arena.memory = std::make_shared<StorageImpl>(size_t(plan.bytes), plan.device);
-    arena.temporaries_only = plan.temporaries_only;
-    char* base = static_cast<char*>(arena.memory->data());
+    arena.first_use = plan.first_use;
+    arena.last_use = plan.last_use;
     // Views of the arena (external memory to them; the program holds the arena itself).
     auto view = [&](int64_t offset, int64_t nbytes) {
-      auto v = std::make_shared<StorageImpl>(base + offset, size_t(nbytes), plan.device, std::function<void(void*)>());
+      auto v = std::make_shared<StorageImpl>(nullptr, size_t(nbytes), plan.device, std::function<void(void*)>());
       arena.views.emplace_back(v, offset);
       return v;
     };
-    for (const auto& [id, offset] : plan.buffers) storages_[size_t(id)] = view(offset, sizes_[size_t(id)]);
+    for (const auto& [id, offset] : plan.buffers) {
+      storages_[size_t(id)] = view(offset, sizes_[size_t(id)]);
+      arena_of_[size_t(id)] = int(arenas_.size());
+    }
     for (const auto& [k, offset] : plan.chain_scratch) {
       Chain& c = chains_[k];
       c.scratch_storage = view(offset, c.slots * c.slot_bytes);
@@ -729,17 +771,52 @@ void Program::materialize() {
   // program's own (release_unheld).
   for (Arena& a : arenas_)
     for (const auto& [v, offset] : a.views) a.own_refs.push_back(v.use_count());
+  input_own_refs_.assign(inputs_.size(), 0);
+  for (size_t k = 0; k < inputs_.size(); ++k)
+    if (input_memory_[k]) input_own_refs_[k] = storages_[size_t(inputs_[k])].use_count();
   materialized_ = true;
+}
+
+void Program::allocate(Arena& a) {
+  if (a.allocated()) return;
+  if (!a.memory) a.memory = std::make_shared<StorageImpl>(size_t(arena_plans_[size_t(&a - arenas_.data())].bytes),
+                                                          arena_plans_[size_t(&a - arenas_.data())].device);
+  else a.memory->reallocate();
+  char* base = static_cast<char*>(a.memory->data());
+  for (auto& [v, offset] : a.views) v->rebind(base + offset);
+}
+
+bool Program::held_outside(const Arena& a) const {
+  for (size_t k = 0; k < a.views.size(); ++k)
+    if (a.views[k].first.use_count() > a.own_refs[k]) return true;
+  return false;
+}
+
+void Program::release_finished(int64_t end) {
+  if (!materialized_) return;
+  for (Arena& a : arenas_)
+    if (a.allocated() && a.last_use < end && !held_outside(a)) a.memory->release();
+}
+
+void Program::release_inputs() {
+  if (!materialized_) return;
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    std::shared_ptr<StorageImpl>& memory = input_memory_[k];
+    const auto& view = storages_[size_t(inputs_[k])];
+    // Not a caller's tensor, not the recorded one still held, not viewed by a caller (an output that is the input).
+    if (!memory || input_bound_[k] || memory.use_count() > 1 || memory->released() ||
+        view.use_count() > input_own_refs_[k])
+      continue;
+    memory->release();
+    view->rebind(nullptr);
+  }
 }
 
 bool Program::release_unheld() {
   if (!materialized_) return false;
   bool released = false;
   for (Arena& a : arenas_) {
-    if (a.memory->released()) continue;
-    bool held = false;
-    for (size_t k = 0; k < a.views.size() && !held; ++k) held = a.views[k].first.use_count() > a.own_refs[k];
-    if (held) continue;
+    if (!a.allocated() || held_outside(a)) continue;
     a.memory->release();  // (allocated again, and its views re-pointed, by the next replay)
     released = true;
   }
@@ -760,6 +837,8 @@ std::string Program::replaced_outside() const {
 
 Tensor Program::output(const TensorArg& a) {
   materialize();
+  // (Before a replay has used its arena, its memory: the values are not the step's yet.)
+  if (const int k = arena_of_[size_t(a.buffer)]; k >= 0) allocate(arenas_[size_t(k)]);
   return detail::view_of(a, storages_[size_t(a.buffer)]);
 }
 
@@ -802,20 +881,20 @@ void Program::replay() {
   // The step's temporaries are dead now: their memory goes back to the
   // allocator until the next replay (what the step hands out, its outputs,
   // is in an arena that stays).
-  for (Arena& a : arenas_)
-    if (a.temporaries_only) a.memory->release();
+  release_finished(int64_t(launches_.size()));
 }
 
 void Program::replay_range(int64_t begin, int64_t end) {
   TESSEL_CHECK(0 <= begin && begin <= end && end <= int64_t(launches_.size()), kOp,
                "replaying launches [{}, {}) of {}'s {}", begin, end, label_, launches_.size());
   materialize();
-  for (Arena& a : arenas_) {
-    if (!a.memory->released()) continue;
-    a.memory->reallocate();
-    char* base = static_cast<char*>(a.memory->data());
-    for (auto& [v, offset] : a.views) v->rebind(base + offset);
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    const bool used = input_uses_[k].first < end && input_uses_[k].second >= begin;
+    TESSEL_CHECK(!used || !input_memory_[k] || !input_memory_[k]->released(), kOp,
+                 "replaying {}: input {} was given back (release_inputs) and not set again (set_input)", label_, k);
   }
+  for (Arena& a : arenas_)  // the arenas these launches use
+    if (a.first_use < end && a.last_use >= begin) allocate(a);
   if (begin == 0 && (!producers_.empty() || !block_producers_.empty())) {
     for (size_t i = 0; i < producers_.size(); ++i) values_.keys[i] = producers_[i]();
     for (size_t i = 0; i < block_producers_.size(); ++i) values_.blocks[i] = block_producers_[i]();
@@ -856,9 +935,11 @@ void Program::replay_range(int64_t begin, int64_t end) {
 int64_t Program::held_bytes() const {
   int64_t n = bytes();
   for (size_t k = 0; k < arena_plans_.size(); ++k) {
-    const bool given_back = materialized_ ? arenas_[k].memory->released() : arena_plans_[k].temporaries_only;
+    const bool given_back = materialized_ ? !arenas_[k].allocated() : arena_plans_[k].last_use < launches();
     if (given_back) n -= arena_plans_[k].bytes;
   }
+  for (size_t k = 0; k < input_memory_.size(); ++k)  // (release_inputs)
+    if (input_memory_[k] && !input_bound_[k] && input_memory_[k]->released()) n -= int64_t(input_memory_[k]->nbytes());
   return n;
 }
 

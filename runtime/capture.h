@@ -282,6 +282,12 @@ class Recorder {
   // active on the thread.
   void suspend();
   void resume();
+  // The caller reads each output right after the part that last uses it is
+  // replayed (mixed mode copies a module's output out after its forward,
+  // its gradients after its backward), not after the whole program: an
+  // output's bytes are then free from the end of that part, and the arena
+  // holding them goes back with the part's (Program::release_finished).
+  bool outputs_read_per_part = false;
 
   // Runs of elementwise kernels become fused chains of the program, run
   // tile by tile (docs/compile.md, "Fusion"). false: every launch replays
@@ -397,8 +403,19 @@ class Program {
   // given back at the end and allocated again by the next replay.
   void replay();
   // Runs launches [begin, end) only (a program recorded in parts); the keys
-  // are re-made when begin is 0, for the whole program.
+  // are re-made when begin is 0, for the whole program. Allocates the
+  // arenas these launches use; gives nothing back (release_finished).
   void replay_range(int64_t begin, int64_t end);
+  // Gives back the arenas no launch from `end` on uses -- a part's
+  // temporaries after it ran, and, once they are read, outputs handed out
+  // per part -- unless a caller holds a view of one. replay() calls it.
+  void release_finished(int64_t end);
+  // Gives back the memory of the input buffers the program owns (not a
+  // caller's tensor bound with bind_input) until set_input fills them
+  // again; a replay before that is an error. Mixed mode, after a module's
+  // backward: its copies of the input and the gradient are dead until the
+  // next call.
+  void release_inputs();
   // Gives every arena's memory back until the next replay, as eager frees
   // a step's buffers once they are used -- when nothing outside the program
   // holds a view of it (a caller still holding an output, a gradient,
@@ -407,9 +424,8 @@ class Program {
   // The bytes the program's replay uses: its arenas and the buffers of its
   // own outside them (not the tensors from before the step).
   int64_t bytes() const;
-  // Of those, what it holds now, between replays: a temporaries-only arena
-  // gives its memory back after each replay() (not after replay_range: a
-  // program replayed in parts keeps its activations between the parts), and
+  // Of those, what it holds now, between replays: the temporaries' arenas
+  // give their memory back after each replay() (release_finished), and
   // release_unheld() the others. Before the first replay: what replay()
   // alone would leave held.
   int64_t held_bytes() const;
@@ -463,10 +479,14 @@ class Program {
     int64_t bytes = 0;
     std::vector<std::pair<int, int64_t>> buffers;  // (buffer, offset)
     std::vector<std::pair<size_t, int64_t>> chain_scratch;  // (chain, offset): its workers' scratch
-    // No output lives here: its memory goes back to the allocator after each
-    // replay() and comes back at the next (the step's temporaries are dead
-    // between steps, as eager's are).
-    bool temporaries_only = false;
+    // The launches its buffers are used by, [first_use, last_use]; an
+    // output's last use is past the end (the caller reads it), unless the
+    // program is replayed in parts that hand their outputs out at once
+    // (Recorder::outputs_read_per_part). Its memory is allocated by the
+    // first replay_range that uses it and given back by release_finished
+    // once last_use is behind (a replay's temporaries are dead between
+    // steps, as eager's are).
+    int64_t first_use = 0, last_use = 0;
   };
   void materialize();  // allocates the arenas, binds the launches (once)
   void make_input_views();  // (once: input_memory_)
@@ -478,17 +498,23 @@ class Program {
   // An arena's memory and the buffers (views) placed in it, which follow
   // it when a temporaries-only arena is released and allocated again.
   struct Arena {
-    std::shared_ptr<StorageImpl> memory;
+    std::shared_ptr<StorageImpl> memory;  // (null until a replay first uses it)
     std::vector<std::pair<std::shared_ptr<StorageImpl>, int64_t>> views;  // (view, offset)
     std::vector<long> own_refs;  // per view: references the program itself holds (set by materialize)
-    bool temporaries_only = false;
+    int64_t first_use = 0, last_use = 0;  // ArenaPlan's
+    bool allocated() const { return memory && !memory->released(); }
   };
+  void allocate(Arena& a);  // its memory (again), its views pointed at it
+  bool held_outside(const Arena& a) const;  // a view of it held by a caller
+  std::vector<int> arena_of_;  // per buffer: its arena, or -1
   std::vector<Arena> arenas_;  // per ArenaPlan
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order
   // Per input, once materialized (CPU inputs): its buffer is a view of this
   // memory -- the program's own, or the caller's tensor (input_bound_).
   std::vector<std::shared_ptr<StorageImpl>> input_memory_;
   std::vector<char> input_bound_;
+  std::vector<long> input_own_refs_;  // per input: references to its view the program holds (materialize)
+  std::vector<std::pair<int64_t, int64_t>> input_uses_;  // per input: the first and last launch using it
   std::vector<std::string> constants_;  // per buffer ("" if none)
   std::vector<char> outside_;           // per buffer: from before the step (not an input): must stay the same object
   std::vector<long> own_refs_;          // per outside buffer: references to its storage the program holds (materialize)

@@ -629,6 +629,75 @@ TEST_CASE("capture: bind_input reads the caller's tensor; set_input never writes
                     Catch::Contains("input 0 is") && Catch::Contains("the recorded one held 16384 bytes"));
 }
 
+TEST_CASE("capture: a program in parts holds a part's temporaries only while it runs, and gives all back after",
+          "[compile]") {
+  // Mixed mode's shape: a forward part (outputs read after it), a backward
+  // part with an input of its own. Per part: what it alone uses; across
+  // them: what the backward reads of the forward.
+  const int64_t n = 1024;  // 4 KiB per tensor
+  const int64_t kb = n * 4;
+  Tensor x = randn({n}, PhiloxKey{kSeed, 8}), g = randn({n}, PhiloxKey{kSeed, 9});
+  auto forward = [](const Tensor& in, Tensor& kept) {
+    Tensor t1 = exp(in), t2 = in * in;  // the forward's temporaries
+    kept = t1 + t2;                     // read by the backward
+    return kept * kept;                 // the output
+  };
+  auto backward = [](const Tensor& kept, const Tensor& grad) {
+    Tensor u = kept * grad;  // the backward's temporary
+    return u + grad;         // its output
+  };
+  std::unique_ptr<capture::Program> p;
+  Tensor y, dx, kept;
+  int oy = -1, odx = -1;
+  int64_t part = 0;
+  {
+    NoGradGuard no_grad;
+    Tensor xin = x.clone(), gin = g.clone();
+    capture::Recorder rec("parts");
+    rec.outputs_read_per_part = true;
+    rec.input(xin);
+    y = forward(xin, kept);
+    oy = rec.output(y);
+    part = rec.launches();
+    rec.suspend();
+    rec.resume();
+    rec.input(gin);
+    dx = backward(kept, gin);
+    odx = rec.output(dx);
+    kept = Tensor();
+    p = rec.finish();
+  }
+  Tensor ekept;
+  const Tensor ey = forward(x, ekept), edx = backward(ekept, g);
+  auto held = [&] { return p->held_bytes(); };
+  const int64_t inputs = 2 * kb;
+  CHECK(held() == inputs);  // before any replay: the arenas are allocated by the replays that use them
+  p->set_input(0, x);
+  p->replay_range(0, part);
+  CHECK(held() == inputs + 3 * kb);  // the forward's arena (t1 and t2; y takes t1's bytes) and kept's
+  CHECK(bitwise_equal(p->output(oy, y), ey));
+  p->release_finished(part);
+  CHECK(held() == inputs + kb);  // kept alone, until the backward
+  p->set_input(1, g);
+  p->replay_range(part, p->launches());
+  CHECK(bitwise_equal(p->output(odx, dx), edx));
+  p->release_finished(p->launches());
+  CHECK(held() == inputs);  // every arena back
+  p->release_inputs();
+  CHECK(held() == 0);  // and the inputs' copies
+  CHECK_THROWS_WITH(p->replay_range(0, part), Catch::Contains("input 0 was given back (release_inputs) and not set "
+                                                              "again (set_input)"));
+  // Set again: the next call replays as the first did.
+  p->set_input(0, x * Scalar(2.0));
+  p->replay_range(0, part);
+  Tensor k2;
+  CHECK(bitwise_equal(p->output(oy, y), forward(x * Scalar(2.0), k2)));
+  p->release_finished(part);
+  p->set_input(1, g);
+  p->replay_range(part, p->launches());
+  CHECK(bitwise_equal(p->output(odx, dx), backward(k2, g)));
+}
+
 TEST_CASE("capture: an arena is cut into blocks the allocator serves without rounding", "[compile]") {
   if (!cpu_allocator_pools()) TESSEL_SKIP("TESSEL_CPU_ALLOCATOR=system: blocks are not rounded");
   // 21 outputs of 128 KiB, all alive to the end: 2688 KiB in one arena,
@@ -1027,6 +1096,10 @@ TEST_CASE("compiled modules: a module of your own, in a loop of your own", "[com
     // buffers in use (as from step 2).
     CHECK(s.replayed == (calls == 1 ? 8 - 3 : 8 - 2));
     CHECK(s.busy == (calls == 1 ? 0 : 8 - 1));
+    // Between steps a replayed module holds nothing: its arenas went back
+    // after each part, its copies of the input and gradient after the backward.
+    CHECK(s.buffer_bytes > 0);
+    CHECK(s.held_bytes == 0);
     CHECK(plain->compile_stats().calls == 0);
   }
 }

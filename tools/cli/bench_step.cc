@@ -292,11 +292,11 @@ int run_compile_step_bench(const tools::StepBenchOptions& o, nn::CompileModules 
             d.times.push_back(secs);
             d.fb_times.push_back(std::chrono::duration<double>(t1 - t0).count());
             d.opt_times.push_back(std::chrono::duration<double>(t2 - t1).count());
-            // (`before` counts what the program held going in; its
-            // temporaries' arena, given back between steps, is in the peak.)
+            // (`before` counts what the programs held going in; their
+            // arenas, given back between steps, are in the peak.)
             d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
                                    double(d.run->compile_stats().held_bytes) +
-                                   double(d.run->compile_stats().modules.buffer_bytes));
+                                   double(d.run->compile_stats().modules.held_bytes));
           }
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> g(mu);
