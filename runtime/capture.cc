@@ -540,9 +540,9 @@ void Recorder::place_in_arenas(Program& p) {
         }
       }
       lo = hi;
-      // The arena itself is allocated at the first replay (Program::materialize):
-      // until then the eager step's outputs (its gradients) are alive, and
-      // both at once would be a peak eager never has.
+      // The arena itself is allocated by the first replay that uses it
+      // (Program::allocate): until then the eager step's outputs (its
+      // gradients) are alive, and both at once would be a peak eager never has.
       if (!plan.buffers.empty() || !plan.chain_scratch.empty()) p.arena_plans_.push_back(std::move(plan));
     }
   };
@@ -559,8 +559,9 @@ void Recorder::place_in_arenas(Program& p) {
       // module's forward, the rest of the model, its backward): what one
       // part alone uses goes in an arena of that part, allocated while the
       // part runs; what lives across parts (activations kept for the
-      // backward, outputs) in one of its own. Eager holds no more between
-      // the parts.
+      // backward, outputs) in one of its own, allocated from the first part
+      // to the last. (The last part's own stay apart: joined to those, they
+      // would be held from the first part on.)
       std::map<int64_t, std::vector<int>> within;  // part -> roots used in it alone
       std::vector<int> across;
       for (int root : roots) {
@@ -673,7 +674,7 @@ void Program::set_input(int i, const Tensor& value) {
   if (s->device().is_cpu()) {
     make_input_views();
     const auto& view = storages_[size_t(inputs_[size_t(i)])];
-    if (value.raw_data() == view->data()) return;  // the tensor it reads already
+    if (view->nbytes() == 0 || value.raw_data() == view->data()) return;  // nothing to copy, or the tensor it reads
     std::shared_ptr<StorageImpl>& memory = input_memory_[size_t(i)];
     if (memory && memory->released()) {  // (release_inputs)
       memory->reallocate();
@@ -779,9 +780,12 @@ void Program::materialize() {
 
 void Program::allocate(Arena& a) {
   if (a.allocated()) return;
-  if (!a.memory) a.memory = std::make_shared<StorageImpl>(size_t(arena_plans_[size_t(&a - arenas_.data())].bytes),
-                                                          arena_plans_[size_t(&a - arenas_.data())].device);
-  else a.memory->reallocate();
+  if (a.memory) {
+    a.memory->reallocate();
+  } else {
+    const ArenaPlan& plan = arena_plans_[size_t(&a - arenas_.data())];  // (arenas_ is in arena_plans_ order)
+    a.memory = std::make_shared<StorageImpl>(size_t(plan.bytes), plan.device);
+  }
   char* base = static_cast<char*>(a.memory->data());
   for (auto& [v, offset] : a.views) v->rebind(base + offset);
 }

@@ -398,9 +398,9 @@ class Program {
   Tensor output(int buffer, const Tensor& like);
   // The view of a recorded output, distributed as the recorded tensor was.
   Tensor output(const OutputLayout& layout);
-  // Runs every launch; keys re-made by their producers first. The first
-  // replay (or output) allocates the arena; a temporaries-only arena is
-  // given back at the end and allocated again by the next replay.
+  // Runs every launch; keys re-made by their producers first. A replay (or
+  // output) allocates the arenas it uses; the temporaries' arenas are given
+  // back at the end (release_finished) and allocated again by the next one.
   void replay();
   // Runs launches [begin, end) only (a program recorded in parts); the keys
   // are re-made when begin is 0, for the whole program. Allocates the
@@ -496,7 +496,7 @@ class Program {
   bool replayable_ = false;
   bool materialized_ = false;
   // An arena's memory and the buffers (views) placed in it, which follow
-  // it when a temporaries-only arena is released and allocated again.
+  // it when the arena is released and allocated again.
   struct Arena {
     std::shared_ptr<StorageImpl> memory;  // (null until a replay first uses it)
     std::vector<std::pair<std::shared_ptr<StorageImpl>, int64_t>> views;  // (view, offset)
