@@ -113,9 +113,9 @@ std::string guard_key(const Module& m, const Tensor& x, const std::vector<Tensor
     k += fmt::format(FMT_STRING("{}:{}:{}:{};"), static_cast<const void*>(raw::local_of(p).storage().get()),
                      raw::local_of(p).offset(), int(p.requires_grad()), placement_of(p));
   k.push_back('|');
-  for (const auto& [path, slot] : m.buffer_slots())  // (a buffer assigned anew, the old one kept elsewhere too)
-    k += fmt::format(FMT_STRING("{};"), static_cast<const void*>(
-                                            slot->tensor->defined() ? raw::local_of(*slot->tensor).storage().get() : nullptr));
+  m.for_each_buffer_slot([&](const BufferSlot& slot) {  // (a buffer assigned anew, the old one kept elsewhere too)
+    k += fmt::format(FMT_STRING("{};"), static_cast<const void*>(slot.storage()));
+  });
   return k;
 }
 

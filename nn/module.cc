@@ -174,6 +174,11 @@ void Module::for_each_parameter_slot(FunctionRef<void(const ParameterSlot&)> fn)
   for (const auto& [name, child] : children_) child->for_each_parameter_slot(fn);
 }
 
+void Module::for_each_buffer_slot(FunctionRef<void(const BufferSlot&)> fn) const {
+  for (const auto& b : buffers_) fn(b);
+  for (const auto& [name, child] : children_) child->for_each_buffer_slot(fn);
+}
+
 std::vector<std::pair<std::string, const BufferSlot*>> Module::buffer_slots(bool recurse) const {
   std::vector<std::pair<std::string, const BufferSlot*>> out;
   collect_buffer_slots("", recurse, out);

@@ -81,6 +81,11 @@ struct BufferSlot {
   std::string name;
   Tensor* tensor;
   bool persistent;  // part of state_dict
+  // The storage the buffer's tensor (its local piece) holds now; null when
+  // undefined. Compile mode's guards compare it: a buffer assigned anew.
+  const StorageImpl* storage() const {
+    return tensor->defined() ? raw::local_of(*tensor).storage().get() : nullptr;
+  }
 };
 
 struct NamedTensor {
@@ -108,6 +113,8 @@ class Module {
   // The same slots in the same order, without building their paths (no
   // allocation: a Run checks its parameters with it at every step).
   void for_each_parameter_slot(FunctionRef<void(const ParameterSlot&)> fn) const;
+  // Buffers' slots, recursively, in buffer_slots() order, without paths.
+  void for_each_buffer_slot(FunctionRef<void(const BufferSlot&)> fn) const;
   // Buffers by path, through their slots (the module's members), so that a
   // caller can replace one (a pipeline stage drops those it does not run).
   std::vector<std::pair<std::string, const BufferSlot*>> buffer_slots(bool recurse = true) const;

@@ -827,11 +827,11 @@ std::vector<char> module_state(const RunState& s) {
   for (const Tensor& p : s.model->parameters()) v.push_back(char(p.requires_grad()));
   // Each registered buffer's storage: one assigned anew is seen even while
   // the old one lives on elsewhere (Program::replaced_outside sees the rest).
-  for (const auto& [path, slot] : s.model->buffer_slots()) {
-    const StorageImpl* st = slot->tensor->defined() ? raw::local_of(*slot->tensor).storage().get() : nullptr;
+  s.model->for_each_buffer_slot([&](const nn::BufferSlot& slot) {
+    const StorageImpl* st = slot.storage();
     const char* bytes = reinterpret_cast<const char*>(&st);
     v.insert(v.end(), bytes, bytes + sizeof st);
-  }
+  });
   return v;
 }
 

@@ -502,8 +502,8 @@ void Recorder::place_in_arenas(Program& p) {
     }
     return n;
   };
-  auto add_plans = [&](const Device& device, std::vector<int> roots) {
-    Offsets placed = place(roots, {});
+  // `placed`: place(roots, {}), which left `roots` in its order.
+  auto add_plans = [&](const Device& device, std::vector<int>& roots, Offsets placed) {
     std::vector<int64_t> cuts = block_cuts(device, placed.total);
     if (!cuts.empty()) {
       Offsets cut = place(roots, cuts);
@@ -569,20 +569,22 @@ void Recorder::place_in_arenas(Program& p) {
         if (g.last != kForever && part_of(g.first) == part_of(g.last)) within[part_of(g.first)].push_back(root);
         else across.push_back(root);
       }
-      if (!across.empty()) add_plans(device, across);
-      for (auto& [part, in_part] : within) add_plans(device, in_part);
+      if (!across.empty()) add_plans(device, across, place(across, {}));
+      for (auto& [part, in_part] : within) add_plans(device, in_part, place(in_part, {}));
       continue;
     }
     std::vector<int> outputs, temporaries;
     for (int root : roots) (groups[root].last == kForever ? outputs : temporaries).push_back(root);
-    const int64_t all = place(roots, {}).total;
-    if (!outputs.empty() && !temporaries.empty() &&
-        place(outputs, {}).total + place(temporaries, {}).total <= all) {
-      add_plans(device, outputs);
-      add_plans(device, temporaries);
-    } else {
-      add_plans(device, roots);
+    Offsets all = place(roots, {});
+    if (!outputs.empty() && !temporaries.empty()) {
+      Offsets out = place(outputs, {}), temp = place(temporaries, {});
+      if (out.total + temp.total <= all.total) {
+        add_plans(device, outputs, std::move(out));
+        add_plans(device, temporaries, std::move(temp));
+        continue;
+      }
     }
+    add_plans(device, roots, std::move(all));
   }
 }
 
@@ -663,13 +665,18 @@ std::string Program::difference(const Program& o) const {
   return std::string();
 }
 
-void Program::set_input(int i, const Tensor& value) {
+const std::shared_ptr<StorageImpl>& Program::checked_input(int i, const Tensor& value) const {
   TESSEL_CHECK(i >= 0 && size_t(i) < inputs_.size(), kOp, "input {} of {}", i, inputs_.size());
   const auto& s = storages_[size_t(inputs_[size_t(i)])];
   TESSEL_CHECK(value.defined() && !value.is_distributed() && value.is_contiguous() && value.nbytes() == s->nbytes() &&
                    value.device() == s->device(),
                kOp, "replaying {}: input {} is {}, the recorded one held {} bytes on {}", label_, i, value.desc(),
                s->nbytes(), s->device().str());
+  return s;
+}
+
+void Program::set_input(int i, const Tensor& value) {
+  const auto& s = checked_input(i, value);
   if (value.storage() == s && value.offset() == 0) return;
   if (s->device().is_cpu()) {
     make_input_views();
@@ -717,15 +724,10 @@ void Program::make_input_views() {
 }
 
 void Program::bind_input(int i, const Tensor& value) {
-  TESSEL_CHECK(i >= 0 && size_t(i) < inputs_.size(), kOp, "input {} of {}", i, inputs_.size());
   TESSEL_CHECK(replayable_, kOp, "{} was recorded to be compared only (Recorder::finish(Use::CompareOnly))", label_);
-  make_input_views();
-  const auto& s = storages_[size_t(inputs_[size_t(i)])];
+  make_input_views();  // (first: the buffer checked_input returns is the view bind_input points)
+  const auto& s = checked_input(i, value);
   if (!s->device().is_cpu()) return set_input(i, value);
-  TESSEL_CHECK(value.defined() && !value.is_distributed() && value.is_contiguous() && value.nbytes() == s->nbytes() &&
-                   value.device() == s->device(),
-               kOp, "replaying {}: input {} is {}, the recorded one held {} bytes on {}", label_, i, value.desc(),
-               s->nbytes(), s->device().str());
   if (s->nbytes() == 0) return;
   input_memory_[size_t(i)] = value.storage();  // (the program's own copy, if it was, is freed)
   input_bound_[size_t(i)] = 1;

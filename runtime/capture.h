@@ -490,6 +490,8 @@ class Program {
   };
   void materialize();  // allocates the arenas, binds the launches (once)
   void make_input_views();  // (once: input_memory_)
+  // Input i's buffer, after checking `value` can fill it (else an Error naming both).
+  const std::shared_ptr<StorageImpl>& checked_input(int i, const Tensor& value) const;
   std::vector<std::shared_ptr<StorageImpl>> storages_;  // (arena buffers: null until materialize)
   std::vector<int64_t> sizes_;         // per buffer, bytes
   std::vector<ArenaPlan> arena_plans_;

@@ -99,6 +99,15 @@ TEST_CASE("buffer_slots: paths and the module's members, recursively or the modu
   auto m = make_model<TinyModel>(11, 8, 2);
   const auto slots = m->buffer_slots();
   const auto named = m->named_buffers();
+  // for_each_buffer_slot: the same slots in the same order, without paths;
+  // storage(): the storage each one's tensor holds.
+  std::vector<const BufferSlot*> visited;
+  m->for_each_buffer_slot([&](const BufferSlot& slot) { visited.push_back(&slot); });
+  REQUIRE(visited.size() == slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    CHECK(visited[i] == slots[i].second);
+    CHECK(visited[i]->storage() == slots[i].second->tensor->storage().get());
+  }
   REQUIRE(slots.size() == named.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     CHECK(slots[i].first == named[i].name);
