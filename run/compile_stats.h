@@ -21,6 +21,14 @@ struct CompileStats {
   int64_t held_bytes = 0;    // of those, held now (between steps the arenas are given back: docs/compile.md)
   int64_t fused_chains = 0;    // runs of elementwise launches replayed as one pass (RunOptions::compile_fusion)
   int64_t fused_launches = 0;  // the launches in them
+  // Device graphs (RunOptions::compile_graphs; a GPU only): the graphs in
+  // use and the launches in them, captures made, launches a capture refused
+  // (they run from the host) and why, the last time.
+  int64_t graphs = 0;
+  int64_t graph_launches = 0;
+  int64_t graph_captures = 0;
+  int64_t graph_refused = 0;
+  std::string graph_refusal;
   std::string refused;       // why compile mode stopped (empty: it did not)
   // Mixed mode (RunOptions::compile_modules): the compiled modules, summed.
   nn::ModuleCompileStats modules;

@@ -1040,6 +1040,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   }
   c.previous.reset();
   c.program = std::move(program);
+  c.program->use_graphs(s.options.compile_graphs);  // (a GPU's kernels; nothing on the CPU)
   // Where the losses and gradients lie: the first replay makes views of
   // them (the arena does not exist before; this step's eager tensors are
   // the ones step_optimizer uses now).
@@ -1095,7 +1096,15 @@ StepLoss RunBase::forward_backward(const Tensor& inputs, const Tensor& targets) 
 
 CompileStats RunBase::compile_stats() const {
   CompileStats c = state_->compiled.stats;
-  if (state_->compiled.program) c.held_bytes = state_->compiled.program->held_bytes();  // (now)
+  if (const capture::Program* p = state_->compiled.program.get()) {
+    c.held_bytes = p->held_bytes();  // (now)
+    const capture::Program::GraphStats g = p->graph_stats();
+    c.graphs = g.graphs;
+    c.graph_launches = g.graph_launches;
+    c.graph_captures = g.captures;
+    c.graph_refused = g.refused;
+    c.graph_refusal = g.last_refusal;
+  }
   c.modules = nn::compiled_module_stats(*state_->model);
   return c;
 }

@@ -155,6 +155,11 @@ struct RunOptions {
   // bits). false: every launch replays alone -- to measure what fusion
   // gives, or to rule it out.
   bool compile_fusion = true;
+  // Compile mode on a GPU (docs/compile.md, "On a GPU"): the replay's runs
+  // of kernels are captured into CUDA graphs and launched as one each (the
+  // same kernels on the same buffers: the same bits). false: every kernel
+  // is launched from the host. No effect on the CPU.
+  bool compile_graphs = true;
   // Mixed mode (nn/compiled_module.h, docs/compile.md "Mixed mode"): none,
   // attention (every nn::Attention) or blocks (every block of an
   // nn::StagedModel) are recorded and replayed, forward and backward, while

@@ -17,6 +17,13 @@ size_t device_size_class(size_t n) {
 
 CachingAllocator::CachingAllocator(DeviceMemoryBackend* backend, DeviceType type) : backend_(backend), type_(type) {}
 
+namespace {
+thread_local void* t_pool = nullptr;  // PoolScope
+}
+
+CachingAllocator::PoolScope::PoolScope(void* pool) : prev_(t_pool) { t_pool = pool; }
+CachingAllocator::PoolScope::~PoolScope() { t_pool = prev_; }
+
 AllocatorStats& CachingAllocator::dev(int device) {
   if (size_t(device) >= per_device_.size()) per_device_.resize(size_t(device) + 1);
   return per_device_[size_t(device)];
@@ -24,10 +31,23 @@ AllocatorStats& CachingAllocator::dev(int device) {
 
 void* CachingAllocator::allocate(size_t nbytes, Stream stream) {
   if (nbytes == 0) return nullptr;
-  const int device = stream.device.type == type_ ? stream.device.index : 0;
-  void* s = stream.handle ? stream.handle : backend_->current_stream(device);
+  int device = stream.device.type == type_ ? stream.device.index : 0;
   const size_t cls = device_size_class(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
+  void* s = nullptr;
+  Pool* pool = nullptr;
+  if (t_pool) {  // (a graph's capture: the pool's handle stands for the stream)
+    auto pit = pools_.find(t_pool);
+    TESSEL_CHECK(pit != pools_.end(), "allocate", "the {} pool {} in scope was destroyed", device_type_name(type_),
+                 t_pool);
+    pool = &pit->second;
+    TESSEL_CHECK(pool->device == device, "allocate",
+                 "a {} allocation on device {} inside a scope of a private pool of device {}", device_type_name(type_),
+                 device, pool->device);
+    s = t_pool;
+  } else {
+    s = stream.handle ? stream.handle : backend_->current_stream(device);
+  }
   AllocatorStats& st = dev(device);
   ++st.requests;
   if (!pending_.empty()) process_pending_locked();
@@ -39,7 +59,7 @@ void* CachingAllocator::allocate(size_t nbytes, Stream stream) {
     st.cached_bytes -= int64_t(cls);
   } else {
     const bool over_limit = limit_ > 0 && st.current_bytes + st.cached_bytes + int64_t(cls) > limit_;
-    if (over_limit) release_cached_locked(device);  // a full cache must not be what refuses a request
+    if (over_limit) release_cached_locked(device);  // (never a pool's blocks)  // a full cache must not be what refuses a request
     if (!(limit_ > 0 && st.current_bytes + int64_t(cls) > limit_)) {
       p = backend_->raw_alloc(device, cls);
       if (!p) {
@@ -64,6 +84,7 @@ void* CachingAllocator::allocate(size_t nbytes, Stream stream) {
       throw OutOfMemoryError(std::move(info));
     }
     ++st.system_allocs;
+    if (pool) pool->bytes += cls;
   }
   st.current_bytes += int64_t(cls);
   st.peak_bytes = std::max(st.peak_bytes, st.current_bytes);
@@ -122,6 +143,7 @@ void CachingAllocator::release_cached_locked(int device) {
   process_pending_locked();
   for (auto& [key, list] : free_) {
     if (device >= 0 && key.device != device) continue;
+    if (pools_.count(key.stream)) continue;  // a graph may write them at its next launch
     AllocatorStats& st = dev(key.device);
     for (void* p : list) {
       backend_->raw_free(key.device, p);
@@ -170,6 +192,52 @@ AllocatorStats CachingAllocator::device_stats(int device) const {
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   for (AllocatorStats& s : per_device_) s.peak_bytes = s.current_bytes;
+}
+
+void* CachingAllocator::create_pool(int device, void* home_stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The handle: an address no stream or other pool has (a heap cell, kept
+  // until the pool is destroyed).
+  void* handle = new char;
+  pools_[handle] = Pool{device, home_stream, 0};
+  return handle;
+}
+
+void CachingAllocator::destroy_pool(void* pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pit = pools_.find(pool);
+  TESSEL_CHECK(pit != pools_.end(), "destroy_pool", "{} pool {} does not exist (destroyed twice?)",
+               device_type_name(type_), pool);
+  TESSEL_CHECK(t_pool != pool, "destroy_pool", "{} pool {} is destroyed inside its own PoolScope",
+               device_type_name(type_), pool);
+  const Pool p = pit->second;
+  // Its free blocks join the home stream's lists; blocks still in use
+  // return there when freed.
+  std::vector<std::pair<Key, std::vector<void*>>> moved;  // (not inserted while free_ is walked)
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (it->first.stream != pool) {
+      ++it;
+      continue;
+    }
+    moved.emplace_back(Key{it->first.device, p.home_stream, it->first.size}, std::move(it->second));
+    it = free_.erase(it);
+  }
+  for (auto& [key, list] : moved) {
+    std::vector<void*>& home = free_[key];
+    home.insert(home.end(), list.begin(), list.end());
+  }
+  for (auto& [ptr, b] : live_)
+    if (b.stream == pool) b.stream = p.home_stream;
+  for (Pending& pd : pending_)
+    if (pd.block.stream == pool) pd.block.stream = p.home_stream;
+  pools_.erase(pit);
+  delete static_cast<char*>(pool);
+}
+
+size_t CachingAllocator::pool_bytes(void* pool) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pit = pools_.find(pool);
+  return pit == pools_.end() ? 0 : pit->second.bytes;
 }
 
 size_t CachingAllocator::pending_frees() const {

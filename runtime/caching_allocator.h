@@ -92,6 +92,34 @@ class CachingAllocator final : public Allocator {
   // Blocks freed while still awaiting events on other streams.
   size_t pending_frees() const;
 
+  // ---- private pools (CUDA graphs: runtime/capture.h, "graphs") ----
+  // A graph captured from a stream bakes in the address of every block its
+  // kernels use, workspaces allocated and freed inside a launch included,
+  // and writes them whenever it is launched. So while a PoolScope is active
+  // on a thread, that thread's allocations come from a private pool: its
+  // freed blocks go back to the pool alone, are reused only by allocations
+  // under the same pool (the pool's graphs run in one stream order), and are
+  // never given back to the device by empty_cache or an out-of-memory retry.
+  // destroy_pool -- once the graphs are destroyed and the device has
+  // finished them -- turns the pool's blocks into ordinary blocks of
+  // `home_stream`, the stream the graphs were launched on.
+  // Returns the pool's handle.
+  void* create_pool(int device, void* home_stream);
+  void destroy_pool(void* pool);
+  // Allocations of this thread come from `pool` for the scope's lifetime.
+  class PoolScope {
+   public:
+    explicit PoolScope(void* pool);
+    ~PoolScope();
+    PoolScope(const PoolScope&) = delete;
+    PoolScope& operator=(const PoolScope&) = delete;
+
+   private:
+    void* prev_;
+  };
+  // Bytes in the pool's blocks (in use and free).
+  size_t pool_bytes(void* pool) const;
+
  private:
   struct Block {
     int device = 0;
@@ -117,6 +145,13 @@ class CachingAllocator final : public Allocator {
     Block block;
     std::vector<void*> events;
   };
+  // A private pool: its blocks carry the pool's handle as their stream, so
+  // the free lists keep them apart.
+  struct Pool {
+    int device = 0;
+    void* home_stream = nullptr;
+    size_t bytes = 0;
+  };
 
   AllocatorStats& dev(int device);
   void process_pending_locked();
@@ -128,6 +163,7 @@ class CachingAllocator final : public Allocator {
   std::unordered_map<void*, Block> live_;
   std::unordered_map<Key, std::vector<void*>, KeyHash> free_;
   std::vector<Pending> pending_;
+  std::unordered_map<void*, Pool> pools_;  // by handle
   std::vector<AllocatorStats> per_device_;
   int64_t limit_ = 0;  // set_limit (0: none)
 };

@@ -799,7 +799,7 @@ bool Program::held_outside(const Arena& a) const {
 }
 
 void Program::release_finished(int64_t end) {
-  if (!materialized_) return;
+  if (!materialized_ || graphs_held()) return;
   for (Arena& a : arenas_)
     if (a.allocated() && a.last_use < end && !held_outside(a)) a.memory->release();
 }
@@ -819,7 +819,7 @@ void Program::release_inputs() {
 }
 
 bool Program::release_unheld() {
-  if (!materialized_) return false;
+  if (!materialized_ || graphs_held()) return false;
   bool released = false;
   for (Arena& a : arenas_) {
     if (!a.allocated() || held_outside(a)) continue;
@@ -924,7 +924,23 @@ void Program::replay_range(int64_t begin, int64_t end) {
   TESSEL_CHECK(chain == chains_.end() || chain->begin >= begin, kOp,
                "replaying launches [{}, {}) of {}: launch {} is inside the fused chain [{}, {})", begin, end, label_,
                begin, chain->begin, chain->end);
+  // Device graphs (use_graphs): the first segment from `begin` on.
+  const bool graphs = use_graphs_ && !timed;
+  if (graphs && !segments_planned_) plan_segments();
+  auto next_segment = [&](int64_t at) {
+    return size_t(std::lower_bound(segments_.begin(), segments_.end(), at,
+                                   [](const Segment& s, int64_t x) { return s.begin < x; }) -
+                  segments_.begin());
+  };
+  size_t seg = graphs ? next_segment(begin) : segments_.size();
   for (int64_t i = begin; i < end;) {
+    if (seg < segments_.size() && segments_[seg].begin == i && segments_[seg].end <= end) {
+      const int64_t past = segments_[seg].end;
+      run_segment(seg);  // (may split it)
+      i = past;
+      seg = next_segment(i);
+      continue;
+    }
     if (chain != chains_.end() && chain->begin == i) {
       TESSEL_CHECK(chain->end <= end, kOp, "replaying launches [{}, {}) of {}: the range ends inside the fused chain [{}, {})",
                    begin, end, label_, chain->begin, chain->end);
@@ -935,7 +951,142 @@ void Program::replay_range(int64_t begin, int64_t end) {
     }
     Launch& l = *launches_[size_t(i++)];
     run(l.name, [&] { l.run(); });
+    if (seg < segments_.size() && segments_[seg].begin < i) seg = next_segment(i);  // (a range starting inside one)
   }
+}
+
+// ---- device graphs -------------------------------------------------------------------------------------------
+namespace {
+GraphBackend* g_graph_backends[8] = {};
+}
+
+void set_graph_backend(DeviceType type, GraphBackend* backend) {
+  TESSEL_CHECK(size_t(type) < std::size(g_graph_backends), kOp, "set_graph_backend: device type {}", int(type));
+  g_graph_backends[size_t(type)] = backend;
+}
+
+GraphBackend* graph_backend(DeviceType type) {
+  return size_t(type) < std::size(g_graph_backends) ? g_graph_backends[size_t(type)] : nullptr;
+}
+
+void Program::use_graphs(bool on) {
+  if (on == use_graphs_) return;
+  use_graphs_ = on;
+  segments_.clear();  // (off: the graphs go; on: planned at the next replay)
+  segments_planned_ = false;
+}
+
+void Program::plan_segments() {
+  segments_.clear();
+  segments_planned_ = true;
+  std::vector<char> in_chain(launches_.size(), 0);
+  for (const Chain& c : chains_)
+    for (int64_t i = c.begin; i < c.end; ++i) in_chain[size_t(i)] = 1;
+  Segment cur;
+  auto close = [&](int64_t at) {
+    if (cur.end - cur.begin >= 2) segments_.push_back(std::move(cur));  // (one launch: nothing to save)
+    cur = Segment();
+    cur.begin = cur.end = at;
+  };
+  close(0);
+  for (int64_t i = 0; i < int64_t(launches_.size()); ++i) {
+    Device d;
+    const bool ok = !in_chain[size_t(i)] && launches_[size_t(i)]->graphable(&d) && graph_backend(d.type) != nullptr;
+    if (!ok || (cur.end > cur.begin && !(d == cur.device))) close(ok ? i : i + 1);
+    if (!ok) continue;
+    if (cur.end == cur.begin) cur.begin = i;
+    cur.device = d;
+    cur.end = i + 1;
+  }
+  close(int64_t(launches_.size()));
+}
+
+bool Program::addresses_unchanged(const Segment& s) const {
+  for (const auto& [storage, data] : s.addresses)
+    if (storage->data() != data) return false;
+  return true;
+}
+
+bool Program::graphs_held() const {
+  for (const Segment& s : segments_)
+    if (s.graph) return true;
+  return false;
+}
+
+void Program::run_segment(size_t k) {
+  Segment& s = segments_[k];
+  auto run_from_host = [&](int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i) launches_[size_t(i)]->run();
+  };
+  if (s.graph && !addresses_unchanged(s)) {
+    // A buffer moved (an arena given back and allocated elsewhere, a
+    // storage refilled in place): the graph would use the old memory.
+    s.graph.reset();
+    if (++s.moves > 3) {
+      s.direct = true;
+      ++graph_stats_.refused;
+      graph_stats_.last_refusal = fmt::format(
+          FMT_STRING("launches [{}, {}) of {}: their buffers moved between replays more than 3 times"), s.begin, s.end,
+          label_);
+    }
+  }
+  if (s.direct) return run_from_host(s.begin, s.end);
+  if (!s.graph) {
+    std::vector<Launch*> list;
+    for (int64_t i = s.begin; i < s.end; ++i) list.push_back(launches_[size_t(i)].get());
+    ++graph_stats_.captures;
+    try {
+      s.graph = graph_backend(s.device.type)->capture(s.device, list);
+    } catch (const GraphRefused& e) {
+      // Nothing of the segment ran: it runs from the host now. A launch the
+      // capture refused runs from the host from now on; the launches before
+      // and after it become segments of their own (captured at the next
+      // replay).
+      ++graph_stats_.refused;
+      graph_stats_.last_refusal = e.what();
+      const int64_t begin = s.begin, end = s.end, bad = e.launch >= 0 ? s.begin + e.launch : -1;
+      const Device device = s.device;
+      if (bad < 0 || bad >= end) {
+        s.direct = true;
+        return run_from_host(begin, end);
+      }
+      std::vector<Segment> parts;
+      auto part = [&](int64_t b, int64_t e2, bool direct) {
+        if (e2 <= b) return;
+        Segment p;
+        p.begin = b;
+        p.end = e2;
+        p.device = device;
+        p.direct = direct || e2 - b < 2;
+        parts.push_back(std::move(p));
+      };
+      part(begin, bad, false);
+      part(bad, bad + 1, true);
+      part(bad + 1, end, false);
+      segments_.erase(segments_.begin() + std::ptrdiff_t(k));
+      segments_.insert(segments_.begin() + std::ptrdiff_t(k), std::make_move_iterator(parts.begin()),
+                       std::make_move_iterator(parts.end()));
+      return run_from_host(begin, end);
+    }
+    s.addresses.clear();
+    std::vector<const TensorArg*> args;
+    for (int64_t i = s.begin; i < s.end; ++i) launches_[size_t(i)]->tensor_args(args);
+    for (const TensorArg* a : args)
+      if (a->buffer >= 0 && a->view.defined()) s.addresses.emplace_back(a->view.storage().get(), a->view.storage()->data());
+    std::sort(s.addresses.begin(), s.addresses.end());
+    s.addresses.erase(std::unique(s.addresses.begin(), s.addresses.end()), s.addresses.end());
+  }
+  s.graph->launch();
+}
+
+Program::GraphStats Program::graph_stats() const {
+  GraphStats g = graph_stats_;
+  for (const Segment& s : segments_)
+    if (s.graph) {
+      ++g.graphs;
+      g.graph_launches += s.end - s.begin;
+    }
+  return g;
 }
 
 int64_t Program::held_bytes() const {

@@ -168,6 +168,15 @@ class Launch {
     (void)view;
     return nullptr;
   }
+  // May this launch be part of a device graph (Program::use_graphs)? A
+  // kernel whose tensors are all on one device (*device set to it; a graph
+  // needs that device type's GraphBackend -- the CPU has none), with no
+  // per-call value (a key or block re-made at every replay) and no host
+  // output. Collectives, waits, checks and storage operations are not.
+  virtual bool graphable(Device* device) const {
+    (void)device;
+    return false;
+  }
   const char* name = "";
   Access access = Access::Other;
   std::string fingerprint;  // arguments, buffer numbers and key slots
@@ -192,6 +201,38 @@ Tensor view_of(const TensorArg& a, std::shared_ptr<StorageImpl> storage);
 // aligned for any dtype and a cache line).
 inline int64_t arena_bytes(int64_t nbytes) { return (nbytes + 63) / 64 * 64; }
 }
+
+// ---- device graphs (CUDA graphs) ------------------------------------------------------------------------
+// A device backend that can record a run of launches once and launch them
+// again as one (kernels/cuda/graph.cc registers CUDA's): Program::use_graphs.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // Runs the captured launches on the device's current stream (queued: in
+  // order after the stream's earlier work, before its later work).
+  virtual void launch() = 0;
+};
+// A capture that failed: `launch` is the index (in the list given to
+// capture) of the launch that could not be captured -- it reads a device
+// value on the host, synchronises, allocates from the device -- or -1 when
+// the capture as a whole failed. Nothing of the list ran.
+struct GraphRefused : Error {
+  GraphRefused(std::string what, int64_t launch_index) : Error(std::move(what)), launch(launch_index) {}
+  int64_t launch = -1;
+};
+class GraphBackend {
+ public:
+  virtual ~GraphBackend() = default;
+  // Records `launches` (run in order by calling their run()) on `device`
+  // into a graph, without running them; throws GraphRefused. Memory a
+  // launch allocates while it is recorded comes from a pool private to the
+  // graph (its addresses are baked in).
+  virtual std::unique_ptr<Graph> capture(Device device, const std::vector<Launch*>& launches) = 0;
+};
+// The backend of a device type (null: none; the CPU has none). Set once, at
+// start-up, by the backend's own code; tests may set a fake one.
+void set_graph_backend(DeviceType type, GraphBackend* backend);
+GraphBackend* graph_backend(DeviceType type);
 
 class Program;
 
@@ -442,6 +483,25 @@ class Program {
   int64_t fused_chains() const { return int64_t(chains_.size()); }
   int64_t fused_launches() const;
 
+  // Device graphs (docs/compile.md, "On a GPU"): every run of at least two
+  // graphable launches (Launch::graphable) on a device with a graph backend
+  // is captured into a graph by the first replay that runs it whole, and
+  // launched as one from then on. A launch the capture refuses runs from
+  // the host and splits its run; a graph whose buffers moved (an arena
+  // given back and allocated elsewhere) is captured again, and after three
+  // moves its launches run from the host. While a graph exists the arenas
+  // are held between replays (a graph bakes in their addresses). Profiled
+  // or traced replays run every launch from the host. Off by default.
+  void use_graphs(bool on);
+  struct GraphStats {
+    int64_t graphs = 0;          // graphs in use
+    int64_t graph_launches = 0;  // the launches inside them
+    int64_t captures = 0;        // captures made, again-captures included
+    int64_t refused = 0;         // launches a capture refused (run from the host)
+    std::string last_refusal;    // why, the last time
+  };
+  GraphStats graph_stats() const;
+
  private:
   friend class Recorder;
   // Launches [begin, end), all elementwise over one [rows, cols] iteration
@@ -524,6 +584,27 @@ class Program {
   std::vector<std::function<PhiloxKey()>> producers_;
   std::vector<std::function<GlobalBlock()>> block_producers_;
   PerCall values_;
+
+  // Device graphs (use_graphs): runs of graphable launches [begin, end).
+  struct Segment {
+    int64_t begin = 0, end = 0;
+    Device device;
+    std::unique_ptr<Graph> graph;
+    // Each storage the graph's launches use, with the address it had at the capture.
+    std::vector<std::pair<const StorageImpl*, void*>> addresses;
+    int moves = 0;        // captures made again because a buffer moved
+    bool direct = false;  // its launches run from the host
+  };
+  void plan_segments();
+  // Runs segments_[k] (its graph, captured first if need be, or its
+  // launches from the host). May split it (a refused launch).
+  void run_segment(size_t k);
+  bool addresses_unchanged(const Segment& s) const;
+  bool graphs_held() const;  // a graph exists: the arenas stay
+  bool use_graphs_ = false;
+  bool segments_planned_ = false;
+  std::vector<Segment> segments_;  // in launch order
+  GraphStats graph_stats_;
 };
 
 // ---- arguments as stored in a launch -------------------------------------------------------------------
@@ -582,6 +663,14 @@ struct Stored {
     });
   }
   const T& get() const { return value; }
+  // A value re-made at every replay (Launch::graphable).
+  bool per_call() const {
+    for (int k : key_slots)
+      if (k >= 0) return true;
+    for (const BlockSlot& b : block_slots)
+      if (b.slot >= 0) return true;
+    return false;
+  }
 };
 
 template <>
@@ -599,6 +688,7 @@ struct Stored<Tensor> {
   void bind(const std::vector<std::shared_ptr<StorageImpl>>& buffers);
   void refresh(const PerCall&) {}
   const Tensor& get() const { return arg.view; }
+  bool per_call() const { return false; }
 };
 template <class S>
 constexpr bool is_stored_tensor_v = std::is_same_v<S, Stored<Tensor>>;
@@ -614,6 +704,7 @@ struct Stored<const char*> {
   void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
   void refresh(const PerCall&) {}
   const char* get() const { return value.c_str(); }
+  bool per_call() const { return false; }
 };
 
 // Host output pointers (index_bounds' first bad position and value): the
@@ -625,6 +716,7 @@ struct Stored<int64_t*> {
   void bind(const std::vector<std::shared_ptr<StorageImpl>>&) {}
   void refresh(const PerCall&) {}
   int64_t* get() const { return &slot; }
+  bool per_call() const { return false; }
 };
 
 // After a replayed launch with host output pointers: the check its op makes
@@ -672,6 +764,25 @@ class KernelLaunch final : public Launch {
     int i = 0;
     std::apply([&](auto&... s) { (set_view(view, i, s), ...); }, copy->args_);
     return copy;
+  }
+  bool graphable(Device* device) const override {
+    if constexpr ((std::is_same_v<std::decay_t<A>, int64_t*> || ...)) {
+      return false;  // (its replay checks what it wrote on the host)
+    } else {
+      bool per_call = false;
+      std::apply([&](const auto&... s) { ((per_call = per_call || s.per_call()), ...); }, args_);
+      if (per_call) return false;
+      std::vector<const TensorArg*> tensors;
+      tensor_args(tensors);
+      bool any = false;
+      for (const TensorArg* t : tensors) {
+        if (t->buffer < 0) continue;
+        if (t->device.is_meta() || (any && !(t->device == *device))) return false;
+        *device = t->device;
+        any = true;
+      }
+      return any;
+    }
   }
 
  private:

@@ -214,3 +214,64 @@ TEST_CASE("empty_cache frees every cached block; peak resets; device stats are p
   CHECK_THROWS_AS(a.deallocate(p0, 1 << 20), Error);  // freed twice
   CHECK(a.allocate(0) == nullptr);
 }
+
+// A graph's private pool (CUDA graphs, runtime/capture.h): what is freed
+// under it is reused only under it, survives empty_cache, and joins the
+// home stream's lists when the pool is destroyed.
+TEST_CASE("a private pool keeps its blocks to itself until it is destroyed") {
+  MockDevice dev;
+  CachingAllocator a(&dev, DeviceType::CUDA);
+  void* home = dev.current;
+  void* pool = a.create_pool(0, home);
+  void* w = nullptr;
+  {
+    CachingAllocator::PoolScope scope(pool);
+    w = a.allocate(3000, on(nullptr));  // a workspace inside a captured launch
+    a.deallocate(w, 3000);
+    void* again = a.allocate(3000, on(nullptr));  // reused inside the pool (one stream order)
+    CHECK(again == w);
+    a.deallocate(again, 3000);
+  }
+  CHECK(a.pool_bytes(pool) == 3072);
+  // Outside the pool the block is not handed out, on any stream ...
+  void* other = a.allocate(3000, on(nullptr));
+  CHECK(other != w);
+  a.deallocate(other, 3000);
+  // ... and not given back to the device: a graph may write it at its next launch.
+  a.empty_cache();
+  CHECK(dev.blocks.count(w) == 1);
+  CHECK(dev.blocks.count(other) == 0);
+  {
+    CachingAllocator::PoolScope scope(pool);
+    void* back = a.allocate(2900, on(nullptr));
+    CHECK(back == w);
+    a.deallocate(back, 2900);
+  }
+  // Destroyed: an ordinary cached block of the home stream.
+  a.destroy_pool(pool);
+  CHECK(a.pool_bytes(pool) == 0);
+  void* reused = a.allocate(3000, on(home));
+  CHECK(reused == w);
+  a.deallocate(reused, 3000);
+  a.empty_cache();
+  CHECK(dev.blocks.empty());
+  CHECK_THROWS_WITH(a.destroy_pool(pool), Catch::Contains("does not exist"));
+}
+
+TEST_CASE("a pool block still in use when its pool is destroyed returns to the home stream when freed") {
+  MockDevice dev;
+  CachingAllocator a(&dev, DeviceType::CUDA);
+  void* home = reinterpret_cast<void*>(0x7);
+  void* pool = a.create_pool(0, home);
+  void* kept = nullptr;
+  {
+    CachingAllocator::PoolScope scope(pool);
+    kept = a.allocate(1 << 20, on(nullptr));  // e.g. a cache a launch made and keeps
+  }
+  a.destroy_pool(pool);
+  a.deallocate(kept, 1 << 20);
+  void* again = a.allocate(1 << 20, on(home));
+  CHECK(again == kept);
+  a.deallocate(again, 1 << 20);
+  CHECK(a.stats().current_bytes == 0);
+}

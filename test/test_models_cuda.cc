@@ -86,12 +86,14 @@ struct RunResult {
 // 7 steps of tiny `arch` (dropout 0.1, 2 micro-batches, clipping) through
 // tessel::Run on `d`: eager, compiled (`compile`: the whole step) or in mixed
 // mode (`modules`).
-RunResult train_run(const std::string& arch, Device d, bool compile, nn::CompileModules modules) {
+RunResult train_run(const std::string& arch, Device d, bool compile, nn::CompileModules modules,
+                    bool graphs = true) {
   models::ModelConfig cfg = models::model_config(arch, "tiny");
   cfg.dropout = 0.1;
   auto m = models::make_language_model(cfg, 7, d);
   RunOptions o;
   o.compile = compile;
+  o.compile_graphs = graphs;
   o.compile_modules = modules;
   o.clip = 1.0;
   o.micro_batches = 2;
@@ -125,6 +127,22 @@ void check_compile_mode_on(Device d) {
     CHECK(whole.stats.replays == 4);
     CHECK(whole.losses == eager.losses);
     CHECK(whole.hash == eager.hash);
+    // On a GPU the replay's runs of kernels are CUDA graphs (RunOptions::
+    // compile_graphs, kernels/cuda/graph.cc); without them, each kernel is
+    // launched from the host. Both give the eager bits.
+    const CompileStats& g = whole.stats;
+    INFO("CUDA graphs: " << g.graphs << " of " << g.graph_launches << " launches (of " << g.launches << "), "
+                         << g.graph_captures << " captures, " << g.graph_refused << " refused; " << g.graph_refusal);
+    if (d.is_cuda()) {
+      CHECK(g.graphs > 0);
+      CHECK(g.graph_launches > g.launches / 2);
+      const RunResult host = train_run(arch, d, true, nn::CompileModules::None, /*graphs=*/false);
+      CHECK(host.stats.graphs == 0);
+      CHECK(host.losses == eager.losses);
+      CHECK(host.hash == eager.hash);
+    } else {
+      CHECK(g.graphs == 0);  // (the CPU has no graph backend)
+    }
     const RunResult mixed = train_run(arch, d, false, nn::CompileModules::Blocks);
     CHECK(mixed.stats.modules.refused == "");
     CHECK(mixed.stats.modules.replayed > 0);

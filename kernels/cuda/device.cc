@@ -136,7 +136,14 @@ class CudaBackend final : public DeviceMemoryBackend {
   void* raw_alloc(int device, size_t bytes) override {
     DeviceGuard g(device);
     void* p = nullptr;
+    // Inside a CUDA graph's capture (a private pool's new block,
+    // kernels/cuda/graph.cc) cudaMalloc is refused in the capture's
+    // thread-local mode, though the graph only needs the address: relaxed
+    // for this call, as every other unsafe call stays refused.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    TESSEL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "allocate");
     cudaError_t e = cudaMalloc(&p, bytes);
+    TESSEL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "allocate");
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       return nullptr;

@@ -49,10 +49,24 @@ Staging& staging(int device) {
   return *s;
 }
 
+// A host copy cannot be part of a CUDA graph: the graph would read or
+// write the staging buffer at every launch, long after the bytes were
+// there (and the staging events would be ones recorded in a capture, which
+// nothing may wait for). Refused before anything is queued, so the capture
+// fails naming the copy (runtime/capture.h: the launch runs from the host).
+void refuse_in_capture(cudaStream_t stream, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TESSEL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), what);
+  if (status != cudaStreamCaptureStatusNone)
+    TESSEL_FAIL(what, "a copy between host and device memory inside a CUDA graph's capture (the launch reads or writes "
+                "host memory: it runs from the host instead)");
+}
+
 }  // namespace
 
 void copy_host_to_device(void* dst, const void* src, size_t bytes, int device, cudaStream_t stream) {
   if (bytes == 0) return;
+  refuse_in_capture(stream, "copy (host to device)");
   Staging& st = staging(device);
   std::lock_guard<std::mutex> lock(st.mu);
   st.init(device);
@@ -72,6 +86,7 @@ void copy_host_to_device(void* dst, const void* src, size_t bytes, int device, c
 
 void copy_device_to_host(void* dst, const void* src, size_t bytes, int device, cudaStream_t stream) {
   if (bytes == 0) return;
+  refuse_in_capture(stream, "copy (device to host)");
   Staging& st = staging(device);
   std::lock_guard<std::mutex> lock(st.mu);
   st.init(device);

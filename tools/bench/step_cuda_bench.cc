@@ -176,9 +176,11 @@ class SideThread {
 };
 
 // tessel::Run eager against compile mode (RunOptions::compile) on the same
-// steps, one step of each in turn (who goes first alternates), each timed
-// between device synchronisations; the losses' bits and the parameters'
-// hash compared at the end.
+// steps -- compile mode twice: with CUDA graphs (the default) and with every
+// kernel launched from the host (compile_graphs = false) -- one step of
+// each in turn (who goes first rotates), each timed between device
+// synchronisations; the losses' bits and the parameters' hash compared at
+// the end.
 nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConfig cfg, Device dev, std::ostream& out) {
   numerics::GemmModeGuard mode(numerics::parse_gemm_mode(o.gemm.c_str(), "--gemm"));
   cfg.max_seq_len = std::max(cfg.max_seq_len, o.seq);
@@ -201,13 +203,15 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
       }
     }
   };
-  Side side[2];  // [eager, compiled]
+  constexpr int kSides = 3;
+  Side side[kSides];  // [eager, compiled with CUDA graphs, compiled without]
   Allocator* alloc = allocator_for(dev);
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < kSides; ++k) {
     side[k].thread.run([&, k] {
       auto m = models::make_language_model(cfg, 1, dev);
       RunOptions ro;
-      ro.compile = k == 1;
+      ro.compile = k >= 1;
+      ro.compile_graphs = k == 1;
       ro.clip = 1.0;
       ro.compute = o.dtype == "bf16" ? DType::BFloat16 : DType::Float32;
       side[k].run.emplace(parallelize(m, adamw(ao), ro));
@@ -220,8 +224,8 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
   // On an error, each Run still goes on its own thread (it counts that
   // thread's backward passes).
   for (int s = 0; s < warmup + o.steps; ++s) {
-    for (int i = 0; i < 2; ++i) {
-      const int k = s % 2 == 0 ? i : 1 - i;
+    for (int i = 0; i < kSides; ++i) {
+      const int k = (s + i) % kSides;
       Side& d = side[k];
       d.thread.run([&] {
         synchronize(dev);
@@ -243,8 +247,9 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
       });
     }
     if (s >= warmup)
-      out << fmt::format(FMT_STRING("[compile] step {:3d}  eager {:8.2f} ms, compiled {:8.2f} ms\n"), s,
-                         side[0].ms.back(), side[1].ms.back());
+      out << fmt::format(FMT_STRING("[compile] step {:3d}  eager {:8.2f} ms, compiled {:8.2f} ms (CUDA graphs), "
+                                    "{:8.2f} ms (host launches)\n"),
+                         s, side[0].ms.back(), side[1].ms.back(), side[2].ms.back());
   }
   for (Side& d : side) {
     d.thread.run([&] {
@@ -252,8 +257,10 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
       d.stats = d.run->compile_stats();
     });
   }
-  const double eager_ms = median(side[0].ms), compiled_ms = median(side[1].ms);
-  const bool same_bits = side[0].loss_bits == side[1].loss_bits && side[0].hash == side[1].hash;
+  const double eager_ms = median(side[0].ms), compiled_ms = median(side[1].ms), host_ms = median(side[2].ms);
+  bool same_bits = true;
+  for (int k = 1; k < kSides; ++k)
+    same_bits = same_bits && side[0].loss_bits == side[k].loss_bits && side[0].hash == side[k].hash;
   const CompileStats& cs = side[1].stats;
   const double mib = 1 << 20;
   out << fmt::format(FMT_STRING("tessel::Run gemm={}: eager {:.2f} ms/step, compiled {:.2f} ms/step ({:.2f}x); {} "
@@ -262,9 +269,21 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
                      o.gemm, eager_ms, compiled_ms, eager_ms / compiled_ms, cs.launches, cs.replays,
                      median(side[0].step_bytes) / mib, median(side[1].step_bytes) / mib, same_bits ? "yes" : "NO",
                      cs.refused.empty() ? std::string() : "; compile mode stopped: " + cs.refused);
+  out << fmt::format(FMT_STRING("  CUDA graphs: {} of {} launches each step, {} capture(s), {} launch(es) refused by a "
+                                "capture{}{}; without graphs {:.2f} ms/step ({:.2f}x the graphs')\n"),
+                     cs.graphs, cs.graph_launches, cs.graph_captures, cs.graph_refused,
+                     cs.graph_refusal.empty() ? "" : "; the last: ", cs.graph_refusal, host_ms, host_ms / compiled_ms);
   return {{"eager_ms", eager_ms},
           {"compiled_ms", compiled_ms},
           {"speedup", eager_ms / compiled_ms},
+          {"compiled_without_graphs_ms", host_ms},
+          {"graphs",
+           {{"graphs", cs.graphs},
+            {"graph_launches", cs.graph_launches},
+            {"captures", cs.graph_captures},
+            {"refused", cs.graph_refused},
+            {"last_refusal", cs.graph_refusal},
+            {"speedup_over_host_launches", host_ms / compiled_ms}}},
           {"same_bits", same_bits},
           {"replays", cs.replays},
           {"kernels_per_step", cs.launches},

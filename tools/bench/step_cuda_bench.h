@@ -12,13 +12,17 @@
 //    "gemm": "fast"|"bitwise", "params": .., "step_ms": .., "tokens_per_s": ..,
 //    "mfu": .., "peak_tflops": .., "peak_memory_bytes": ..,
 //    "bitwise": {"step_ms", "cost": bitwise / fast, "loss"} | null,
-//    "compile": {"eager_ms", "compiled_ms", "speedup", "same_bits", "replays",
+//    "compile": {"eager_ms", "compiled_ms", "speedup", "compiled_without_graphs_ms",
+//                "graphs": {"graphs", "graph_launches", "captures", "refused", "last_refusal",
+//                           "speedup_over_host_launches"}, "same_bits", "replays",
 //                "kernels_per_step", "step_memory_mib": {..}, "refused"} | null,
 //    "torch": {"eager": {..}, "compile": {..}} | null}
 // "compile" (skip with --no-compile): the same steps through tessel::Run,
-// eager and in compile mode (RunOptions::compile, docs/compile.md), one step
-// of each in turn, in the same process: what replaying the recorded kernels
-// saves of the host's per-op work, and whether the replay keeps the bits.
+// eager and in compile mode (RunOptions::compile, docs/compile.md) with CUDA
+// graphs and without them, one step of each in turn, in the same process:
+// what replaying the recorded kernels saves of the host's per-op work, what
+// launching them as graphs saves on top, and whether the replays keep the
+// bits.
 // MFU counts nanoGPT's 6 N + 12 L H Q T FLOPs per token against
 // --peak-tflops (default: the H100 SXM dense peak of the compute dtype).
 #include <iosfwd>

@@ -1,0 +1,200 @@
+// Device graphs of a replay (runtime/capture.h, "device graphs";
+// docs/compile.md, "On a GPU"), on the CPU with a fake graph backend that
+// behaves as CUDA's does: a capture records the launches without running
+// them and refuses the kernels it is told to (as CUDA's refuses a launch
+// that synchronises), and a graph's launch runs them -- after checking that
+// every buffer is where it was at the capture, which a real graph's
+// baked-in addresses require. The CUDA backend itself (kernels/cuda/graph.cc)
+// runs in gpu_tests.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "models/language_model.h"
+#include "runtime/capture.h"
+#include "tessel.h"
+#include "test/util/util.h"
+
+using namespace tessel;
+using namespace tessel::testing;
+
+namespace {
+
+constexpr uint64_t kSeed = 17;
+
+std::vector<void*> addresses_of(const std::vector<capture::Launch*>& launches) {
+  std::vector<const capture::TensorArg*> args;
+  for (const capture::Launch* l : launches) l->tensor_args(args);
+  std::vector<void*> out;
+  for (const capture::TensorArg* a : args) out.push_back(a->view.defined() ? a->view.storage()->data() : nullptr);
+  return out;
+}
+
+struct FakeGraphs final : capture::GraphBackend {
+  std::set<std::string> refuse;  // kernel names a capture refuses
+  int64_t captures = 0, launched = 0;
+
+  struct Graph final : capture::Graph {
+    FakeGraphs* owner = nullptr;
+    std::vector<capture::Launch*> launches;
+    std::vector<void*> addresses;  // at the capture
+    void launch() override {
+      // A real graph would read and write the memory it was captured with.
+      REQUIRE(addresses_of(launches) == addresses);
+      for (capture::Launch* l : launches) l->run();
+      owner->launched += int64_t(launches.size());
+    }
+  };
+
+  std::unique_ptr<capture::Graph> capture(Device, const std::vector<capture::Launch*>& launches) override {
+    ++captures;
+    for (size_t i = 0; i < launches.size(); ++i)
+      if (refuse.count(launches[i]->name))
+        throw capture::GraphRefused(std::string("the fake backend refuses '") + launches[i]->name + "'", int64_t(i));
+    auto g = std::make_unique<Graph>();
+    g->owner = this;
+    g->launches = launches;
+    g->addresses = addresses_of(launches);
+    return g;
+  }
+};
+
+// The fake backend as the CPU's for the scope (the CPU has none).
+struct FakeOnCpu {
+  FakeGraphs graphs;
+  FakeOnCpu() { capture::set_graph_backend(DeviceType::CPU, &graphs); }
+  ~FakeOnCpu() { capture::set_graph_backend(DeviceType::CPU, nullptr); }
+};
+
+struct Trained {
+  std::vector<double> losses, norms;
+  std::string hash;
+  CompileStats stats;
+};
+
+// 9 steps of tiny NanoGPT with dropout through tessel::Run.
+Trained train(bool compile, bool graphs) {
+  models::ModelConfig cfg = models::model_config("nanogpt", "tiny");
+  cfg.dropout = 0.1;
+  auto model = models::make_language_model(cfg, kSeed);
+  RunOptions o;
+  o.seed = kSeed;
+  o.clip = 1.0;
+  o.compile = compile;
+  o.compile_graphs = graphs;
+  auto run = parallelize(model, adamw({1e-3}), o);
+  Trained t;
+  // One batch buffer, refilled: the replays read it in place (on the CPU the
+  // batch is bound, not copied), so its address stays -- as a GPU's input
+  // buffers, which a replay copies the batch into, do.
+  Tensor x = zeros({4, 32}, TensorOptions(DType::Int64)), y = zeros({4, 32}, TensorOptions(DType::Int64));
+  for (uint64_t step = 0; step < 9; ++step) {
+    Tensor tokens = randint({4, 33}, kSeed * 100 + step, 0, cfg.vocab_size);
+    {
+      NoGradGuard no_grad;
+      x.copy_(tokens.narrow(1, 0, 32));
+      y.copy_(tokens.narrow(1, 1, 32));
+    }
+    t.losses.push_back(run.forward_backward(x, y).loss_sum);
+    t.norms.push_back(run.step_optimizer().grad_norm);
+  }
+  t.hash = run.param_hash();
+  t.stats = run.compile_stats();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("graphs: a replay launches its runs of kernels as graphs, with the eager bits", "[compile][graphs]") {
+  const Trained eager = train(false, false);
+  FakeOnCpu fake;
+  const Trained graphed = train(true, true);
+  CHECK(graphed.losses == eager.losses);
+  CHECK(graphed.norms == eager.norms);
+  CHECK(graphed.hash == eager.hash);
+  const CompileStats& c = graphed.stats;
+  INFO(c.refused << " / " << c.graph_refusal);
+  CHECK(c.refused.empty());
+  CHECK(c.replays == 6);
+  CHECK(c.graphs > 0);
+  CHECK(c.graph_refused == 0);
+  CHECK(c.graph_captures == c.graphs);  // once each, at the first replay
+  // Dropout's launches take a key re-made at every replay: they run from the
+  // host, between graphs.
+  CHECK(c.graph_launches > c.launches / 2);
+  CHECK(c.graph_launches < c.launches);
+  CHECK(fake.graphs.launched == c.graph_launches * c.replays);
+  // compile_graphs = false: no graph.
+  const Trained plain = train(true, false);
+  CHECK(plain.stats.graphs == 0);
+  CHECK(plain.stats.graph_captures == 0);
+  CHECK(plain.hash == eager.hash);
+}
+
+TEST_CASE("graphs: a launch a capture refuses runs from the host and splits its run; the eager bits",
+          "[compile][graphs]") {
+  const Trained eager = train(false, false);
+  FakeOnCpu fake;
+  fake.graphs.refuse = {"layer_norm_forward"};
+  const Trained graphed = train(true, true);
+  CHECK(graphed.losses == eager.losses);
+  CHECK(graphed.norms == eager.norms);
+  CHECK(graphed.hash == eager.hash);
+  const CompileStats& c = graphed.stats;
+  CHECK(c.refused.empty());
+  CHECK(c.graph_refused >= 1);
+  CHECK(c.graph_refusal.find("layer_norm_forward") != std::string::npos);
+  CHECK(c.graphs > 0);
+}
+
+TEST_CASE("graphs: a graph whose buffers moved is captured again; after three moves its launches run from the host",
+          "[compile][graphs]") {
+  FakeOnCpu fake;
+  const int64_t n = 256;
+  Tensor recorded = randn({n}, PhiloxKey{kSeed, 1});
+  std::unique_ptr<capture::Program> p;
+  Tensor y;
+  int out = -1;
+  auto step = [](const Tensor& in) { return exp(in * Scalar(0.5)) + in; };
+  {
+    NoGradGuard no_grad;
+    capture::Recorder rec("moves");
+    rec.fuse_elementwise = false;  // (launches, not a fused chain: the graph's)
+    rec.input(recorded);
+    y = step(recorded);
+    out = rec.output(y);
+    p = rec.finish();
+  }
+  p->use_graphs(true);
+  std::vector<Tensor> inputs;
+  for (uint64_t k = 0; k < 6; ++k) inputs.push_back(randn({n}, PhiloxKey{kSeed, 10 + k}));
+  // bind_input points the input buffer at each caller's tensor: it moves at every replay.
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    INFO("replay " << k);
+    p->bind_input(0, inputs[k]);
+    p->replay();
+    NoGradGuard no_grad;
+    CHECK(bitwise_equal(p->output(out, y), step(inputs[k])));
+  }
+  const capture::Program::GraphStats g = p->graph_stats();
+  CHECK(g.captures == 4);  // the first, then three moves
+  CHECK(g.refused == 1);   // the fourth move: from the host for good
+  CHECK(g.graphs == 0);
+  CHECK(g.last_refusal.find("moved") != std::string::npos);
+
+  // The same input each time: one capture, and the arenas are held while
+  // the graph exists (it bakes in their addresses).
+  p->use_graphs(false);
+  p->use_graphs(true);
+  for (int k = 0; k < 3; ++k) {
+    p->bind_input(0, inputs[0]);
+    p->replay();
+  }
+  CHECK(p->graph_stats().graphs == 1);
+  CHECK(p->graph_stats().captures == g.captures + 1);
+  CHECK(!p->release_unheld());
+  CHECK(p->held_bytes() == p->bytes());
+}
