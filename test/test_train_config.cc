@@ -288,7 +288,7 @@ TEST_CASE("to_json holds every field and loads back through TOML", "[config]") {
       "steps", "batch_size", "seq_len", "micro_batches", "lr", "min_lr", "warmup_steps", "weight_decay",
       "betas", "grad_clip", "seed", "eval_every", "eval_batches", "log_every", "data", "heldout_percent",
       "tokenizer", "vocab", "merges", "tokenizer_json", "out_dir", "metrics", "sample_length", "temperature", "top_k",
-      "mesh", "devices", "backend", "plan", "sequence_parallel", "bitwise", "profile", "detect_anomaly", "dump", "trace", "trace_steps", "compile", "no_fusion", "no_cuda_graphs", "compile_modules", "pipeline_schedule",
+      "mesh", "devices", "backend", "plan", "sequence_parallel", "bitwise", "profile", "detect_anomaly", "dump", "trace", "trace_steps", "compile", "no_fusion", "compile_modules", "pipeline_schedule",
       "virtual_stages", "pipeline_split",
       "zero", "recompute", "ddp_bucket_mb", "capacity_factor",
       "ckpt_every", "final_ckpt", "keep_last", "resume", "ckpt_dir", "ckpt_sync"};

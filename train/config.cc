@@ -95,9 +95,6 @@ const std::vector<Field>& fields() {
       {"no_fusion", &C::no_fusion,
        "compile mode without fusion: every launch replays alone (fused elementwise chains are the default; the same "
        "bits either way; docs/compile.md)"},
-      {"no_cuda_graphs", &C::no_cuda_graphs,
-       "compile mode on a GPU without CUDA graphs: every replayed kernel is launched from the host (the same bits; "
-       "docs/compile.md)"},
       {"compile_modules", &C::compile_modules,
        "mixed mode: record and replay these modules, forward and backward, the rest eager: none | attention | "
        "blocks (the same bits, on every layout; docs/compile.md)"},

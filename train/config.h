@@ -91,7 +91,6 @@ struct TrainConfig {
   int64_t trace_steps = 3;        // steps the trace covers (0: every step)
   bool compile = false;           // record the step's kernels at steps 2-3, replay them from step 4 (docs/compile.md)
   bool no_fusion = false;         // compile mode: replay every launch alone, no fused elementwise chains
-  bool no_cuda_graphs = false;    // compile mode on a GPU: launch every kernel from the host, no CUDA graphs
   std::string pipeline_schedule = "1f1b";  // with a "pp" mesh dim: gpipe | 1f1b | interleaved
   int64_t virtual_stages = 0;              // chunks per pp rank; 0: 1, or 2 for interleaved
   std::string pipeline_split = "layers";   // cut the blocks into stages by: layers | params

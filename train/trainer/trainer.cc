@@ -223,7 +223,6 @@ RunOptions run_options(const TrainConfig& cfg) {
   o.trace_steps = cfg.trace_steps;
   o.compile = cfg.compile;
   o.compile_fusion = !cfg.no_fusion;
-  o.compile_graphs = !cfg.no_cuda_graphs;
   o.recompute = nn::parse_recompute(cfg.recompute);
   o.compile_modules = nn::parse_compile_modules(cfg.compile_modules);
   return o;
@@ -616,12 +615,7 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
                   (long long)c.replays, (long long)c.launches, (long long)c.fused_launches, (long long)c.fused_chains,
                   double(c.buffer_bytes) / (1 << 20), double(c.held_bytes) / (1 << 20), (long long)c.eager_steps,
                   (long long)c.captures);
-    if (c.refused.empty() && (c.graphs > 0 || c.graph_refused > 0))
-      std::printf("  compile: %lld CUDA graph(s) of %lld launches in all, %lld capture(s), %lld launch(es) refused by "
-                  "a capture (launched from the host)%s%s\n",
-                  (long long)c.graphs, (long long)c.graph_launches, (long long)c.graph_captures,
-                  (long long)c.graph_refused, c.graph_refusal.empty() ? "" : "; the last: ", c.graph_refusal.c_str());
-    if (!c.refused.empty())
+    else
       std::printf("  compile: stopped, every step ran eagerly after it: %s\n", c.refused.c_str());
   }
 
