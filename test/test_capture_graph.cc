@@ -36,14 +36,19 @@ std::vector<void*> addresses_of(const std::vector<capture::Launch*>& launches) {
 struct FakeGraphs final : capture::GraphBackend {
   std::set<std::string> refuse;  // kernel names a capture refuses
   int64_t captures = 0, launched = 0;
+  int64_t stale = 0;  // graphs launched with a buffer elsewhere than at their capture (must stay 0)
 
   struct Graph final : capture::Graph {
     FakeGraphs* owner = nullptr;
     std::vector<capture::Launch*> launches;
     std::vector<void*> addresses;  // at the capture
     void launch() override {
-      // A real graph would read and write the memory it was captured with.
-      REQUIRE(addresses_of(launches) == addresses);
+      // A real graph would read and write the memory it was captured with:
+      // counted, and not run (each test checks stale == 0).
+      if (addresses_of(launches) != addresses) {
+        ++owner->stale;
+        return;
+      }
       for (capture::Launch* l : launches) l->run();
       owner->launched += int64_t(launches.size());
     }
@@ -127,6 +132,7 @@ TEST_CASE("graphs: a replay launches its runs of kernels as graphs, with the eag
   CHECK(c.graph_launches > c.launches / 2);
   CHECK(c.graph_launches < c.launches);
   CHECK(fake.graphs.launched == c.graph_launches * c.replays);
+  CHECK(fake.graphs.stale == 0);
   // compile_graphs = false: no graph.
   const Trained plain = train(true, false);
   CHECK(plain.stats.graphs == 0);
@@ -148,6 +154,7 @@ TEST_CASE("graphs: a launch a capture refuses runs from the host and splits its 
   CHECK(c.graph_refused >= 1);
   CHECK(c.graph_refusal.find("layer_norm_forward") != std::string::npos);
   CHECK(c.graphs > 0);
+  CHECK(fake.graphs.stale == 0);
 }
 
 TEST_CASE("graphs: a graph whose buffers moved is captured again; after three moves its launches run from the host",
@@ -184,6 +191,7 @@ TEST_CASE("graphs: a graph whose buffers moved is captured again; after three mo
   CHECK(g.refused == 1);   // the fourth move: from the host for good
   CHECK(g.graphs == 0);
   CHECK(g.last_refusal.find("moved") != std::string::npos);
+  CHECK(fake.graphs.stale == 0);
 
   // The same input each time: one capture, and the arenas are held while
   // the graph exists (it bakes in their addresses).
@@ -197,4 +205,5 @@ TEST_CASE("graphs: a graph whose buffers moved is captured again; after three mo
   CHECK(p->graph_stats().captures == g.captures + 1);
   CHECK(!p->release_unheld());
   CHECK(p->held_bytes() == p->bytes());
+  CHECK(fake.graphs.stale == 0);
 }

@@ -193,6 +193,7 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
     SideThread thread;
     std::optional<Run<models::LanguageModel>> run;
     std::vector<double> ms, step_bytes;
+    std::vector<double> fb_ms, opt_ms;  // the step's parts: forward_backward, step_optimizer
     std::vector<uint64_t> loss_bits;
     std::string hash;
     CompileStats stats;
@@ -223,7 +224,13 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
   const int warmup = std::max(o.warmup, 3);  // compile mode replays from its fourth step
   // On an error, each Run still goes on its own thread (it counts that
   // thread's backward passes).
-  for (int s = 0; s < warmup + o.steps; ++s) {
+  // After the timed steps, kParts more of each side split at the end of
+  // forward_backward (a synchronisation there, so not among the timed
+  // steps: it keeps the host from queueing the optimizer's launches while
+  // the device still runs the backward).
+  constexpr int kParts = 3;
+  for (int s = 0; s < warmup + o.steps + kParts; ++s) {
+    const bool split = s >= warmup + o.steps;
     for (int i = 0; i < kSides; ++i) {
       const int k = (s + i) % kSides;
       Side& d = side[k];
@@ -233,20 +240,26 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
         alloc->reset_peak();
         const auto t0 = Clock::now();
         const double loss = d.run->forward_backward(x, y).loss_sum;
+        if (split) synchronize(dev);
+        const auto t1 = Clock::now();
         d.run->step_optimizer();
         synchronize(dev);
-        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        const auto t2 = Clock::now();
+        const double ms = std::chrono::duration<double, std::milli>(t2 - t0).count();
         uint64_t bits;
         std::memcpy(&bits, &loss, sizeof bits);
         d.loss_bits.push_back(bits);
-        if (s >= warmup) {
+        if (split) {
+          d.fb_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          d.opt_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+        } else if (s >= warmup) {
           d.ms.push_back(ms);
           d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
                                  double(d.run->compile_stats().held_bytes));
         }
       });
     }
-    if (s >= warmup)
+    if (s >= warmup && !split)
       out << fmt::format(FMT_STRING("[compile] step {:3d}  eager {:8.2f} ms, compiled {:8.2f} ms (CUDA graphs), "
                                     "{:8.2f} ms (host launches)\n"),
                          s, side[0].ms.back(), side[1].ms.back(), side[2].ms.back());
@@ -273,6 +286,13 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
                                 "capture{}{}; without graphs {:.2f} ms/step ({:.2f}x the graphs')\n"),
                      cs.graphs, cs.graph_launches, cs.graph_captures, cs.graph_refused,
                      cs.graph_refusal.empty() ? "" : "; the last: ", cs.graph_refusal, host_ms, host_ms / compiled_ms);
+  auto parts = [&](const Side& d) {
+    return nlohmann::json{{"forward_backward", median(d.fb_ms)}, {"step_optimizer", median(d.opt_ms)}};
+  };
+  out << fmt::format(FMT_STRING("  parts (forward_backward + step_optimizer, ms): eager {:.2f} + {:.2f}, compiled "
+                                "{:.2f} + {:.2f}, without graphs {:.2f} + {:.2f}\n"),
+                     median(side[0].fb_ms), median(side[0].opt_ms), median(side[1].fb_ms), median(side[1].opt_ms),
+                     median(side[2].fb_ms), median(side[2].opt_ms));
   return {{"eager_ms", eager_ms},
           {"compiled_ms", compiled_ms},
           {"speedup", eager_ms / compiled_ms},
@@ -284,6 +304,8 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
             {"refused", cs.graph_refused},
             {"last_refusal", cs.graph_refusal},
             {"speedup_over_host_launches", host_ms / compiled_ms}}},
+          {"parts_ms",
+           {{"eager", parts(side[0])}, {"compiled", parts(side[1])}, {"compiled_without_graphs", parts(side[2])}}},
           {"same_bits", same_bits},
           {"replays", cs.replays},
           {"kernels_per_step", cs.launches},

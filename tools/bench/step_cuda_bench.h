@@ -14,7 +14,9 @@
 //    "bitwise": {"step_ms", "cost": bitwise / fast, "loss"} | null,
 //    "compile": {"eager_ms", "compiled_ms", "speedup", "compiled_without_graphs_ms",
 //                "graphs": {"graphs", "graph_launches", "captures", "refused", "last_refusal",
-//                           "speedup_over_host_launches"}, "same_bits", "replays",
+//                           "speedup_over_host_launches"},
+//                "parts_ms": {"eager"|"compiled"|"compiled_without_graphs":
+//                             {"forward_backward", "step_optimizer"}}, "same_bits", "replays",
 //                "kernels_per_step", "step_memory_mib": {..}, "refused"} | null,
 //    "torch": {"eager": {..}, "compile": {..}} | null}
 // "compile" (skip with --no-compile): the same steps through tessel::Run,
