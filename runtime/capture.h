@@ -497,7 +497,7 @@ class Program {
     int64_t graphs = 0;          // graphs in use
     int64_t graph_launches = 0;  // the launches inside them
     int64_t captures = 0;        // captures made, again-captures included
-    int64_t refused = 0;         // launches a capture refused (run from the host)
+    int64_t refused = 0;         // launches a capture refused, and runs whose buffers kept moving (from the host)
     std::string last_refusal;    // why, the last time
   };
   GraphStats graph_stats() const;
