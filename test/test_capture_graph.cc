@@ -35,6 +35,7 @@ std::vector<void*> addresses_of(const std::vector<capture::Launch*>& launches) {
 
 struct FakeGraphs final : capture::GraphBackend {
   std::set<std::string> refuse;  // kernel names a capture refuses
+  bool fail_whole = false;        // every capture fails as a whole (GraphRefused with no launch)
   int64_t captures = 0, launched = 0;
   int64_t stale = 0;  // graphs launched with a buffer elsewhere than at their capture (must stay 0)
 
@@ -56,6 +57,7 @@ struct FakeGraphs final : capture::GraphBackend {
 
   std::unique_ptr<capture::Graph> capture(Device, const std::vector<capture::Launch*>& launches) override {
     ++captures;
+    if (fail_whole) throw capture::GraphRefused("the fake backend fails the whole capture", -1);
     for (size_t i = 0; i < launches.size(); ++i)
       if (refuse.count(launches[i]->name))
         throw capture::GraphRefused(std::string("the fake backend refuses '") + launches[i]->name + "'", int64_t(i));
@@ -206,4 +208,74 @@ TEST_CASE("graphs: a graph whose buffers moved is captured again; after three mo
   CHECK(!p->release_unheld());
   CHECK(p->held_bytes() == p->bytes());
   CHECK(fake.graphs.stale == 0);
+}
+
+// A small program of elementwise launches, recorded without fusion (each
+// launch its own, so the graph's).
+struct Elementwise {
+  std::unique_ptr<capture::Program> p;
+  Tensor y;
+  int out = -1;
+  static Tensor step(const Tensor& in) { return neg(exp(in * in) + in) * in; }
+  Elementwise() {
+    NoGradGuard no_grad;
+    Tensor in = randn({64}, PhiloxKey{kSeed, 40});
+    capture::Recorder rec("elementwise");
+    rec.fuse_elementwise = false;
+    rec.input(in);
+    y = step(in);
+    out = rec.output(y);
+    p = rec.finish();
+    p->use_graphs(true);
+  }
+  // Replays with a new input each time (copied in: the buffer stays); true
+  // when every replay gave the eager bits.
+  bool replays(int n) {
+    bool ok = true;
+    for (int k = 0; k < n; ++k) {
+      NoGradGuard no_grad;
+      const Tensor x = randn({64}, PhiloxKey{kSeed, 50 + uint64_t(k)});
+      p->set_input(0, x);
+      p->replay();
+      ok = ok && bitwise_equal(p->output(out, y), step(x));
+    }
+    return ok;
+  }
+};
+
+TEST_CASE("graphs: refused launches split their run until every part is a graph or runs from the host",
+          "[compile][graphs]") {
+  FakeOnCpu fake;
+  {
+    Elementwise e;
+    const int64_t n = e.p->launches();
+    REQUIRE(n >= 5);  // mul, exp, add, neg, mul
+    CHECK(e.replays(2));
+    CHECK(e.p->graph_stats().graphs == 1);  // the whole program
+    CHECK(e.p->graph_stats().graph_launches == n);
+  }
+  {
+    // Every unary launch refused: the run splits at each, one capture at a
+    // time (a replay finds the next refusal), and every replay is right.
+    fake.graphs.refuse = {"unary"};
+    Elementwise e;
+    CHECK(e.replays(5));
+    const capture::Program::GraphStats g = e.p->graph_stats();
+    INFO(g.last_refusal);
+    CHECK(g.refused == 2);  // exp, then neg
+    CHECK(g.last_refusal.find("unary") != std::string::npos);
+    CHECK(g.captures == g.graphs + g.refused);
+    CHECK(fake.graphs.stale == 0);
+  }
+  {
+    // A capture that fails as a whole: its run launches from the host for good.
+    fake.graphs.refuse.clear();
+    fake.graphs.fail_whole = true;
+    Elementwise e;
+    CHECK(e.replays(3));
+    const capture::Program::GraphStats g = e.p->graph_stats();
+    CHECK(g.graphs == 0);
+    CHECK(g.captures == 1);
+    CHECK(g.refused == 1);
+  }
 }
