@@ -31,7 +31,7 @@ AllocatorStats& CachingAllocator::dev(int device) {
 
 void* CachingAllocator::allocate(size_t nbytes, Stream stream) {
   if (nbytes == 0) return nullptr;
-  int device = stream.device.type == type_ ? stream.device.index : 0;
+  const int device = stream.device.type == type_ ? stream.device.index : 0;
   const size_t cls = device_size_class(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* s = nullptr;
@@ -59,7 +59,7 @@ void* CachingAllocator::allocate(size_t nbytes, Stream stream) {
     st.cached_bytes -= int64_t(cls);
   } else {
     const bool over_limit = limit_ > 0 && st.current_bytes + st.cached_bytes + int64_t(cls) > limit_;
-    if (over_limit) release_cached_locked(device);  // (never a pool's blocks)  // a full cache must not be what refuses a request
+    if (over_limit) release_cached_locked(device);  // a full cache must not be what refuses a request (pools kept)
     if (!(limit_ > 0 && st.current_bytes + int64_t(cls) > limit_)) {
       p = backend_->raw_alloc(device, cls);
       if (!p) {
