@@ -17,7 +17,8 @@
 #   then the toolkit's lib64 dirs found on the machine) and says which are
 #   missing, runs gpu_tests (Catch2; its [tessel-summary] line counts test
 #   cases) and the step bench (nanogpt gpt2-124m in fast mode, which also times
-#   bitwise mode and tessel::Run eager against compile mode; its JSON line),
+#   bitwise mode and tessel::Run eager against compile mode with and without
+#   CUDA graphs; its JSON line and compile mode's lines),
 #   copies logs to $OUT when set, and ends with one line:
 #     gpu_check: tests N passed, M failed, K skipped; bench <status>
 #   Extra args are Catch2 test-name filters (wildcards allowed; a case
@@ -253,6 +254,9 @@ run() {
     local rc=$?
     (( rc != 0 )) && bench_status="failed (rc=$rc)"
     grep -a -v '^{' "$out/bench_step_cuda.log" | tail -n 12 | cut -c1-300
+    # Compile mode's lines (eager / compiled / CUDA graphs / the step's parts), wherever they fell.
+    echo "-- compile mode --"
+    grep -a -E '^tessel::Run |^  CUDA graphs: |^  parts |^compile mode comparison failed' "$out/bench_step_cuda.log" | cut -c1-400
     grep -a '^{' "$out/bench_step_cuda.log" | tail -n 1 | tee "$out/bench_step_cuda.json"
   fi
   echo "gpu_check: $(( $(date +%s) - t_start )) s"
