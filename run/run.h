@@ -158,7 +158,8 @@ struct RunOptions {
   // Compile mode on a GPU (docs/compile.md, "On a GPU"): the replay's runs
   // of kernels are captured into CUDA graphs and launched as one each (the
   // same kernels on the same buffers: the same bits). false: every kernel
-  // is launched from the host. No effect on the CPU.
+  // is launched from the host. No effect on the CPU. The environment
+  // variable TESSEL_CUDA_GRAPHS=0 turns graphs off for the whole process.
   bool compile_graphs = true;
   // Mixed mode (nn/compiled_module.h, docs/compile.md "Mixed mode"): none,
   // attention (every nn::Attention) or blocks (every block of an

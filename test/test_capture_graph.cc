@@ -8,6 +8,7 @@
 // runs in gpu_tests.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <memory>
 #include <set>
 #include <string>
@@ -140,6 +141,13 @@ TEST_CASE("graphs: a replay launches its runs of kernels as graphs, with the eag
   CHECK(plain.stats.graphs == 0);
   CHECK(plain.stats.graph_captures == 0);
   CHECK(plain.hash == eager.hash);
+  // TESSEL_CUDA_GRAPHS=0: none either, whatever the options ask.
+  setenv("TESSEL_CUDA_GRAPHS", "0", 1);
+  const Trained off = train(true, true);
+  unsetenv("TESSEL_CUDA_GRAPHS");
+  CHECK(off.stats.graphs == 0);
+  CHECK(off.stats.graph_captures == 0);
+  CHECK(off.hash == eager.hash);
 }
 
 TEST_CASE("graphs: a launch a capture refuses runs from the host and splits its run; the eager bits",
