@@ -957,7 +957,7 @@ void Program::replay_range(int64_t begin, int64_t end) {
 
 // ---- device graphs -------------------------------------------------------------------------------------------
 namespace {
-GraphBackend* g_graph_backends[8] = {};
+GraphBackend* g_graph_backends[kNumDeviceTypes] = {};  // (as runtime/allocator.cc's registry)
 }
 
 void set_graph_backend(DeviceType type, GraphBackend* backend) {
