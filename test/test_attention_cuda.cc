@@ -169,3 +169,30 @@ TEST_CASE("CUDA fast mode: cuDNN flash attention matches the CPU within bf16 rou
         {q, k, v}, tol);
   }
 }
+
+TEST_CASE("CUDA fast mode: cuDNN flash attention's backward gives the same bits every run") {
+  TESSEL_REQUIRE_GPU();
+  numerics::GemmModeGuard mode(numerics::GemmMode::Fast);
+  if (!kernels::attention_fast_forward.has(DeviceType::CUDA))
+    TESSEL_SKIP("built without cuDNN's frontend (tools/deps.sh installs it where CUDA is)");
+  // GPT-2's head shape and a sequence of many key blocks: dQ sums the
+  // blocks' pieces, which cuDNN's default backward does with atomics on
+  // Hopper (docs/design.md §4 level 2 promises the same bits every run).
+  const Dims shape{4, 1024, 12, 64};
+  const Tensor q0 = to_cuda(uniform(shape, 41, -1, 1, DType::BFloat16));
+  const Tensor k0 = to_cuda(uniform(shape, 42, -1, 1, DType::BFloat16));
+  const Tensor v0 = to_cuda(uniform(shape, 43, -1, 1, DType::BFloat16));
+  const Tensor dout = to_cuda(uniform({4, 12, 1024, 64}, 44, -1, 1, DType::BFloat16));
+  std::vector<std::vector<Tensor>> runs;
+  for (int r = 0; r < 3; ++r) {
+    Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(), v = v0.detach().requires_grad_();
+    Tensor out = attend({q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)}, 0.0);
+    out.backward(dout);
+    runs.push_back({out.detach(), q.grad(), k.grad(), v.grad()});
+  }
+  for (int r = 1; r < 3; ++r)
+    for (int i = 0; i < 4; ++i) {
+      INFO("run " << r << ", " << (i == 0 ? "out" : i == 1 ? "dq" : i == 2 ? "dk" : "dv"));
+      CHECK_SAME_BITS(runs[r][size_t(i)], runs[0][size_t(i)]);
+    }
+}

@@ -154,9 +154,15 @@ void backward_cudnn(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                                .set_dim({q.size(0), q.size(1), q.size(2), 1})
                                .set_stride({q.size(1) * q.size(2), q.size(2), 1, 1})
                                .set_data_type(fe::DataType_t::FLOAT));
-    auto opts =
-        fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(float(scale)).set_causal_mask(
-            true);
+    // The deterministic algorithm: by default cuDNN's backward adds dQ's
+    // pieces with atomics on Hopper, so two runs of the same step differed
+    // (found by the GPU bench's eager / compiled comparison on GPT-2 124M);
+    // fast mode promises run-to-run bits (docs/design.md §4 level 2).
+    auto opts = fe::graph::SDPA_backward_attributes()
+                    .set_name("sdpa_backward")
+                    .set_attn_scale(float(scale))
+                    .set_causal_mask(true)
+                    .set_deterministic_algorithm(true);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
     dQ->set_output(true).set_uid(kDQ).set_dim(dims_of(dq)).set_stride(strides_of(dq));
     dK->set_output(true).set_uid(kDK).set_dim(dims_of(dk)).set_stride(strides_of(dk));

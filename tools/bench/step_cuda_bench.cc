@@ -272,16 +272,26 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
   }
   const double eager_ms = median(side[0].ms), compiled_ms = median(side[1].ms), host_ms = median(side[2].ms);
   bool same_bits = true;
-  for (int k = 1; k < kSides; ++k)
-    same_bits = same_bits && side[0].loss_bits == side[k].loss_bits && side[0].hash == side[k].hash;
+  std::string differs;  // which side left eager's bits, and where
+  const char* side_name[kSides] = {"eager", "compiled (CUDA graphs)", "compiled (host launches)"};
+  for (int k = 1; k < kSides; ++k) {
+    if (side[0].loss_bits == side[k].loss_bits && side[0].hash == side[k].hash) continue;
+    same_bits = false;
+    size_t step = 0;
+    while (step < side[0].loss_bits.size() && side[0].loss_bits[step] == side[k].loss_bits[step]) ++step;
+    differs += fmt::format(FMT_STRING("; {}: {}"), side_name[k],
+                           step < side[0].loss_bits.size()
+                               ? fmt::format(FMT_STRING("the loss differs from step {}"), step)
+                               : std::string("every loss equal, the parameters' hash differs"));
+  }
   const CompileStats& cs = side[1].stats;
   const double mib = 1 << 20;
   out << fmt::format(FMT_STRING("tessel::Run gemm={}: eager {:.2f} ms/step, compiled {:.2f} ms/step ({:.2f}x); {} "
                                 "kernels replayed per step, {} replays; step memory {:.0f} / {:.0f} MiB; the same "
                                 "bits: {}{}\n"),
                      o.gemm, eager_ms, compiled_ms, eager_ms / compiled_ms, cs.launches, cs.replays,
-                     median(side[0].step_bytes) / mib, median(side[1].step_bytes) / mib, same_bits ? "yes" : "NO",
-                     cs.refused.empty() ? std::string() : "; compile mode stopped: " + cs.refused);
+                     median(side[0].step_bytes) / mib, median(side[1].step_bytes) / mib,
+                     same_bits ? "yes" : "NO" + differs, cs.refused.empty() ? std::string() : "; compile mode stopped: " + cs.refused);
   out << fmt::format(FMT_STRING("  CUDA graphs: {} of {} launches each step, {} capture(s), {} launch(es) refused by a "
                                 "capture{}{}; without graphs {:.2f} ms/step ({:.2f}x the graphs')\n"),
                      cs.graphs, cs.graph_launches, cs.graph_captures, cs.graph_refused,
@@ -307,6 +317,7 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
           {"parts_ms",
            {{"eager", parts(side[0])}, {"compiled", parts(side[1])}, {"compiled_without_graphs", parts(side[2])}}},
           {"same_bits", same_bits},
+          {"differs", differs.empty() ? differs : differs.substr(2)},
           {"replays", cs.replays},
           {"kernels_per_step", cs.launches},
           {"step_memory_mib",
