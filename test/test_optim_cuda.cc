@@ -54,6 +54,21 @@ TEST_CASE("CUDA sum_squares, grad norm and clipping equal the CPU") {
       CHECK_SAME_BITS(g, c);
     }
   }
+  // 16-bit gradients, and chunks of several shared-memory tiles (4096
+  // elements) with a partial last one, around the tiles' edges.
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    for (int v : {1, 16}) {
+      for (int64_t n : {int64_t(4096) * v, int64_t(4096) * v - 1, int64_t(4096) * v + 1, int64_t(3 * 4096 + 5) * v + 7,
+                        int64_t(38597376)}) {
+        Tensor x = uniform({n}, 79, -3, 3, dt);
+        Tensor c = zeros({1}), g = zeros({1}, TensorOptions().with_device(kCuda));
+        kernels::sum_squares(kCPU, x, v, c);
+        kernels::sum_squares(kCuda, to_cuda(x), v, g);
+        INFO(dtype_name(dt) << " V " << v << " n " << n);
+        CHECK_SAME_BITS(g, c);
+      }
+    }
+  }
   // clip_grad_norm_ over several parameters on the GPU.
   std::vector<Tensor> pc, pg;
   for (int i = 0; i < 5; ++i) {
