@@ -53,7 +53,19 @@ __device__ Acc block_canonical_reduce(int64_t n, int V, Acc identity, Load load,
     Acc acc = identity;
     if (c < V) {
       const int64_t b = numerics::chunk_begin(n, V, c), e = numerics::chunk_end(n, V, c);
-      for (int64_t t = b + lane; t < e; t += 8) acc = comb(acc, load(t));
+      // kBatch of the lane's elements are loaded before they are added (in
+      // order): that many loads in flight, where one add waiting on each
+      // load left the kernel bound by memory latency.
+      constexpr int kBatch = 8;
+      int64_t t = b + lane;
+      for (; t + 8 * (kBatch - 1) < e; t += 8 * kBatch) {
+        Acc v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) v[u] = load(t + 8 * u);
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) acc = comb(acc, v[u]);
+      }
+      for (; t < e; t += 8) acc = comb(acc, load(t));
     }
     acc = lane_tree_shfl(acc, comb);
     if (lane == 0 && c < V) smem[c] = acc;
@@ -78,6 +90,15 @@ __device__ __forceinline__ Acc chunk_reduce_lanes(int64_t b, int64_t e, Acc iden
 #pragma unroll
   for (int q = 0; q < 8; ++q) l[q] = identity;
   int64_t t = b;
+  // 32 elements loaded before they are added (each lane's in order): 32
+  // loads in flight per thread, not 8 (memory latency bound the column sums).
+  for (; t + 32 <= e; t += 32) {
+    Acc v[32];
+#pragma unroll
+    for (int u = 0; u < 32; ++u) v[u] = load(t + u);
+#pragma unroll
+    for (int u = 0; u < 32; ++u) l[u & 7] = comb(l[u & 7], v[u]);
+  }
   for (; t + 8 <= e; t += 8) {
 #pragma unroll
     for (int q = 0; q < 8; ++q) l[q] = comb(l[q], load(t + q));
