@@ -255,7 +255,8 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
         } else if (s >= warmup) {
           d.ms.push_back(ms);
           d.step_bytes.push_back(double(alloc->stats().peak_bytes - before) +
-                                 double(d.run->compile_stats().held_bytes));
+                                 double(d.run->compile_stats().held_bytes) +
+                                 double(d.run->compile_stats().modules.held_bytes));
         }
       });
     }
@@ -286,10 +287,17 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
   }
   const CompileStats& cs = side[1].stats;
   const double mib = 1 << 20;
-  out << fmt::format(FMT_STRING("tessel::Run gemm={}: eager {:.2f} ms/step, compiled {:.2f} ms/step ({:.2f}x); {} "
-                                "kernels replayed per step, {} replays; step memory {:.0f} / {:.0f} MiB; the same "
-                                "bits: {}{}\n"),
-                     o.gemm, eager_ms, compiled_ms, eager_ms / compiled_ms, cs.launches, cs.replays,
+  // A model with MoE layers compiles in mixed mode (its attention modules
+  // replayed, the rest eager): the module calls replayed say what it did.
+  const nn::ModuleCompileStats& mm = cs.modules;
+  const std::string what =
+      mm.modules > 0
+          ? fmt::format(FMT_STRING("mixed mode: {} of {} module calls replayed, {} launches per call{}{}"),
+                        mm.replayed, mm.calls, mm.launches, mm.refused.empty() ? "" : "; refused: ", mm.refused)
+          : fmt::format(FMT_STRING("{} kernels replayed per step, {} replays"), cs.launches, cs.replays);
+  out << fmt::format(FMT_STRING("tessel::Run gemm={}: eager {:.2f} ms/step, compiled {:.2f} ms/step ({:.2f}x); {}; "
+                                "step memory {:.0f} / {:.0f} MiB; the same bits: {}{}\n"),
+                     o.gemm, eager_ms, compiled_ms, eager_ms / compiled_ms, what,
                      median(side[0].step_bytes) / mib, median(side[1].step_bytes) / mib,
                      same_bits ? "yes" : "NO" + differs, cs.refused.empty() ? std::string() : "; compile mode stopped: " + cs.refused);
   out << fmt::format(FMT_STRING("  CUDA graphs: {} of {} launches each step, {} capture(s), {} launch(es) refused by a "
@@ -319,6 +327,7 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
           {"same_bits", same_bits},
           {"differs", differs.empty() ? differs : differs.substr(2)},
           {"replays", cs.replays},
+          {"module_calls_replayed", mm.replayed},  // mixed mode (MoE models)
           {"kernels_per_step", cs.launches},
           {"step_memory_mib",
            {{"eager", median(side[0].step_bytes) / mib}, {"compiled", median(side[1].step_bytes) / mib}}},

@@ -16,7 +16,9 @@
 //                "graphs": {"graphs", "graph_launches", "captures", "refused", "last_refusal",
 //                           "speedup_over_host_launches"},
 //                "parts_ms": {"eager"|"compiled"|"compiled_without_graphs":
-//                             {"forward_backward", "step_optimizer"}}, "same_bits", "replays",
+//                             {"forward_backward", "step_optimizer"}}, "same_bits",
+//                "differs" (which side left eager's bits, from which step; "" if none),
+//                "replays", "module_calls_replayed" (mixed mode: a model with MoE layers),
 //                "kernels_per_step", "step_memory_mib": {..}, "refused"} | null,
 //    "torch": {"eager": {..}, "compile": {..}} | null}
 // "compile" (skip with --no-compile): the same steps through tessel::Run,
