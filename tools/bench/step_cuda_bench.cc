@@ -300,9 +300,10 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
                      o.gemm, eager_ms, compiled_ms, eager_ms / compiled_ms, what,
                      median(side[0].step_bytes) / mib, median(side[1].step_bytes) / mib,
                      same_bits ? "yes" : "NO" + differs, cs.refused.empty() ? std::string() : "; compile mode stopped: " + cs.refused);
-  out << fmt::format(FMT_STRING("  CUDA graphs: {} of {} launches each step, {} capture(s), {} launch(es) refused by a "
-                                "capture{}{}; without graphs {:.2f} ms/step ({:.2f}x the graphs')\n"),
-                     cs.graphs, cs.graph_launches, cs.graph_captures, cs.graph_refused,
+  out << fmt::format(FMT_STRING("  CUDA graphs: {} graph(s) holding {} of the {} launches each step, {} capture(s), {} "
+                                "launch(es) refused by a capture{}{}; without graphs {:.2f} ms/step ({:.2f}x the "
+                                "graphs')\n"),
+                     cs.graphs, cs.graph_launches, cs.launches, cs.graph_captures, cs.graph_refused,
                      cs.graph_refusal.empty() ? "" : "; the last: ", cs.graph_refusal, host_ms, host_ms / compiled_ms);
   auto parts = [&](const Side& d) {
     return nlohmann::json{{"forward_backward", median(d.fb_ms)}, {"step_optimizer", median(d.opt_ms)}};
