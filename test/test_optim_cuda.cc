@@ -55,7 +55,8 @@ TEST_CASE("CUDA sum_squares, grad norm and clipping equal the CPU") {
     }
   }
   // 16-bit gradients, and chunks of several shared-memory tiles (4096
-  // elements) with a partial last one, around the tiles' edges.
+  // elements) with a partial last one, around the tiles' edges; the last
+  // size is GPT-2's token embedding gradient (50257 x 768).
   for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
     for (int v : {1, 16}) {
       for (int64_t n : {int64_t(4096) * v, int64_t(4096) * v - 1, int64_t(4096) * v + 1, int64_t(3 * 4096 + 5) * v + 7,
