@@ -31,13 +31,23 @@ class KernelTable<void(A...)> {
   // `access`: how the kernel treats its tensors (capture::Access; compile
   // mode fuses runs of Elementwise kernels).
   constexpr explicit KernelTable(const char* name, capture::Access access = capture::Access::Other)
-      : name_(name), access_(access), fns_{} {}
+      : name_(name), access_(access), fuse_(nullptr), fns_{} {}
 
   bool set(DeviceType d, Fn fn) {
     fns_[static_cast<int>(d)] = fn;
     return true;
   }
   bool has(DeviceType d) const { return fns_[static_cast<int>(d)] != nullptr; }
+  // How a launch of this table is one step of a fused device kernel
+  // (compile mode, docs/compile.md "Fusion"; kernels/fused_chain.cc): it
+  // sets the step's kind and op from the launch's arguments (its tensors
+  // are unbound then: only the other arguments may be read), or returns
+  // false. Set once, at start-up.
+  using Fuse = bool (*)(capture::FusedStep*, A...);
+  bool set_fusion(Fuse fuse) {
+    fuse_ = fuse;
+    return true;
+  }
   const char* name() const { return name_; }
 
   template <class... Args>
@@ -47,7 +57,7 @@ class KernelTable<void(A...)> {
     if (TESSEL_UNLIKELY(!fn)) throw_missing_kernel(name_, d);
     if (TESSEL_UNLIKELY(capture::active() != nullptr)) {  // compile mode: recorded too (runtime/capture.h)
       capture::Recorder& r = *capture::active();
-      if (r.depth == 0) r.kernel(name_, access_, fn, args...);
+      if (r.depth == 0) r.kernel(name_, access_, fn, fuse_, args...);
       struct Depth {
         int& d;
         ~Depth() { --d; }
@@ -61,6 +71,7 @@ class KernelTable<void(A...)> {
  private:
   const char* name_;
   capture::Access access_;
+  Fuse fuse_ = nullptr;
   Fn fns_[kNumDeviceTypes];
 };
 

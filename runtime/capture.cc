@@ -939,6 +939,7 @@ void Program::replay_range(int64_t begin, int64_t end) {
       run_segment(seg);  // (may split it)
       i = past;
       seg = next_segment(i);
+      while (chain != chains_.end() && chain->begin < i) ++chain;  // (device chains the segment ran)
       continue;
     }
     if (chain != chains_.end() && chain->begin == i) {
@@ -976,12 +977,41 @@ void Program::use_graphs(bool on) {
   segments_planned_ = false;
 }
 
+// A device chain (a fused elementwise chain as one kernel) as one launch of
+// a device graph's capture.
+class ChainLaunch final : public Launch {
+ public:
+  ChainLaunch(Program* program, size_t chain) : program_(program), chain_(chain) {
+    name = program->chains_[chain].name.c_str();
+  }
+  void run() override { program_->run_chain(program_->chains_[chain_]); }
+  void bind(const std::vector<std::shared_ptr<StorageImpl>>&) override {}
+  void refresh(const PerCall&) override {}
+
+ private:
+  Program* program_;
+  size_t chain_;
+};
+
+Program::Chain* Program::device_chain_at(int64_t i) {
+  auto it = std::lower_bound(chains_.begin(), chains_.end(), i, [](const Chain& c, int64_t at) { return c.begin < at; });
+  return it != chains_.end() && it->begin == i && it->on_device ? &*it : nullptr;
+}
+
+void Program::run_from_host(int64_t from, int64_t to) {
+  for (int64_t i = from; i < to;) {
+    if (Chain* c = device_chain_at(i)) {
+      run_chain(*c);
+      i = c->end;
+    } else {
+      launches_[size_t(i++)]->run();
+    }
+  }
+}
+
 void Program::plan_segments() {
   segments_.clear();
   segments_planned_ = true;
-  std::vector<char> in_chain(launches_.size(), 0);
-  for (const Chain& c : chains_)
-    for (int64_t i = c.begin; i < c.end; ++i) in_chain[size_t(i)] = 1;
   Segment cur;
   auto close = [&](int64_t at) {
     if (cur.end - cur.begin >= 2) segments_.push_back(std::move(cur));  // (one launch: nothing to save)
@@ -989,14 +1019,35 @@ void Program::plan_segments() {
     cur.begin = cur.end = at;
   };
   close(0);
-  for (int64_t i = 0; i < int64_t(launches_.size()); ++i) {
+  size_t k = 0;  // the next chain
+  for (int64_t i = 0; i < int64_t(launches_.size());) {
+    // A unit: one launch, or a whole chain -- graphable when it is one
+    // device kernel whose launches are all graphable on that device (a CPU
+    // chain's tiles never are).
     Device d;
-    const bool ok = !in_chain[size_t(i)] && launches_[size_t(i)]->graphable(&d) && graph_backend(d.type) != nullptr;
-    if (!ok || (cur.end > cur.begin && !(d == cur.device))) close(ok ? i : i + 1);
-    if (!ok) continue;
-    if (cur.end == cur.begin) cur.begin = i;
-    cur.device = d;
-    cur.end = i + 1;
+    bool ok = false;
+    int64_t next = i + 1;
+    if (k < chains_.size() && chains_[k].begin == i) {
+      Chain& c = chains_[k];
+      next = c.end;
+      d = c.device;
+      ok = c.on_device && graph_backend(d.type) != nullptr;
+      for (int64_t l = c.begin; ok && l < c.end; ++l) {
+        Device dl;
+        ok = launches_[size_t(l)]->graphable(&dl) && dl == d;
+      }
+      if (ok && !c.as_launch) c.as_launch = std::make_unique<ChainLaunch>(this, k);
+      ++k;
+    } else {
+      ok = launches_[size_t(i)]->graphable(&d) && graph_backend(d.type) != nullptr;
+    }
+    if (!ok || (cur.end > cur.begin && !(d == cur.device))) close(ok ? i : next);
+    if (ok) {
+      if (cur.end == cur.begin) cur.begin = i;
+      cur.device = d;
+      cur.end = next;
+    }
+    i = next;
   }
   close(int64_t(launches_.size()));
 }
@@ -1015,9 +1066,6 @@ bool Program::graphs_held() const {
 
 void Program::run_segment(size_t k) {
   Segment& s = segments_[k];
-  auto run_from_host = [&](int64_t from, int64_t to) {
-    for (int64_t i = from; i < to; ++i) launches_[size_t(i)]->run();
-  };
   if (s.graph && !addresses_unchanged(s)) {
     // A buffer moved (an arena given back and allocated elsewhere, a
     // storage refilled in place): the graph would use the old memory.
@@ -1032,8 +1080,19 @@ void Program::run_segment(size_t k) {
   }
   if (s.direct) return run_from_host(s.begin, s.end);
   if (!s.graph) {
+    // Its units in order: launches, and device chains as one launch each
+    // (starts: where each begins, to map a refusal back to launches).
     std::vector<Launch*> list;
-    for (int64_t i = s.begin; i < s.end; ++i) list.push_back(launches_[size_t(i)].get());
+    std::vector<int64_t> starts;
+    for (int64_t i = s.begin; i < s.end;) {
+      starts.push_back(i);
+      if (Chain* c = device_chain_at(i)) {
+        list.push_back(c->as_launch.get());
+        i = c->end;
+      } else {
+        list.push_back(launches_[size_t(i++)].get());
+      }
+    }
     ++graph_stats_.captures;
     try {
       s.graph = graph_backend(s.device.type)->capture(s.device, list);
@@ -1044,12 +1103,14 @@ void Program::run_segment(size_t k) {
       // replay).
       ++graph_stats_.refused;
       graph_stats_.last_refusal = e.what();
-      const int64_t begin = s.begin, end = s.end, bad = e.launch >= 0 ? s.begin + e.launch : -1;
+      const int64_t begin = s.begin, end = s.end;
       const Device device = s.device;
-      if (bad < 0 || bad >= end) {
+      if (e.launch < 0 || e.launch >= int64_t(starts.size())) {
         s.direct = true;
         return run_from_host(begin, end);
       }
+      const int64_t bad = starts[size_t(e.launch)];
+      const int64_t bad_end = e.launch + 1 < int64_t(starts.size()) ? starts[size_t(e.launch + 1)] : end;
       std::vector<Segment> parts;
       auto part = [&](int64_t b, int64_t e2, bool direct) {
         if (e2 <= b) return;
@@ -1061,8 +1122,8 @@ void Program::run_segment(size_t k) {
         parts.push_back(std::move(p));
       };
       part(begin, bad, false);
-      part(bad, bad + 1, true);
-      part(bad + 1, end, false);
+      part(bad, bad_end, true);
+      part(bad_end, end, false);
       segments_.erase(segments_.begin() + std::ptrdiff_t(k));
       segments_.insert(segments_.begin() + std::ptrdiff_t(k), std::make_move_iterator(parts.begin()),
                        std::make_move_iterator(parts.end()));
@@ -1071,8 +1132,9 @@ void Program::run_segment(size_t k) {
     s.addresses.clear();
     std::vector<const TensorArg*> args;
     for (int64_t i = s.begin; i < s.end; ++i) launches_[size_t(i)]->tensor_args(args);
-    for (const TensorArg* a : args)
-      if (a->buffer >= 0 && a->view.defined()) s.addresses.emplace_back(a->view.storage().get(), a->view.storage()->data());
+    for (const TensorArg* a : args)  // (a device chain's registers have no storage)
+      if (a->buffer >= 0 && a->view.defined() && a->view.storage())
+        s.addresses.emplace_back(a->view.storage().get(), a->view.storage()->data());
     std::sort(s.addresses.begin(), s.addresses.end());
     s.addresses.erase(std::unique(s.addresses.begin(), s.addresses.end()), s.addresses.end());
   }

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/fused_program.h"
 #include "runtime/global_block.h"
 #include "runtime/philox.h"
 #include "runtime/scalar.h"
@@ -177,6 +178,14 @@ class Launch {
     (void)device;
     return false;
   }
+  // What this launch computes as one step of a fused device kernel
+  // (FusedBackend): its kind and op, when its kernel table describes it
+  // (KernelTable::set_fusion; the tensors are its tensor_args, the last
+  // one written). False: it cannot be a step of one.
+  virtual bool fused_step(FusedStep* step) const {
+    (void)step;
+    return false;
+  }
   const char* name = "";
   Access access = Access::Other;
   std::string fingerprint;  // arguments, buffer numbers and key slots
@@ -234,6 +243,22 @@ class GraphBackend {
 void set_graph_backend(DeviceType type, GraphBackend* backend);
 GraphBackend* graph_backend(DeviceType type);
 
+// ---- fused chains as one kernel ------------------------------------------------------------------------
+// A device backend that runs a fused elementwise chain (runtime/
+// fused_program.h) as one kernel on the device's current stream
+// (kernels/cuda/fused_chain.cu registers CUDA's). On a device type with
+// one, compile mode replays each chain of elementwise launches as one
+// kernel; without one (the CPU), tile by tile (docs/compile.md, "Fusion").
+class FusedBackend {
+ public:
+  virtual ~FusedBackend() = default;
+  virtual void launch(Device device, const FusedProgram& program) = 0;
+};
+// Set once, at start-up, by the backend's own code; tests may set one
+// (kernels::host_fused_backend(): the same interpreter on the host).
+void set_fused_backend(DeviceType type, FusedBackend* backend);
+FusedBackend* fused_backend(DeviceType type);
+
 class Program;
 
 // Thrown (and caught by the caller of the capture) when a step cannot be
@@ -258,8 +283,9 @@ class Recorder {
   int output(const Tensor& t);
 
   // ---- hooks (runtime and kernels call these; nothing else needs to) ----
+  // `fuse`: the table's description of a launch as a fused step (null: none).
   template <class... A, class... Args>
-  void kernel(const char* name, Access access, void (*fn)(A...), Args&&... args);
+  void kernel(const char* name, Access access, void (*fn)(A...), bool (*fuse)(FusedStep*, A...), Args&&... args);
   void storage_created(const StorageImpl* s);
   void storage_destroyed(const StorageImpl* s);
   void host_access(const Tensor& t);
@@ -384,6 +410,7 @@ class Recorder {
   void used_by_next_launch(Buffer& b);
   void place_in_arenas(Program& p);
   void plan_fusion(Program& p);  // capture_fusion.cc
+  void plan_device_chain(Program& p, size_t chain);  // its FusedProgram (a device with a FusedBackend)
   void storage_op(StorageImpl& s, bool release);
 
   std::string label_;
@@ -504,6 +531,7 @@ class Program {
 
  private:
   friend class Recorder;
+  friend class ChainLaunch;
   // Launches [begin, end), all elementwise over one [rows, cols] iteration
   // space, replayed tile by tile: tile t runs every launch of the chain on
   // its rows before tile t + 1 starts, so the chain passes over memory once
@@ -525,6 +553,16 @@ class Program {
     std::shared_ptr<StorageImpl> scratch_storage;
     std::string name;                   // "fused(binary+unary)": profile rows, trace spans
     std::vector<std::vector<std::unique_ptr<Launch>>> tiles;  // per tile, per launch (made by materialize)
+    // On a device with a FusedBackend the chain is one kernel instead of
+    // tiles: `program`'s steps and strides are fixed when it is planned, and
+    // its operands' addresses are read from the bound views at every run
+    // (an arena may be given back and allocated elsewhere between replays).
+    // Its intermediates are registers: no scratch, no tiles.
+    bool on_device = false;
+    Device device;
+    FusedProgram program;
+    std::vector<const TensorArg*> operand_args;  // per operand: where its address comes from (null: a register)
+    std::unique_ptr<Launch> as_launch;  // the device chain as one launch of a device graph (plan_segments)
     int64_t tile_count() const { return (rows + tile_rows - 1) / tile_rows; }
     int64_t slots_now() const;  // workers for it with the thread pool as it is now
   };
@@ -596,6 +634,10 @@ class Program {
     bool direct = false;  // its launches run from the host
   };
   void plan_segments();
+  // The device chain that begins at launch i (null: none).
+  Chain* device_chain_at(int64_t i);
+  // Launches [from, to) from the host, a device chain as its one kernel.
+  void run_from_host(int64_t from, int64_t to);
   // Runs segments_[k] (its graph, captured first if need be, or its
   // launches from the host). May split it (a refused launch).
   void run_segment(size_t k);
@@ -737,7 +779,8 @@ constexpr bool is_tensor_arg_v = std::is_same_v<std::decay_t<T>, Tensor>;
 template <class Fn, class... A>
 class KernelLaunch final : public Launch {
  public:
-  explicit KernelLaunch(Fn fn) : fn_(fn) {}
+  using Fuse = bool (*)(FusedStep*, A...);
+  KernelLaunch(Fn fn, Fuse fuse) : fn_(fn), fuse_(fuse) {}
   template <class... Args>
   void record(Recorder& r, const Args&... args) {
     record_each(r, std::index_sequence_for<A...>{}, args...);
@@ -784,6 +827,13 @@ class KernelLaunch final : public Launch {
       return any;
     }
   }
+  bool fused_step(FusedStep* step) const override {
+    if (!fuse_) return false;
+    bool per_call = false;  // (a value re-made at every replay would be baked into the chain's program)
+    std::apply([&](const auto&... s) { ((per_call = per_call || s.per_call()), ...); }, args_);
+    if (per_call) return false;
+    return std::apply([&](const auto&... s) { return fuse_(step, s.get()...); }, args_);
+  }
 
  private:
   template <class S>
@@ -806,11 +856,13 @@ class KernelLaunch final : public Launch {
     (std::get<I>(args_).record(r, fingerprint, args), ...);
   }
   Fn fn_;
+  Fuse fuse_ = nullptr;
   std::tuple<Stored<std::decay_t<A>>...> args_;
 };
 
 template <class... A, class... Args>
-void Recorder::kernel(const char* name, Access access, void (*fn)(A...), Args&&... args) {
+void Recorder::kernel(const char* name, Access access, void (*fn)(A...), bool (*fuse)(FusedStep*, A...),
+                      Args&&... args) {
   // A launch with no tensor is a query of static facts (does the fast
   // attention apply to these shapes?): nothing to replay.
   if constexpr (!(is_tensor_arg_v<A> || ...)) {
@@ -825,7 +877,7 @@ void Recorder::kernel(const char* name, Access access, void (*fn)(A...), Args&&.
         return;
       }
     }
-    auto launch = std::make_unique<KernelLaunch<void (*)(A...), A...>>(fn);
+    auto launch = std::make_unique<KernelLaunch<void (*)(A...), A...>>(fn, fuse);
     launch->name = name;
     launch->access = access;
     launch->fingerprint = name;

@@ -21,9 +21,22 @@
 // first inside the chain, dead at its end) never goes to memory at all: it
 // lives in a tile-sized scratch per worker, which is the "one pass over
 // memory" of a fused kernel.
+//
+// On a device with a FusedBackend (CUDA's) a chain is one kernel instead:
+// each thread runs every launch of the chain on its own elements, in order
+// (kernels/fused_chain.h), and the intermediates live in registers. The
+// same rules make that sound: a written buffer is seen through one
+// placement, so element i of it is only ever touched by element i's
+// thread; a buffer that takes the bytes of one that died in the chain is
+// written at element i after element i of the other was last read. A
+// launch joins such a chain only if its table describes it as a fused step
+// (KernelTable::set_fusion) with dtypes the kernel takes.
 #include <algorithm>
+#include <cstdlib>
+#include <iterator>
 #include <map>
 #include <set>
+#include <string>
 
 #include "runtime/capture.h"
 #include "runtime/threadpool.h"
@@ -69,11 +82,57 @@ bool row_layout(const TensorArg& a, RowLayout* out) {
   return true;
 }
 
-// One launch that may join a chain: its tensors and their row layouts.
+// Chains as one kernel on a device type: it has a FusedBackend, and for
+// CUDA, TESSEL_CUDA_FUSION=0 does not turn them off (each launch then
+// replays alone there).
+bool device_fusion(DeviceType type) {
+  if (fused_backend(type) == nullptr) return false;
+  if (type != DeviceType::CUDA) return true;
+  static const bool off = [] {
+    const char* e = std::getenv("TESSEL_CUDA_FUSION");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  return !off;
+}
+
+bool fused_type(DType d, FusedType* t) {
+  switch (d) {
+    case DType::Float32: *t = FusedType::Float32; return true;
+    case DType::BFloat16: *t = FusedType::BFloat16; return true;
+    case DType::Float16: *t = FusedType::Float16; return true;
+    case DType::Bool: *t = FusedType::Bool; return true;
+    default: return false;
+  }
+}
+
+// The dtypes a fused step takes (the kernels' own rules, within what
+// kernels/fused_chain.h computes): floats of one dtype; `copy` between any
+// two floats; `where` a bool condition, then floats of one dtype.
+bool fused_types_ok(FusedKind kind, const std::vector<const TensorArg*>& args) {
+  std::vector<FusedType> t;
+  for (const TensorArg* a : args) {
+    FusedType f;
+    if (!fused_type(a->dtype, &f)) return false;
+    t.push_back(f);
+  }
+  const size_t first = kind == FusedKind::Where ? 1 : 0;
+  if (kind == FusedKind::Where && (t.size() != 4 || t[0] != FusedType::Bool)) return false;
+  for (size_t k = first; k < t.size(); ++k) {
+    if (t[k] == FusedType::Bool) return false;
+    if (kind != FusedKind::Copy && t[k] != t[first]) return false;
+  }
+  return true;
+}
+
+// One launch that may join a chain: its tensors and their row layouts, and
+// on a device with fusion, the step it is.
 struct Candidate {
   std::vector<const TensorArg*> args;
   std::vector<RowLayout> layouts;
   int64_t rows = 0, cols = 0;
+  Device device;
+  bool fused = false;  // a step of one device kernel (else: a CPU tile)
+  FusedStep step;
 };
 bool candidate(const Launch& l, Candidate* c) {
   if (l.access != Access::Elementwise) return false;
@@ -82,15 +141,23 @@ bool candidate(const Launch& l, Candidate* c) {
   l.tensor_args(c->args);
   if (c->args.empty()) return false;
   const Dims& shape = c->args[0]->shape;
+  c->device = c->args[0]->device;
   for (const TensorArg* a : c->args) {
     RowLayout r;
-    if (a->buffer < 0 || !a->device.is_cpu() || a->shape != shape || !row_layout(*a, &r)) return false;
+    if (a->buffer < 0 || !(a->device == c->device) || a->shape != shape || !row_layout(*a, &r)) return false;
     c->layouts.push_back(r);
   }
   c->rows = c->layouts[0].rows;
   c->cols = c->layouts[0].cols;
+  if (device_fusion(c->device.type)) {
+    // One kernel: worth it for any size (it saves a launch and a pass).
+    c->fused = true;
+    c->step = FusedStep();
+    return c->rows * c->cols > 0 && l.fused_step(&c->step) && fused_types_ok(c->step.kind, c->args);
+  }
+  c->fused = false;
   // Worth it from two tiles on: a smaller chain's operands fit in cache anyway.
-  return c->rows >= 2 && c->rows * c->cols > kTileElements;
+  return c->device.is_cpu() && c->rows >= 2 && c->rows * c->cols > kTileElements;
 }
 
 // Where element (row, col) of the chain's [rows, cols] lies in a buffer.
@@ -130,8 +197,15 @@ void Recorder::plan_fusion(Program& p) {
       continue;
     }
     const int64_t rows = cand.rows, cols = cand.cols;
+    const Device device = cand.device;
+    const bool fused = cand.fused;
+    // A device kernel's operands: each buffer as each placement sees it
+    // (a buffer only read may be read through two), at most kMaxFusedOperands.
+    std::vector<std::pair<int, ElementMap>> operands;
+    int64_t steps = 0;
     std::map<int, Seen> seen;         // buffers the tiled launches use
     std::set<int> before;             // buffers the prologue writes (whole, before any tile)
+    std::set<int> prologue_uses;      // every buffer the prologue touches (never a scratch or a register)
     std::vector<int64_t> prologue;    // small launches in the chain, run before its tiles
     int64_t j = i, last_tiled = i;
     // Adds tiled launch j's accesses to `seen` if the chain stays sound;
@@ -163,6 +237,16 @@ void Recorder::plan_fusion(Program& p) {
         s.written = s.written || writes;
         if (s.written && !s.one_layout) return false;
       }
+      std::vector<std::pair<int, ElementMap>> more;
+      if (fused) {
+        more = operands;
+        for (size_t k = 0; k < c.args.size(); ++k) {
+          const TensorArg& a = *c.args[k];
+          const std::pair<int, ElementMap> key{a.buffer, {a.offset, c.layouts[k].row_stride, c.layouts[k].col_stride, a.dtype}};
+          if (std::find(more.begin(), more.end(), key) == more.end()) more.push_back(key);
+        }
+        if (int64_t(more.size()) > kMaxFusedOperands || steps + 1 > kMaxFusedSteps) return false;
+      }
       for (const auto& [id, s] : next) {
         if (!s.written) continue;
         const auto [lo, hi] = range_of(id);
@@ -174,6 +258,7 @@ void Recorder::plan_fusion(Program& p) {
         }
       }
       seen = std::move(next);
+      if (fused) operands = std::move(more);
       return true;
     };
     // A small elementwise launch between two of the chain's (the fill of a
@@ -186,10 +271,11 @@ void Recorder::plan_fusion(Program& p) {
       l.tensor_args(args);
       if (args.empty()) return false;
       for (const TensorArg* a : args) {
-        if (a->buffer < 0 || !a->device.is_cpu() || seen.count(a->buffer) > 0 || numel_of(a->shape) > kHoistElements)
+        if (a->buffer < 0 || !(a->device == device) || seen.count(a->buffer) > 0 || numel_of(a->shape) > kHoistElements)
           return false;
       }
       before.insert(args.back()->buffer);
+      for (const TensorArg* a : args) prologue_uses.insert(a->buffer);
       return true;
     };
     for (; j < n; ++j) {
@@ -200,7 +286,9 @@ void Recorder::plan_fusion(Program& p) {
         prologue.push_back(j);
         continue;
       }
-      if (cand.rows != rows || cand.cols != cols || !admit(cand)) break;
+      if (cand.rows != rows || cand.cols != cols || !(cand.device == device) || cand.fused != fused || !admit(cand))
+        break;
+      ++steps;
       last_tiled = j;
     }
     // The chain ends at its last tiled launch (a trailing small launch stays alone).
@@ -228,9 +316,12 @@ void Recorder::plan_fusion(Program& p) {
     for (const auto& [id, s] : seen) {
       Buffer& b = buffers_[size_t(id)];
       // Only this chain uses it, and writes it before anything reads it: a
-      // tile-sized scratch instead of memory of its own.
-      if (b.temporary() && !b.output && s.written && s.first_writes_only && b.first >= i && b.last < end) {
+      // tile-sized scratch instead of memory of its own (a device kernel's
+      // register).
+      if (b.temporary() && !b.output && s.written && s.first_writes_only && b.first >= i && b.last < end &&
+          prologue_uses.count(id) == 0) {
         b.scratch = true;
+        if (fused) continue;
         c.scratch.push_back({id, c.slot_bytes});
         const int64_t bytes = c.tile_rows * cols * int64_t(itemsize(s.at.dtype));
         c.slot_bytes += detail::arena_bytes(bytes);
@@ -270,8 +361,70 @@ void Recorder::plan_fusion(Program& p) {
     for (int id : before) widen(id);  // (the prologue's too: they are written before the chain's first launch)
     c.slots = c.slots_now();  // (its scratch is placed in the arena now: place_in_arenas)
     p.chains_.push_back(std::move(c));
+    if (fused) plan_device_chain(p, p.chains_.size() - 1);
     i = end;
   }
+}
+
+void Recorder::plan_device_chain(Program& p, size_t chain) {
+  Program::Chain& c = p.chains_[chain];
+  c.on_device = true;
+  FusedProgram& fp = c.program;
+  fp = FusedProgram();
+  fp.rows = c.rows;
+  fp.cols = c.cols;
+  std::vector<std::pair<int, ElementMap>> keys;  // per operand
+  for (int64_t l = c.begin; l < c.end; ++l) {
+    if (std::find(c.prologue.begin(), c.prologue.end(), l) != c.prologue.end()) continue;
+    const Launch& launch = *p.launches_[size_t(l)];
+    FusedStep st;
+    const bool described = launch.fused_step(&st);
+    std::vector<const TensorArg*> args;
+    launch.tensor_args(args);
+    TESSEL_CHECK(described && args.size() >= 2 && args.size() <= 4 && fp.num_steps < kMaxFusedSteps, kOp,
+                 "fusing launch {} ('{}') of {}: not a fused step (an internal error)", l, launch.name, p.label_);
+    for (size_t k = 0; k < args.size(); ++k) {
+      const TensorArg& a = *args[k];
+      RowLayout r;
+      row_layout(a, &r);
+      c.device = a.device;
+      const bool in_register = buffers_[size_t(a.buffer)].scratch;
+      // A register is one per buffer (it is written, so seen through one placement).
+      const ElementMap at = in_register ? ElementMap{0, 0, 0, a.dtype} : ElementMap{a.offset, r.row_stride, r.col_stride, a.dtype};
+      const std::pair<int, ElementMap> key{a.buffer, at};
+      auto it = std::find(keys.begin(), keys.end(), key);
+      if (it == keys.end()) {
+        TESSEL_CHECK(fp.num_operands < kMaxFusedOperands, kOp, "fusing {}: too many operands (an internal error)",
+                     p.label_);
+        FusedOperand o;
+        o.row_stride = in_register ? 0 : r.row_stride;
+        o.col_stride = in_register ? 0 : r.col_stride;
+        fused_type(a.dtype, &o.type);
+        o.in_register = in_register ? 1 : 0;
+        fp.operands[fp.num_operands++] = o;
+        c.operand_args.push_back(in_register ? nullptr : &a);
+        keys.push_back(key);
+        it = keys.end() - 1;
+      }
+      const int8_t index = int8_t(it - keys.begin());
+      if (k + 1 < args.size()) st.in[k] = index;
+      else st.out = index;
+    }
+    fp.steps[fp.num_steps++] = st;
+  }
+}
+
+namespace {
+FusedBackend* g_fused_backends[kNumDeviceTypes] = {};  // (as the graph backends' registry)
+}
+
+void set_fused_backend(DeviceType type, FusedBackend* backend) {
+  TESSEL_CHECK(size_t(type) < std::size(g_fused_backends), kOp, "set_fused_backend: device type {}", int(type));
+  g_fused_backends[size_t(type)] = backend;
+}
+
+FusedBackend* fused_backend(DeviceType type) {
+  return size_t(type) < std::size(g_fused_backends) ? g_fused_backends[size_t(type)] : nullptr;
 }
 
 int64_t Program::Chain::slots_now() const { return std::max<int64_t>(1, std::min<int64_t>(num_threads(), tile_count())); }
@@ -300,6 +453,7 @@ int64_t slot_begin(int64_t w, int64_t tiles, int64_t slots) { return w * tiles /
 }  // namespace
 
 void Program::make_tiles(Chain& c) {
+  if (c.on_device) return;  // (one kernel: run_chain)
   const int64_t tiles = c.tile_count();
   const int64_t slots = c.slots;
   c.tiles.clear();
@@ -331,6 +485,21 @@ void Program::make_tiles(Chain& c) {
 }
 
 void Program::run_chain(Chain& c) {
+  if (c.on_device) {
+    for (int64_t l : c.prologue) launches_[size_t(l)]->run();
+    FusedProgram p = c.program;
+    for (size_t k = 0; k < c.operand_args.size(); ++k) {
+      const TensorArg* a = c.operand_args[k];
+      if (a == nullptr) continue;  // a register
+      char* base = static_cast<char*>(a->view.storage()->data());
+      p.operands[k].data = base + a->offset * int64_t(itemsize(a->dtype));
+    }
+    FusedBackend* backend = fused_backend(c.device.type);
+    TESSEL_CHECK(backend != nullptr, kOp, "replaying {}: the fused chain {} on {} has no fused backend any more", label_,
+                 c.name, c.device.str());
+    backend->launch(c.device, p);
+    return;
+  }
   const int64_t tiles = int64_t(c.tiles.size());
   const int64_t slots = c.slots;
   for (int64_t l : c.prologue) launches_[size_t(l)]->run();

@@ -2,15 +2,19 @@
 // "device graphs"; docs/compile.md, "On a GPU"), at the level of one recorded
 // program, so that a failure here is the graph layer's and not the Run's:
 // a GEMM, an elementwise chain and a loss whose kernel reads its targets'
-// check on the host. Skips without a GPU.
+// check on the host. And fused chains as one CUDA kernel
+// (kernels/cuda/fused_chain.cu; docs/compile.md, "Fusion"): the eager and
+// unfused bits. Skips without a GPU.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "autograd/api.h"
 #include "runtime/allocator.h"
 #include "runtime/capture.h"
+#include "autograd/ops/elementwise.h"
 #include "autograd/ops/loss.h"
 #include "autograd/ops/matmul.h"
 #include "autograd/ops/unary.h"
@@ -64,4 +68,57 @@ TEST_CASE("CUDA graphs: a recorded program replays as graphs with the eager bits
   p.reset();
   allocator_for(kCuda)->empty_cache();
   CHECK(to_cpu(to_cuda(randn({8}, PhiloxKey{3, 99}))).numel() == 8);
+}
+
+TEST_CASE("CUDA fused chains: each chain is one kernel, with the eager and unfused bits") {
+  TESSEL_REQUIRE_GPU();
+  NoGradGuard no_grad;
+  const int64_t R = 301, C = 257;
+  const Tensor a = to_cuda(randn({R, C}, PhiloxKey{4, 1})), b = to_cuda(randn({R, C}, PhiloxKey{4, 2}));
+  const Tensor bias = to_cuda(randn({C}, PhiloxKey{4, 3})), t = to_cuda(randn({C, R}, PhiloxKey{4, 4})).t();
+  const Tensor ah = a.to(DType::BFloat16), bh = b.to(DType::BFloat16), af = a.to(DType::Float16);
+  struct Case {
+    const char* name;
+    std::function<Tensor()> fn;
+  };
+  const std::vector<Case> cases = {
+      {"silu(a) * b", [&] { return silu(a) * b; }},
+      {"gelu(a + bias) * 0.5 + b (a broadcast row, a scalar)", [&] { return gelu(a + bias) * Scalar(0.5) + b; }},
+      {"exp of a transposed view, times a, plus b", [&] { return exp(t) * a + b; }},
+      {"bfloat16 silu(a) * b (SwiGLU under autocast)", [&] { return silu(ah) * bh; }},
+      {"float16 through float32 and back", [&] { return (af.to(DType::Float32) * a).to(DType::Float16) + af; }},
+      {"where over bfloat16", [&] {
+         const Tensor m = gt(a, b);
+         return where(m, sigmoid(ah), bh * bh);
+       }},
+  };
+  for (const Case& k : cases) {
+    INFO(k.name);
+    Tensor outs[2];
+    int64_t chains[2] = {0, 0};
+    for (int fuse = 0; fuse < 2; ++fuse) {
+      std::unique_ptr<capture::Program> p;
+      Tensor y;
+      int out = -1;
+      {
+        capture::Recorder rec("cuda fused chains");
+        rec.fuse_elementwise = fuse == 1;
+        y = k.fn();
+        out = rec.output(y);
+        p = rec.finish();
+      }
+      const Tensor eager = y.clone();
+      p->replay();
+      outs[fuse] = to_cpu(p->output(out, y));
+      CHECK_SAME_BITS(outs[fuse], to_cpu(eager));
+      p->use_graphs(true);  // and as (part of) a CUDA graph
+      p->replay();
+      p->replay();
+      CHECK_SAME_BITS(p->output(out, y), to_cpu(eager));
+      chains[fuse] = p->fused_chains();
+    }
+    CHECK(chains[0] == 0);
+    CHECK(chains[1] >= 1);
+    CHECK_SAME_BITS(outs[1], outs[0]);
+  }
 }

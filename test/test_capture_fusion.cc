@@ -17,42 +17,13 @@
 #include "runtime/profile.h"
 #include "tessel.h"
 #include "test/util/error_of.h"
+#include "test/util/replay.h"
 #include "test/util/util.h"
 
 using namespace tessel;
 using namespace tessel::testing;
 
 namespace {
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return x.dtype() == y.dtype() && x.shape() == y.shape() &&
-         std::memcmp(x.raw_data(), y.raw_data(), size_t(x.nbytes())) == 0;
-}
-
-struct Replayed {
-  std::unique_ptr<capture::Program> program;
-  Tensor eager;   // what the recorded (eager) run computed
-  Tensor output;  // the program's output buffer, after a replay
-};
-
-// Records `fn(inputs)` (with or without fusion) and replays it once.
-Replayed record_and_replay(const std::function<Tensor()>& fn, bool fuse) {
-  Replayed r;
-  NoGradGuard no_grad;
-  int out = -1;
-  {
-    capture::Recorder rec("fusion test");
-    rec.fuse_elementwise = fuse;
-    Tensor y = fn();
-    out = rec.output(y);
-    r.program = rec.finish();
-    r.eager = y.clone();  // (after the recording: not one of its launches)
-    r.output = r.program->output(out, y);
-  }
-  r.program->replay();
-  return r;
-}
 
 Tensor noise(const Dims& shape, uint64_t seed) { return randn(shape, PhiloxKey{seed, 7}); }
 
@@ -64,12 +35,7 @@ TEST_CASE("fusion: elementwise chains replay tile by tile with the eager and unf
   Tensor a = noise({R, C}, 1), b = noise({R, C}, 2), c = noise({R, C}, 3), bias = noise({C}, 4);
   Tensor sq = noise({C, C}, 5), cols_major = noise({C, R}, 6).t();  // a transposed view: rows of stride 1
   Tensor three_d = noise({7, 43, C}, 8);
-  struct Case {
-    const char* name;
-    std::function<Tensor()> fn;
-    int64_t min_fused;  // launches expected in chains
-  };
-  const std::vector<Case> cases = {
+  const std::vector<FusionCase> cases = {
       {"silu(a) * b", [&] { return silu(a) * b; }, 2},
       {"gelu(a + bias) + c (a broadcast row)", [&] { return gelu(a + bias) + c; }, 3},
       {"((a * b) + c) * a - b", [&] { return ((a * b) + c) * a - b; }, 4},
@@ -83,19 +49,7 @@ TEST_CASE("fusion: elementwise chains replay tile by tile with the eager and unf
       {"a square matrix and its transpose (never fused across: read at other places than written)",
        [&] { Tensor t = sq * Scalar(3.0); return t.t() + t; }, 0},
   };
-  for (const Case& k : cases) {
-    INFO(k.name);
-    const Replayed fused = record_and_replay(k.fn, true);
-    const Replayed unfused = record_and_replay(k.fn, false);
-    CHECK(same_bytes(fused.output, fused.eager));
-    CHECK(same_bytes(unfused.output, unfused.eager));
-    CHECK(same_bytes(fused.output, unfused.output));
-    CHECK(unfused.program->fused_chains() == 0);
-    CHECK(fused.program->fused_launches() >= k.min_fused);
-    // Replayed again (the scratch and the arena reused): still the same.
-    fused.program->replay();
-    CHECK(same_bytes(fused.output, fused.eager));
-  }
+  check_fusion_cases(cases, /*registers=*/false);
 }
 
 TEST_CASE("fusion: an intermediate only the chain uses lives in a tile-sized scratch", "[compile][fusion]") {

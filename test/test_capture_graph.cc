@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fused_chain.h"
 #include "models/language_model.h"
 #include "runtime/capture.h"
 #include "tessel.h"
@@ -36,8 +37,10 @@ std::vector<void*> addresses_of(const std::vector<capture::Launch*>& launches) {
 
 struct FakeGraphs final : capture::GraphBackend {
   std::set<std::string> refuse;  // kernel names a capture refuses
+  std::string refuse_prefix;      // and names that begin with this ("fused(": a device's fused chain)
   bool fail_whole = false;        // every capture fails as a whole (GraphRefused with no launch)
   int64_t captures = 0, launched = 0;
+  int64_t chains_captured = 0;    // fused chains captured as one launch of a graph
   int64_t stale = 0;  // graphs launched with a buffer elsewhere than at their capture (must stay 0)
 
   struct Graph final : capture::Graph {
@@ -59,9 +62,12 @@ struct FakeGraphs final : capture::GraphBackend {
   std::unique_ptr<capture::Graph> capture(Device, const std::vector<capture::Launch*>& launches) override {
     ++captures;
     if (fail_whole) throw capture::GraphRefused("the fake backend fails the whole capture", -1);
-    for (size_t i = 0; i < launches.size(); ++i)
-      if (refuse.count(launches[i]->name))
-        throw capture::GraphRefused(std::string("the fake backend refuses '") + launches[i]->name + "'", int64_t(i));
+    for (size_t i = 0; i < launches.size(); ++i) {
+      const std::string name = launches[i]->name;
+      if (refuse.count(name) || (!refuse_prefix.empty() && name.rfind(refuse_prefix, 0) == 0))
+        throw capture::GraphRefused("the fake backend refuses '" + name + "'", int64_t(i));
+    }
+    for (const capture::Launch* l : launches) chains_captured += std::string(l->name).rfind("fused(", 0) == 0;
     auto g = std::make_unique<Graph>();
     g->owner = this;
     g->launches = launches;
@@ -83,9 +89,16 @@ struct Trained {
   CompileStats stats;
 };
 
-// 9 steps of tiny NanoGPT with dropout through tessel::Run.
-Trained train(bool compile, bool graphs) {
-  models::ModelConfig cfg = models::model_config("nanogpt", "tiny");
+// The host fused backend as the CPU's for the scope: CPU chains become one
+// "kernel" each, as a GPU's (kernels/fused_chain.h).
+struct FusedOnCpu {
+  FusedOnCpu() { capture::set_fused_backend(DeviceType::CPU, kernels::host_fused_backend()); }
+  ~FusedOnCpu() { capture::set_fused_backend(DeviceType::CPU, nullptr); }
+};
+
+// 9 steps of tiny NanoGPT (or `arch`) with dropout through tessel::Run.
+Trained train(bool compile, bool graphs, const char* arch = "nanogpt") {
+  models::ModelConfig cfg = models::model_config(arch, "tiny");
   cfg.dropout = 0.1;
   auto model = models::make_language_model(cfg, kSeed);
   RunOptions o;
@@ -286,4 +299,34 @@ TEST_CASE("graphs: refused launches split their run until every part is a graph 
     CHECK(g.captures == 1);
     CHECK(g.refused == 1);
   }
+}
+
+TEST_CASE("graphs: a device's fused chain is one launch of a graph; refused, it runs from the host; the eager bits",
+          "[compile][graphs]") {
+  // LLaMA: SwiGLU's chains. With a fused backend (the host's, as the CPU's)
+  // each chain is one kernel, and a graph captures it as one launch.
+  const Trained eager = train(false, false, "llama");
+  FakeOnCpu fake;
+  FusedOnCpu fused;
+  const Trained graphed = train(true, true, "llama");
+  CHECK(graphed.losses == eager.losses);
+  CHECK(graphed.norms == eager.norms);
+  CHECK(graphed.hash == eager.hash);
+  const CompileStats& c = graphed.stats;
+  INFO(c.refused << " / " << c.graph_refusal);
+  CHECK(c.refused.empty());
+  CHECK(c.fused_chains >= 4);
+  CHECK(c.graphs > 0);
+  CHECK(fake.graphs.chains_captured > 0);
+  CHECK(fake.graphs.stale == 0);
+  // Every chain refused by its capture: it runs from the host (still one
+  // kernel), the launches around it become graphs of their own.
+  fake.graphs.refuse_prefix = "fused(";
+  const Trained refused = train(true, true, "llama");
+  CHECK(refused.losses == eager.losses);
+  CHECK(refused.hash == eager.hash);
+  CHECK(refused.stats.graph_refused >= 1);
+  CHECK(refused.stats.graph_refusal.find("fused(") != std::string::npos);
+  CHECK(refused.stats.graphs > 0);
+  CHECK(fake.graphs.stale == 0);
 }

@@ -136,6 +136,8 @@ void check_compile_mode_on(Device d) {
     if (d.is_cuda()) {
       CHECK(g.graphs > 0);
       CHECK(g.graph_launches > g.launches / 2);
+      // Elementwise chains are one CUDA kernel each (kernels/cuda/fused_chain.cu): LLaMA's SwiGLU.
+      if (arch == "llama") CHECK(g.fused_chains > 0);
       const RunResult host = train_run(arch, d, true, nn::CompileModules::None, /*graphs=*/false);
       CHECK(host.stats.graphs == 0);
       CHECK(host.losses == eager.losses);

@@ -1,0 +1,40 @@
+#pragma once
+// Recording a function as a compile-mode program and replaying it, for the
+// fusion tests (test_capture_fusion, test_capture_fusion_device).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/capture.h"
+#include "runtime/tensor.h"
+
+namespace tessel::testing {
+
+// The same dtype, shape and bytes (NaN payloads included).
+bool same_bytes(const Tensor& a, const Tensor& b);
+
+struct Replayed {
+  std::unique_ptr<capture::Program> program;
+  Tensor eager;   // what the recorded (eager) run computed
+  Tensor output;  // the program's output buffer, after a replay
+};
+
+// Records `fn()` without gradients (with or without fusion) and replays it once.
+Replayed record_and_replay(const std::function<Tensor()>& fn, bool fuse);
+
+// A function whose recording has elementwise chains: at least `min_fused`
+// launches in them (0: nothing may be fused).
+struct FusionCase {
+  std::string name;
+  std::function<Tensor()> fn;
+  int64_t min_fused = 0;
+};
+// For each case (Catch2 checks): recorded with and without fusion, both
+// replays give the eager bytes, fused and unfused agree, and again at a
+// second replay; with `registers` (a device's chains) a fused program also
+// takes fewer bytes (its intermediates never go to memory).
+void check_fusion_cases(const std::vector<FusionCase>& cases, bool registers);
+
+}  // namespace tessel::testing
