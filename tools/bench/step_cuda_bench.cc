@@ -294,7 +294,8 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
       mm.modules > 0
           ? fmt::format(FMT_STRING("mixed mode: {} of {} module calls replayed, {} launches per call{}{}"),
                         mm.replayed, mm.calls, mm.launches, mm.refused.empty() ? "" : "; refused: ", mm.refused)
-          : fmt::format(FMT_STRING("{} kernels replayed per step, {} replays"), cs.launches, cs.replays);
+          : fmt::format(FMT_STRING("{} kernels replayed per step ({} in {} fused chains), {} replays"), cs.launches,
+                        cs.fused_launches, cs.fused_chains, cs.replays);
   out << fmt::format(FMT_STRING("tessel::Run gemm={}: eager {:.2f} ms/step, compiled {:.2f} ms/step ({:.2f}x); {}; "
                                 "step memory {:.0f} / {:.0f} MiB; the same bits: {}{}\n"),
                      o.gemm, eager_ms, compiled_ms, eager_ms / compiled_ms, what,
@@ -330,6 +331,8 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
           {"replays", cs.replays},
           {"module_calls_replayed", mm.replayed},  // mixed mode (MoE models)
           {"kernels_per_step", cs.launches},
+          {"fused_chains", cs.fused_chains},      // each one CUDA kernel (docs/compile.md, "Fusion")
+          {"fused_launches", cs.fused_launches},
           {"step_memory_mib",
            {{"eager", median(side[0].step_bytes) / mib}, {"compiled", median(side[1].step_bytes) / mib}}},
           {"refused", cs.refused}};

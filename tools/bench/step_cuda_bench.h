@@ -19,7 +19,8 @@
 //                             {"forward_backward", "step_optimizer"}}, "same_bits",
 //                "differs" (which side left eager's bits, from which step; "" if none),
 //                "replays", "module_calls_replayed" (mixed mode: a model with MoE layers),
-//                "kernels_per_step", "step_memory_mib": {..}, "refused"} | null,
+//                "kernels_per_step", "fused_chains", "fused_launches" (elementwise chains,
+//                each one kernel), "step_memory_mib": {..}, "refused"} | null,
 //    "torch": {"eager": {..}, "compile": {..}} | null}
 // "compile" (skip with --no-compile): the same steps through tessel::Run,
 // eager and in compile mode (RunOptions::compile, docs/compile.md) with CUDA
