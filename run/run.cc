@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <regex>
 #include <set>
@@ -1041,10 +1040,7 @@ StepLoss compiled_forward_backward(RunBase& run, const Tensor& inputs, const Ten
   }
   c.previous.reset();
   c.program = std::move(program);
-  // (A GPU's kernels; nothing on the CPU. TESSEL_CUDA_GRAPHS=0 turns them
-  // off for a whole process, whatever its code asks: docs/compile.md.)
-  const char* graphs_env = std::getenv("TESSEL_CUDA_GRAPHS");
-  c.program->use_graphs(s.options.compile_graphs && !(graphs_env && std::string(graphs_env) == "0"));
+  c.program->use_graphs(s.options.compile_graphs);  // (a GPU's kernels; nothing on the CPU)
   // Where the losses and gradients lie: the first replay makes views of
   // them (the arena does not exist before; this step's eager tensors are
   // the ones step_optimizer uses now).

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <map>
+#include <string>
 
 #include "runtime/allocator.h"
 #include "runtime/profile.h"
@@ -919,11 +922,11 @@ void Program::replay_range(int64_t begin, int64_t end) {
     profile::Timer timer(name, nullptr, "kernel");
     work();
   };
-  auto chain = std::lower_bound(chains_.begin(), chains_.end(), begin,
-                                [](const Chain& c, int64_t at) { return c.end <= at; });
-  TESSEL_CHECK(chain == chains_.end() || chain->begin >= begin, kOp,
+  const auto around = std::lower_bound(chains_.begin(), chains_.end(), begin,
+                                       [](const Chain& c, int64_t at) { return c.end <= at; });
+  TESSEL_CHECK(around == chains_.end() || around->begin >= begin, kOp,
                "replaying launches [{}, {}) of {}: launch {} is inside the fused chain [{}, {})", begin, end, label_,
-               begin, chain->begin, chain->end);
+               begin, around->begin, around->end);
   // Device graphs (use_graphs): the first segment from `begin` on.
   const bool graphs = use_graphs_ && !timed;
   if (graphs && !segments_planned_) plan_segments();
@@ -939,15 +942,13 @@ void Program::replay_range(int64_t begin, int64_t end) {
       run_segment(seg);  // (may split it)
       i = past;
       seg = next_segment(i);
-      while (chain != chains_.end() && chain->begin < i) ++chain;  // (device chains the segment ran)
       continue;
     }
-    if (chain != chains_.end() && chain->begin == i) {
+    if (Chain* chain = chain_at(i)) {
       TESSEL_CHECK(chain->end <= end, kOp, "replaying launches [{}, {}) of {}: the range ends inside the fused chain [{}, {})",
                    begin, end, label_, chain->begin, chain->end);
       run(chain->name.c_str(), [&] { run_chain(*chain); });
       i = chain->end;
-      ++chain;
       continue;
     }
     Launch& l = *launches_[size_t(i++)];
@@ -956,21 +957,38 @@ void Program::replay_range(int64_t begin, int64_t end) {
   }
 }
 
-// ---- device graphs -------------------------------------------------------------------------------------------
+// ---- device backends: graphs, fused chains ------------------------------------------------------------------
 namespace {
-GraphBackend* g_graph_backends[kNumDeviceTypes] = {};  // (as runtime/allocator.cc's registry)
-}
+// One backend per device type, set at start-up (as runtime/allocator.cc's registry).
+template <class Backend>
+struct PerDeviceType {
+  Backend* backends[kNumDeviceTypes] = {};
+  void set(DeviceType type, Backend* b, const char* what) {
+    TESSEL_CHECK(size_t(type) < std::size(backends), kOp, "{}: device type {}", what, int(type));
+    backends[size_t(type)] = b;
+  }
+  Backend* get(DeviceType type) const { return size_t(type) < std::size(backends) ? backends[size_t(type)] : nullptr; }
+};
+PerDeviceType<GraphBackend> g_graph_backends;
+PerDeviceType<FusedBackend> g_fused_backends;
+}  // namespace
 
-void set_graph_backend(DeviceType type, GraphBackend* backend) {
-  TESSEL_CHECK(size_t(type) < std::size(g_graph_backends), kOp, "set_graph_backend: device type {}", int(type));
-  g_graph_backends[size_t(type)] = backend;
-}
+void set_graph_backend(DeviceType type, GraphBackend* backend) { g_graph_backends.set(type, backend, "set_graph_backend"); }
+GraphBackend* graph_backend(DeviceType type) { return g_graph_backends.get(type); }
+void set_fused_backend(DeviceType type, FusedBackend* backend) { g_fused_backends.set(type, backend, "set_fused_backend"); }
+FusedBackend* fused_backend(DeviceType type) { return g_fused_backends.get(type); }
 
-GraphBackend* graph_backend(DeviceType type) {
-  return size_t(type) < std::size(g_graph_backends) ? g_graph_backends[size_t(type)] : nullptr;
+// ---- device graphs -------------------------------------------------------------------------------------------
+
+namespace detail {
+bool turned_off(const char* variable) {
+  const char* e = std::getenv(variable);
+  return e != nullptr && std::string(e) == "0";
 }
+}  // namespace detail
 
 void Program::use_graphs(bool on) {
+  on = on && !detail::turned_off("TESSEL_CUDA_GRAPHS");  // (a whole process's escape hatch: docs/compile.md)
   if (on == use_graphs_) return;
   use_graphs_ = on;
   segments_.clear();  // (off: the graphs go; on: planned at the next replay)
@@ -993,14 +1011,14 @@ class ChainLaunch final : public Launch {
   size_t chain_;
 };
 
-Program::Chain* Program::device_chain_at(int64_t i) {
+Program::Chain* Program::chain_at(int64_t i) {
   auto it = std::lower_bound(chains_.begin(), chains_.end(), i, [](const Chain& c, int64_t at) { return c.begin < at; });
-  return it != chains_.end() && it->begin == i && it->on_device ? &*it : nullptr;
+  return it != chains_.end() && it->begin == i ? &*it : nullptr;
 }
 
 void Program::run_from_host(int64_t from, int64_t to) {
   for (int64_t i = from; i < to;) {
-    if (Chain* c = device_chain_at(i)) {
+    if (Chain* c = chain_at(i)) {
       run_chain(*c);
       i = c->end;
     } else {
@@ -1086,7 +1104,7 @@ void Program::run_segment(size_t k) {
     std::vector<int64_t> starts;
     for (int64_t i = s.begin; i < s.end;) {
       starts.push_back(i);
-      if (Chain* c = device_chain_at(i)) {
+      if (Chain* c = chain_at(i)) {
         list.push_back(c->as_launch.get());
         i = c->end;
       } else {

@@ -206,6 +206,8 @@ OutputLayout layout_of(int buffer, const Tensor& t);
 namespace detail {
 // `a`'s layout over `storage`.
 Tensor view_of(const TensorArg& a, std::shared_ptr<StorageImpl> storage);
+// TESSEL_CUDA_GRAPHS=0, TESSEL_CUDA_FUSION=0: the environment variable is "0".
+bool turned_off(const char* variable);
 // Bytes a buffer takes in an arena: rounded up to 64 (every placement
 // aligned for any dtype and a cache line).
 inline int64_t arena_bytes(int64_t nbytes) { return (nbytes + 63) / 64 * 64; }
@@ -518,7 +520,8 @@ class Program {
   // given back and allocated elsewhere) is captured again, and after three
   // moves its launches run from the host. While a graph exists the arenas
   // are held between replays (a graph bakes in their addresses). Profiled
-  // or traced replays run every launch from the host. Off by default.
+  // or traced replays run every launch from the host. Off by default;
+  // TESSEL_CUDA_GRAPHS=0 in the environment keeps it off whatever `on` asks.
   void use_graphs(bool on);
   struct GraphStats {
     int64_t graphs = 0;          // graphs in use
@@ -634,9 +637,9 @@ class Program {
     bool direct = false;  // its launches run from the host
   };
   void plan_segments();
-  // The device chain that begins at launch i (null: none).
-  Chain* device_chain_at(int64_t i);
-  // Launches [from, to) from the host, a device chain as its one kernel.
+  // The chain that begins at launch i (null: none).
+  Chain* chain_at(int64_t i);
+  // Launches [from, to) from the host, a chain as a whole.
   void run_from_host(int64_t from, int64_t to);
   // Runs segments_[k] (its graph, captured first if need be, or its
   // launches from the host). May split it (a refused launch).
@@ -812,9 +815,7 @@ class KernelLaunch final : public Launch {
     if constexpr ((std::is_same_v<std::decay_t<A>, int64_t*> || ...)) {
       return false;  // (its replay checks what it wrote on the host)
     } else {
-      bool per_call = false;
-      std::apply([&](const auto&... s) { ((per_call = per_call || s.per_call()), ...); }, args_);
-      if (per_call) return false;
+      if (any_per_call()) return false;
       std::vector<const TensorArg*> tensors;
       tensor_args(tensors);
       bool any = false;
@@ -828,14 +829,18 @@ class KernelLaunch final : public Launch {
     }
   }
   bool fused_step(FusedStep* step) const override {
-    if (!fuse_) return false;
-    bool per_call = false;  // (a value re-made at every replay would be baked into the chain's program)
-    std::apply([&](const auto&... s) { ((per_call = per_call || s.per_call()), ...); }, args_);
-    if (per_call) return false;
+    // (A value re-made at every replay would be baked into the chain's program.)
+    if (!fuse_ || any_per_call()) return false;
     return std::apply([&](const auto&... s) { return fuse_(step, s.get()...); }, args_);
   }
 
  private:
+  // An argument re-made at every replay (a key, a batch block).
+  bool any_per_call() const {
+    bool per_call = false;
+    std::apply([&](const auto&... s) { ((per_call = per_call || s.per_call()), ...); }, args_);
+    return per_call;
+  }
   template <class S>
   static void push_tensor(std::vector<const TensorArg*>& out, const S& s) {
     if constexpr (is_stored_tensor_v<S>) out.push_back(&s.arg);

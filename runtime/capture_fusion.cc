@@ -32,8 +32,6 @@
 // launch joins such a chain only if its table describes it as a fused step
 // (KernelTable::set_fusion) with dtypes the kernel takes.
 #include <algorithm>
-#include <cstdlib>
-#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -82,18 +80,6 @@ bool row_layout(const TensorArg& a, RowLayout* out) {
   return true;
 }
 
-// Chains as one kernel on a device type: it has a FusedBackend, and for
-// CUDA, TESSEL_CUDA_FUSION=0 does not turn them off (each launch then
-// replays alone there).
-bool device_fusion(DeviceType type) {
-  if (fused_backend(type) == nullptr) return false;
-  if (type != DeviceType::CUDA) return true;
-  static const bool off = [] {
-    const char* e = std::getenv("TESSEL_CUDA_FUSION");
-    return e != nullptr && std::string(e) == "0";
-  }();
-  return !off;
-}
 
 bool fused_type(DType d, FusedType* t) {
   switch (d) {
@@ -134,7 +120,8 @@ struct Candidate {
   bool fused = false;  // a step of one device kernel (else: a CPU tile)
   FusedStep step;
 };
-bool candidate(const Launch& l, Candidate* c) {
+// `cuda_fusion_off`: TESSEL_CUDA_FUSION=0 (each CUDA launch then replays alone).
+bool candidate(const Launch& l, bool cuda_fusion_off, Candidate* c) {
   if (l.access != Access::Elementwise) return false;
   c->args.clear();
   c->layouts.clear();
@@ -149,7 +136,8 @@ bool candidate(const Launch& l, Candidate* c) {
   }
   c->rows = c->layouts[0].rows;
   c->cols = c->layouts[0].cols;
-  if (device_fusion(c->device.type)) {
+  // Chains as one kernel on a device type with a FusedBackend.
+  if (fused_backend(c->device.type) != nullptr && !(cuda_fusion_off && c->device.type == DeviceType::CUDA)) {
     // One kernel: worth it for any size (it saves a launch and a pass).
     c->fused = true;
     c->step = FusedStep();
@@ -189,10 +177,11 @@ void Recorder::plan_fusion(Program& p) {
     const char* at = static_cast<const char*>(s->data());
     return {at, at + s->nbytes()};
   };
+  const bool cuda_fusion_off = detail::turned_off("TESSEL_CUDA_FUSION");
   Candidate cand;
   int64_t i = 0;
   while (i < n) {
-    if (!candidate(*p.launches_[size_t(i)], &cand)) {
+    if (!candidate(*p.launches_[size_t(i)], cuda_fusion_off, &cand)) {
       ++i;
       continue;
     }
@@ -281,7 +270,7 @@ void Recorder::plan_fusion(Program& p) {
     for (; j < n; ++j) {
       if (j > i && std::find(boundaries_.begin(), boundaries_.end(), j) != boundaries_.end()) break;
       const Launch& l = *p.launches_[size_t(j)];
-      if (j > i && !candidate(l, &cand)) {
+      if (j > i && !candidate(l, cuda_fusion_off, &cand)) {
         if (!hoist(l)) break;
         prologue.push_back(j);
         continue;
@@ -412,19 +401,6 @@ void Recorder::plan_device_chain(Program& p, size_t chain) {
     }
     fp.steps[fp.num_steps++] = st;
   }
-}
-
-namespace {
-FusedBackend* g_fused_backends[kNumDeviceTypes] = {};  // (as the graph backends' registry)
-}
-
-void set_fused_backend(DeviceType type, FusedBackend* backend) {
-  TESSEL_CHECK(size_t(type) < std::size(g_fused_backends), kOp, "set_fused_backend: device type {}", int(type));
-  g_fused_backends[size_t(type)] = backend;
-}
-
-FusedBackend* fused_backend(DeviceType type) {
-  return size_t(type) < std::size(g_fused_backends) ? g_fused_backends[size_t(type)] : nullptr;
 }
 
 int64_t Program::Chain::slots_now() const { return std::max<int64_t>(1, std::min<int64_t>(num_threads(), tile_count())); }
