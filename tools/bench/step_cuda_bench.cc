@@ -272,12 +272,10 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
     });
   }
   const double eager_ms = median(side[0].ms), compiled_ms = median(side[1].ms), host_ms = median(side[2].ms);
-  bool same_bits = true;
-  std::string differs;  // which side left eager's bits, and where
+  std::string differs;  // which side left eager's bits, and where ("": none)
   const char* side_name[kSides] = {"eager", "compiled (CUDA graphs)", "compiled (host launches)"};
   for (int k = 1; k < kSides; ++k) {
     if (side[0].loss_bits == side[k].loss_bits && side[0].hash == side[k].hash) continue;
-    same_bits = false;
     size_t step = 0;
     while (step < side[0].loss_bits.size() && side[0].loss_bits[step] == side[k].loss_bits[step]) ++step;
     differs += fmt::format(FMT_STRING("; {}: {}"), side_name[k],
@@ -285,6 +283,7 @@ nlohmann::json compare_compiled(const StepCudaBenchOptions& o, models::ModelConf
                                ? fmt::format(FMT_STRING("the loss differs from step {}"), step)
                                : std::string("every loss equal, the parameters' hash differs"));
   }
+  const bool same_bits = differs.empty();
   const CompileStats& cs = side[1].stats;
   const double mib = 1 << 20;
   // A model with MoE layers compiles in mixed mode (its attention modules
