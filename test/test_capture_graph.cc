@@ -127,15 +127,20 @@ Trained train(bool compile, bool graphs, const char* arch = "nanogpt") {
   return t;
 }
 
+// A compiled run gave the eager run's losses, gradient norms and parameters, bit for bit.
+void check_eager_bits(const Trained& compiled, const Trained& eager) {
+  CHECK(compiled.losses == eager.losses);
+  CHECK(compiled.norms == eager.norms);
+  CHECK(compiled.hash == eager.hash);
+}
+
 }  // namespace
 
 TEST_CASE("graphs: a replay launches its runs of kernels as graphs, with the eager bits", "[compile][graphs]") {
   const Trained eager = train(false, false);
   FakeOnCpu fake;
   const Trained graphed = train(true, true);
-  CHECK(graphed.losses == eager.losses);
-  CHECK(graphed.norms == eager.norms);
-  CHECK(graphed.hash == eager.hash);
+  check_eager_bits(graphed, eager);
   const CompileStats& c = graphed.stats;
   INFO(c.refused << " / " << c.graph_refusal);
   CHECK(c.refused.empty());
@@ -169,9 +174,7 @@ TEST_CASE("graphs: a launch a capture refuses runs from the host and splits its 
   FakeOnCpu fake;
   fake.graphs.refuse = {"layer_norm_forward"};
   const Trained graphed = train(true, true);
-  CHECK(graphed.losses == eager.losses);
-  CHECK(graphed.norms == eager.norms);
-  CHECK(graphed.hash == eager.hash);
+  check_eager_bits(graphed, eager);
   const CompileStats& c = graphed.stats;
   CHECK(c.refused.empty());
   CHECK(c.graph_refused >= 1);
@@ -309,9 +312,7 @@ TEST_CASE("graphs: a device's fused chain is one launch of a graph; refused, it 
   FakeOnCpu fake;
   FusedOnCpu fused;
   const Trained graphed = train(true, true, "llama");
-  CHECK(graphed.losses == eager.losses);
-  CHECK(graphed.norms == eager.norms);
-  CHECK(graphed.hash == eager.hash);
+  check_eager_bits(graphed, eager);
   const CompileStats& c = graphed.stats;
   INFO(c.refused << " / " << c.graph_refusal);
   CHECK(c.refused.empty());

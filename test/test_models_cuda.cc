@@ -83,34 +83,53 @@ struct RunResult {
   CompileStats stats;
 };
 
-// 7 steps of tiny `arch` (dropout 0.1, 2 micro-batches, clipping) through
-// tessel::Run on `d`: eager, compiled (`compile`: the whole step) or in mixed
-// mode (`modules`).
-RunResult train_run(const std::string& arch, Device d, bool compile, nn::CompileModules modules,
-                    bool graphs = true) {
-  models::ModelConfig cfg = models::model_config(arch, "tiny");
-  cfg.dropout = 0.1;
+// A training run through tessel::Run: the model, its data and its steps.
+struct RunSpec {
+  std::string arch;
+  std::string config = "tiny";
+  double dropout = 0.1;
+  int micro_batches = 2;
+  int64_t batch = 4, seq = 32;
+  int steps = 7;
+  uint64_t data_seed = 131;
+  std::optional<DType> compute;  // autocast
+};
+
+// `spec` on `d`: eager, compiled (`compile`: the whole step) or in mixed
+// mode (`modules`), with or without CUDA graphs.
+RunResult train_run(const RunSpec& spec, Device d, bool compile, nn::CompileModules modules, bool graphs = true) {
+  models::ModelConfig cfg = models::model_config(spec.arch, spec.config);
+  cfg.dropout = spec.dropout;
   auto m = models::make_language_model(cfg, 7, d);
   RunOptions o;
   o.compile = compile;
   o.compile_graphs = graphs;
   o.compile_modules = modules;
   o.clip = 1.0;
-  o.micro_batches = 2;
+  o.micro_batches = spec.micro_batches;
   o.seed = 5;
+  if (spec.compute) o.compute = *spec.compute;
   nn::AdamWOptions ao;
   ao.lr = 3e-3;
   auto run = parallelize(m, adamw(ao), o);
-  Tensor ids = randint({4, 33}, 131, 0, cfg.vocab_size).to(d);
-  Tensor x = ids.narrow(1, 0, 32).contiguous(), y = ids.narrow(1, 1, 32).contiguous();
+  Tensor ids = randint({spec.batch, spec.seq + 1}, spec.data_seed, 0, cfg.vocab_size).to(d);
+  Tensor x = ids.narrow(1, 0, spec.seq).contiguous(), y = ids.narrow(1, 1, spec.seq).contiguous();
   RunResult r;
-  for (int s = 0; s < 7; ++s) {
+  for (int s = 0; s < spec.steps; ++s) {
     r.losses.push_back(run.forward_backward(x, y).loss_sum);
     run.step_optimizer();
   }
   r.hash = run.param_hash();
   r.stats = run.compile_stats();
   return r;
+}
+
+// 7 steps of tiny `arch` (dropout 0.1, 2 micro-batches, clipping) on `d`.
+RunResult train_run(const std::string& arch, Device d, bool compile, nn::CompileModules modules,
+                    bool graphs = true) {
+  RunSpec spec;
+  spec.arch = arch;
+  return train_run(spec, d, compile, modules, graphs);
 }
 
 // Compile mode (docs/compile.md) on device `d`: the whole-step replay and
@@ -153,30 +172,20 @@ void check_compile_mode_on(Device d) {
   }
 }
 
-// 5 steps of `arch` "small" (head dim 64, as GPT-2's) at T = 256 through
-// tessel::Run on the GPU in fast mode: bf16 autocast, cuBLASLt, cuDNN's
-// flash attention (no dropout, so it applies), eager or compiled.
+// 5 steps of `arch` "small" (head dim 64, as GPT-2's) at T = 256 on the
+// GPU in fast mode: bf16 autocast, cuBLASLt, cuDNN's flash attention (no
+// dropout, so it applies), eager or compiled.
 RunResult fast_run(const std::string& arch, bool compile) {
-  models::ModelConfig cfg = models::model_config(arch, "small");
-  cfg.dropout = 0.0;
-  auto m = models::make_language_model(cfg, 7, kCuda);
-  RunOptions o;
-  o.compile = compile;
-  o.clip = 1.0;
-  o.compute = DType::BFloat16;
-  nn::AdamWOptions ao;
-  ao.lr = 3e-3;
-  auto run = parallelize(m, adamw(ao), o);
-  Tensor ids = randint({4, 257}, 132, 0, cfg.vocab_size).to(kCuda);
-  Tensor x = ids.narrow(1, 0, 256).contiguous(), y = ids.narrow(1, 1, 256).contiguous();
-  RunResult r;
-  for (int s = 0; s < 5; ++s) {
-    r.losses.push_back(run.forward_backward(x, y).loss_sum);
-    run.step_optimizer();
-  }
-  r.hash = run.param_hash();
-  r.stats = run.compile_stats();
-  return r;
+  RunSpec spec;
+  spec.arch = arch;
+  spec.config = "small";
+  spec.dropout = 0.0;
+  spec.micro_batches = 1;
+  spec.seq = 256;
+  spec.steps = 5;
+  spec.data_seed = 132;
+  spec.compute = DType::BFloat16;
+  return train_run(spec, kCuda, compile, nn::CompileModules::None);
 }
 
 }  // namespace
