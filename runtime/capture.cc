@@ -796,6 +796,7 @@ void Program::allocate(Arena& a) {
 }
 
 bool Program::held_outside(const Arena& a) const {
+  if (a.memory && a.memory.use_count() > 1) return true;  // an output handed out and still held
   for (size_t k = 0; k < a.views.size(); ++k)
     if (a.views[k].first.use_count() > a.own_refs[k]) return true;
   return false;
@@ -846,9 +847,18 @@ std::string Program::replaced_outside() const {
 
 Tensor Program::output(const TensorArg& a) {
   materialize();
-  // (Before a replay has used its arena, its memory: the values are not the step's yet.)
-  if (const int k = arena_of_[size_t(a.buffer)]; k >= 0) allocate(arenas_[size_t(k)]);
-  return detail::view_of(a, storages_[size_t(a.buffer)]);
+  const int k = arena_of_[size_t(a.buffer)];
+  if (k < 0) return detail::view_of(a, storages_[size_t(a.buffer)]);
+  Arena& arena = arenas_[size_t(k)];
+  allocate(arena);  // (before a replay has used it, its memory: the values are not the step's yet)
+  // Handed out on a storage of its own that holds the arena's memory: a
+  // caller who keeps the tensor past the step keeps these values -- the
+  // next replay finds the memory held and takes new memory (replay_range),
+  // as eager's next step allocates anew -- even past the program's end.
+  const StorageImpl& buffer = *storages_[size_t(a.buffer)];
+  auto handed_out = std::make_shared<StorageImpl>(buffer.data(), buffer.nbytes(), buffer.device(),
+                                                  [memory = arena.memory](void*) {});
+  return detail::view_of(a, std::move(handed_out));
 }
 
 Tensor Program::output(int buffer, const Tensor& like) {
@@ -902,8 +912,14 @@ void Program::replay_range(int64_t begin, int64_t end) {
     TESSEL_CHECK(!used || !input_memory_[k] || !input_memory_[k]->released(), kOp,
                  "replaying {}: input {} was given back (release_inputs) and not set again (set_input)", label_, k);
   }
-  for (Arena& a : arenas_)  // the arenas these launches use
-    if (a.first_use < end && a.last_use >= begin) allocate(a);
+  for (Arena& a : arenas_) {  // the arenas these launches use
+    if (a.first_use >= end || a.last_use < begin) continue;
+    // Writes it from its first use on, and a caller still holds an output
+    // of the last replay in it: the memory is theirs now (output), this
+    // replay takes new memory (a graph over it is captured again).
+    if (a.first_use >= begin && a.memory && a.memory.use_count() > 1) a.memory.reset();
+    allocate(a);
+  }
   if (begin == 0 && (!producers_.empty() || !block_producers_.empty())) {
     for (size_t i = 0; i < producers_.size(); ++i) values_.keys[i] = producers_[i]();
     for (size_t i = 0; i < block_producers_.size(); ++i) values_.blocks[i] = block_producers_[i]();

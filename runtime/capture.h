@@ -462,7 +462,10 @@ class Program {
   // change in place before the module's backward reads it.
   void bind_input(int i, const Tensor& value);
   // A view of a recorded output's buffer (layout.buffer: Recorder::output's
-  // number) with layout's shape, strides, offset and dtype.
+  // number) with layout's shape, strides, offset and dtype. It keeps this
+  // replay's values: a replay that finds an output of the last one still
+  // held by a caller writes new memory instead, and what a caller holds
+  // outlives the program.
   Tensor output(const TensorArg& layout);
   // The same, laid out like `like` (its metadata only).
   Tensor output(int buffer, const Tensor& like);
@@ -601,14 +604,14 @@ class Program {
   // An arena's memory and the buffers (views) placed in it, which follow
   // it when the arena is released and allocated again.
   struct Arena {
-    std::shared_ptr<StorageImpl> memory;  // (null until a replay first uses it)
+    std::shared_ptr<StorageImpl> memory;  // (null until a replay first uses it; shared with the outputs handed out)
     std::vector<std::pair<std::shared_ptr<StorageImpl>, int64_t>> views;  // (view, offset)
     std::vector<long> own_refs;  // per view: references the program itself holds (set by materialize)
     int64_t first_use = 0, last_use = 0;  // ArenaPlan's
     bool allocated() const { return memory && !memory->released(); }
   };
   void allocate(Arena& a);  // its memory (again), its views pointed at it
-  bool held_outside(const Arena& a) const;  // a view of it held by a caller
+  bool held_outside(const Arena& a) const;  // a view of it held by a caller (an output handed out, kept)
   std::vector<int> arena_of_;  // per buffer: its arena, or -1
   std::vector<Arena> arenas_;  // per ArenaPlan
   std::vector<int> inputs_;          // buffer numbers, in Recorder::input order

@@ -58,7 +58,7 @@ TEST_CASE("fusion: an intermediate only the chain uses lives in a tile-sized scr
   auto fn = [&] { return ((a * b) + c) * a; };  // two intermediates of R x C, then the output
   const Replayed fused = record_and_replay(fn, true);
   const Replayed unfused = record_and_replay(fn, false);
-  CHECK(same_bytes(fused.output, unfused.output));
+  CHECK(same_bytes(fused.output(), unfused.output()));
   REQUIRE(fused.program->fused_chains() == 1);
   CHECK(fused.program->fused_launches() == 3);
   // Unfused: the output plus an intermediate (the arena shares the other's
@@ -81,11 +81,11 @@ TEST_CASE("fusion: a chain's scratch is a region of the arena, in bytes a dead b
     return ((s * b) + c) * a;
   };
   const Replayed fused = record_and_replay(fn, true);
-  CHECK(same_bytes(fused.output, fused.eager));
+  CHECK(same_bytes(fused.output(), fused.eager));
   REQUIRE(fused.program->fused_chains() == 1);
   CHECK(fused.program->bytes() == 2 * R * C * 4);
   fused.program->replay();
-  CHECK(same_bytes(fused.output, fused.eager));
+  CHECK(same_bytes(fused.output(), fused.eager));
 }
 
 TEST_CASE("fusion: a buffer born in a chain takes the bytes of one that dies in it", "[compile][fusion]") {
@@ -99,8 +99,8 @@ TEST_CASE("fusion: a buffer born in a chain takes the bytes of one that dies in 
   };
   const Replayed fused = record_and_replay(fn, true);
   const Replayed unfused = record_and_replay(fn, false);
-  CHECK(same_bytes(fused.output, fused.eager));
-  CHECK(same_bytes(fused.output, unfused.output));
+  CHECK(same_bytes(fused.output(), fused.eager));
+  CHECK(same_bytes(fused.output(), unfused.output()));
   REQUIRE(fused.program->fused_chains() == 1);
   // Unfused: h and the output share bytes, the product has its own. Fused:
   // the product is scratch, and the output takes h's bytes.
@@ -108,7 +108,7 @@ TEST_CASE("fusion: a buffer born in a chain takes the bytes of one that dies in 
   CHECK(unfused.program->bytes() >= 2 * tensor_bytes);
   CHECK(fused.program->bytes() < tensor_bytes + tensor_bytes / 2);
   fused.program->replay();
-  CHECK(same_bytes(fused.output, fused.eager));
+  CHECK(same_bytes(fused.output(), fused.eager));
 }
 
 TEST_CASE("fusion: a chain written in place through another view is not fused into a wrong answer", "[compile][fusion]") {
@@ -124,8 +124,8 @@ TEST_CASE("fusion: a chain written in place through another view is not fused in
   };
   const Replayed fused = record_and_replay(fn, true);
   const Replayed unfused = record_and_replay(fn, false);
-  CHECK(same_bytes(fused.output, fused.eager));
-  CHECK(same_bytes(fused.output, unfused.output));
+  CHECK(same_bytes(fused.output(), fused.eager));
+  CHECK(same_bytes(fused.output(), unfused.output()));
 }
 
 TEST_CASE("fusion: a chain never crosses a recording's suspend point; replay_range never splits one", "[compile][fusion]") {

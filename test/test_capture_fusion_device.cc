@@ -194,8 +194,8 @@ TEST_CASE("device fusion: a chain written in place through another view is not f
   };
   const Replayed fused = record_and_replay(fn, true);
   const Replayed unfused = record_and_replay(fn, false);
-  CHECK(same_bytes(fused.output, fused.eager));
-  CHECK(same_bytes(fused.output, unfused.output));
+  CHECK(same_bytes(fused.output(), fused.eager));
+  CHECK(same_bytes(fused.output(), unfused.output()));
 }
 
 TEST_CASE("device fusion: LLaMA trains compiled with the eager bits, float32 and bfloat16 autocast",

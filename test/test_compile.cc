@@ -575,6 +575,15 @@ TEST_CASE("capture: the temporaries' arena is given back between replays; the ou
   p->set_input(0, x * Scalar(2.0));
   p->replay();  // allocated again, the buffers re-pointed
   CHECK(bitwise_equal(p->output(out2, y), chain(x * Scalar(2.0))));
+  // An output kept past the next replay keeps its values (the replay writes
+  // new memory), and outlives the program.
+  const Tensor kept = p->output(out2, y);
+  p->set_input(0, x * Scalar(5.0));
+  p->replay();
+  CHECK(bitwise_equal(kept, chain(x * Scalar(2.0))));
+  CHECK(bitwise_equal(p->output(out2, y), chain(x * Scalar(5.0))));
+  p.reset();
+  CHECK(bitwise_equal(kept, chain(x * Scalar(2.0))));
 }
 
 TEST_CASE("capture: bind_input reads the caller's tensor; set_input never writes one", "[compile]") {
@@ -1269,9 +1278,21 @@ TEST_CASE("compile: between steps the arena is given back, unless the caller hol
   run.step_optimizer();
   CHECK(run.compile_stats().held_bytes > inputs);  // kept's memory is the arena's
   CHECK(bitwise_equal(kept, values));
+  // The next replays leave kept as it was (eager's next step writes new
+  // gradients too), and so does the end of the recording.
   run.forward_backward(x, y);
+  const Tensor next = run.model().body->linear->weight.grad();
+  CHECK(!bitwise_equal(next, values));  // (the parameters moved: another gradient)
+  CHECK(bitwise_equal(kept, values));
   run.step_optimizer();
   CHECK(run.compile_stats().replays == 3);
+  run.record_again();
+  for (int step = 0; step < 3; ++step) {
+    run.forward_backward(x, y);
+    run.step_optimizer();
+  }
+  CHECK(run.compile_stats().recaptures == 1);
+  CHECK(bitwise_equal(kept, values));
 }
 
 TEST_CASE("compile: an autocast opened around forward_backward after replays began records again", "[compile]") {

@@ -17,8 +17,11 @@ bool same_bytes(const Tensor& a, const Tensor& b);
 
 struct Replayed {
   std::unique_ptr<capture::Program> program;
-  Tensor eager;   // what the recorded (eager) run computed
-  Tensor output;  // the program's output buffer, after a replay
+  Tensor eager;                 // what the recorded (eager) run computed
+  capture::OutputLayout where;  // the output's buffer
+  // The output of the program's last replay. (A temporary: a view held
+  // past the next replay keeps its values, and that replay writes new memory.)
+  Tensor output() const { return program->output(where); }
 };
 
 // Records `fn()` without gradients (with or without fusion) and replays it once.

@@ -31,16 +31,15 @@ struct Case {
 // One recording of `c` on `inputs`: its program, and where its output lies.
 struct Recorded {
   std::unique_ptr<capture::Program> program;
-  Tensor output;  // a view of the program's output buffer
+  capture::OutputLayout output;  // where the output lies (Program::output: the last replay's values)
 };
 Recorded record(const Case& c, const std::vector<Tensor>& inputs, bool fuse) {
   Recorded r;
   capture::Recorder rec(c.name);
   rec.fuse_elementwise = fuse;
   Tensor y = c.chain(inputs);
-  const int out = rec.output(y);
+  r.output = capture::layout_of(rec.output(y), y);
   r.program = rec.finish();
-  r.output = r.program->output(out, y);
   return r;
 }
 
@@ -88,8 +87,8 @@ int run_fusion_bench(const FusionBenchOptions& o, std::ostream& out) {
         const int k = r % 2 == 0 ? i : 1 - i;  // who goes first alternates
         t[k].push_back(time_replays(*side[k].program, o.iters));
       }
-    const Tensor& a = side[0].output;
-    const Tensor& b = side[1].output;
+    const Tensor a = side[0].program->output(side[0].output);
+    const Tensor b = side[1].program->output(side[1].output);
     const bool same = std::memcmp(a.raw_data(), b.raw_data(), size_t(a.nbytes())) == 0;
     all_same = all_same && same;
     const double unfused = median(t[0]), fused = median(t[1]);
