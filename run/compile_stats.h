@@ -12,7 +12,9 @@ namespace tessel {
 struct CompileStats {
   bool enabled = false;    // RunOptions::compile
   bool replaying = false;  // a recording is in use
-  int64_t eager_steps = 0;  // forward_backward calls run eagerly (warm-up, recordings, after a refusal)
+  // Steps run eagerly: forward_backward's warm-up, recordings and steps after a
+  // refusal, and steps whose backward ran in a loop of one's own (not recorded).
+  int64_t eager_steps = 0;
   int64_t captures = 0;     // recordings made
   int64_t replays = 0;      // steps replayed
   int64_t recaptures = 0;   // recordings dropped for new input shapes or replaced parameters

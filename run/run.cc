@@ -581,6 +581,8 @@ StepReport RunBase::step_optimizer() {
                s.step + 1, s.model_type, s.options.micro_batches,
                s.micro == 0 ? " (no backward since the last step on the thread that called parallelize)" : "");
   s.check_parameters_unchanged();
+  // A step whose backward ran in a loop of the caller's own ran eagerly.
+  if (s.options.compile && !s.compiled.forward_backward_this_step) ++s.compiled.stats.eager_steps;
   if (s.options.compile && !s.compiled.forward_backward_this_step && !s.compiled.warned_own_loop) {
     s.compiled.warned_own_loop = true;
     const std::string why = fmt::format(

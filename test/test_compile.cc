@@ -1258,6 +1258,31 @@ TEST_CASE("compile: a tensor of the model replaced after replays began records a
 // Between steps a replayed step's arena is given back once the optimizer
 // has used the gradients, as eager frees them (memory for an evaluation
 // between steps); a gradient the caller keeps keeps it, with its values.
+TEST_CASE("compile: a loop of your own runs eagerly, warns once and counts its steps as eager", "[compile]") {
+  auto train = [](bool compile) {
+    auto model = std::make_shared<Shifted>();
+    model->reset_parameters(kSeed);
+    RunOptions o;
+    o.compile = compile;
+    auto run = parallelize(model, adamw(), o);
+    for (int step = 0; step < 5; ++step) {
+      const Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step)});
+      const Tensor y = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step + 1)});
+      run.model().loss(run.input(x), run.input(y)).backward();  // (not run.forward_backward: nothing is recorded)
+      run.step_optimizer();
+    }
+    return std::make_pair(run.param_hash(), run.compile_stats());
+  };
+  const auto [eager_hash, eager_stats] = train(false);
+  const auto [hash, stats] = train(true);
+  CHECK(hash == eager_hash);
+  CHECK(stats.eager_steps == 5);
+  CHECK(stats.captures == 0);
+  CHECK(stats.replays == 0);
+  CHECK_THAT(stats.refused, Catch::Contains("records the steps of run.forward_backward(inputs, targets)") &&
+                                Catch::Contains("in a loop of its own, which runs eagerly"));
+}
+
 TEST_CASE("compile: between steps the arena is given back, unless the caller holds a gradient", "[compile]") {
   auto model = std::make_shared<Shifted>();
   model->reset_parameters(kSeed);

@@ -621,8 +621,9 @@ TrainResult run_rank(const TrainConfig& cfg, const TrainHooks& hooks_in) {
 
   if (result.compile.modules.modules > 0 && main_rank && !hooks.quiet) {
     const nn::ModuleCompileStats& m = result.compile.modules;
-    std::printf("  compile (mixed mode, %s, %lld modules): %lld of %lld calls replayed (%lld launches per call, summed; "
-                "%.1f MiB of buffers, %.1f MiB of them held between steps), %lld recorded, %lld recorded again%s%s\n",
+    std::printf("  compile (mixed mode, %s, %lld modules): %lld of %lld calls replayed (the modules' recordings: %lld "
+                "launches and %.1f MiB of buffers in all, %.1f MiB of them held between steps), %lld recorded, %lld "
+                "recorded again%s%s\n",
                 cfg.compile_modules != "none" ? cfg.compile_modules.c_str() : "attention: MoE model", (long long)m.modules, (long long)m.replayed, (long long)m.calls,
                 (long long)m.launches, double(m.buffer_bytes) / (1 << 20), double(m.held_bytes) / (1 << 20),
                 (long long)m.recordings,
