@@ -346,11 +346,14 @@ Run<M> parallelize(std::shared_ptr<M> model, MeshPtr mesh, parallel::ParallelPla
   return Run<M>(std::move(state), std::move(model));
 }
 
-// One device.
+// One device. `loss` as above: a step of your own that compile mode records
+// (docs/compile.md).
 template <class M>
-Run<M> parallelize(std::shared_ptr<M> model, OptimizerSpec optimizer, RunOptions options = {}) {
+Run<M> parallelize(std::shared_ptr<M> model, OptimizerSpec optimizer, RunOptions options = {},
+                   RunLossFn loss = nullptr) {
   parallel::ParallelPlan none;
-  return parallelize(std::move(model), MeshPtr(), std::move(none), std::move(optimizer), std::move(options));
+  return parallelize(std::move(model), MeshPtr(), std::move(none), std::move(optimizer), std::move(options),
+                     std::move(loss));
 }
 
 }  // namespace tessel

@@ -1283,6 +1283,37 @@ TEST_CASE("compile: a loop of your own runs eagerly, warns once and counts its s
                                 Catch::Contains("in a loop of its own, which runs eagerly"));
 }
 
+TEST_CASE("compile: a step of your own as the loss function (one device) replays with the eager bits", "[compile]") {
+  // Two losses added (a second head's, here the same body on a shifted
+  // input): what a loop of one's own would backpropagate, given to
+  // parallelize so that forward_backward -- and compile mode -- runs it.
+  const RunLossFn two_losses = [](nn::Module& m, const Tensor& x, const Tensor& y) {
+    auto& s = static_cast<Shifted&>(m);
+    return s.loss(x, y) + s.loss(x * Scalar(0.5), y) * Scalar(0.25);
+  };
+  auto train = [&](bool compile) {
+    auto model = std::make_shared<Shifted>();
+    model->reset_parameters(kSeed);
+    RunOptions o;
+    o.compile = compile;
+    auto run = parallelize(model, adamw(), o, two_losses);
+    std::vector<uint64_t> losses;
+    for (int step = 0; step < 6; ++step) {
+      const Tensor x = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step)});
+      const Tensor y = randn({4, 8}, PhiloxKey{kSeed, uint64_t(2 * step + 1)});
+      losses.push_back(bits(run.forward_backward(x, y).loss_sum));
+      run.step_optimizer();
+    }
+    return std::make_tuple(losses, run.param_hash(), run.compile_stats());
+  };
+  const auto [eager_losses, eager_hash, eager_stats] = train(false);
+  const auto [losses, hash, stats] = train(true);
+  CHECK(losses == eager_losses);
+  CHECK(hash == eager_hash);
+  CHECK(stats.replays == 3);
+  CHECK(stats.refused.empty());
+}
+
 TEST_CASE("compile: between steps the arena is given back, unless the caller holds a gradient", "[compile]") {
   auto model = std::make_shared<Shifted>();
   model->reset_parameters(kSeed);
