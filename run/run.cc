@@ -361,6 +361,16 @@ RunStatePtr make_run_state(std::shared_ptr<nn::Module> model, MeshPtr mesh, para
                  "RunOptions::zero = {} with a 'pp' dim (mesh {}): a pipeline reduces its dp gradients itself "
                  "(DDP); ZeRO and FSDP do not combine with pipeline stages yet",
                  opts.zero, s->mesh->str());
+    // The pipeline computes each micro-batch's loss on the last stage by the
+    // model's stage_loss (and its blocks' aux losses): a loss function of the
+    // caller's own would be ignored -- an error, not a run that silently
+    // trains on another loss.
+    TESSEL_CHECK(!s->loss || s->loss.target_type() == staged_loss().target_type(), kOp,
+                 "mesh {} has a 'pp' dim and {} was given a loss function of its own: a pipeline computes each "
+                 "micro-batch's loss on its last stage by the model's stage_loss(output, target) (plus its blocks' "
+                 "aux losses), so that function would not run; put the loss in {}'s stage_loss, or use a mesh "
+                 "without pp",
+                 s->mesh->str(), model_type, model_type);
     parallel::pipeline::PipelineOptions po;
     po.schedule = opts.pipeline_schedule;
     po.virtual_stages = opts.virtual_stages > 0 ? opts.virtual_stages : opts.pipeline_schedule == "interleaved" ? 2 : 1;

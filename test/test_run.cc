@@ -512,6 +512,28 @@ TEST_CASE("run: misuse is an error naming what is wrong", "[run][errors]") {
       CHECK(contains(e, "Build the optimizer after laying the model out"));
     }
   }
+  SECTION("a loss function of one's own on a pipeline (which would not run it)") {
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           const RunLossFn own = [](nn::Module& m, const Tensor& x, const Tensor& y) {
+             auto& staged = static_cast<nn::StagedModel&>(m);
+             return staged.loss(staged.forward(x), y) * Scalar(2.0);
+           };
+           RunOptions o;
+           o.micro_batches = 2;
+           auto run = parallelize(build<StagedMlp>(TrainSpec{}), Mesh::world({{"pp", 2}}), mlp_plan(), adamw(), o, own);
+         })) {
+      INFO(e);
+      CHECK(contains(e, "has a 'pp' dim and StagedMlp was given a loss function of its own"));
+      CHECK(contains(e, "put the loss in StagedMlp's stage_loss"));
+    }
+    // The default (the model's loss) builds the pipeline.
+    for (const std::string& e : errors_on_ranks(2, [](int) {
+           RunOptions o;
+           o.micro_batches = 2;
+           auto run = parallelize(build<StagedMlp>(TrainSpec{}), Mesh::world({{"pp", 2}}), mlp_plan(), adamw(), o);
+         }))
+      CHECK(e == "(no error)");
+  }
   SECTION("a parameter added after parallelize") {
     struct Growing : MlpClassifier {
       using MlpClassifier::MlpClassifier;
