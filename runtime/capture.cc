@@ -796,7 +796,7 @@ void Program::allocate(Arena& a) {
 }
 
 bool Program::held_outside(const Arena& a) const {
-  if (a.memory && a.memory.use_count() > 1) return true;  // an output handed out and still held
+  if (a.handed_out()) return true;
   for (size_t k = 0; k < a.views.size(); ++k)
     if (a.views[k].first.use_count() > a.own_refs[k]) return true;
   return false;
@@ -917,7 +917,7 @@ void Program::replay_range(int64_t begin, int64_t end) {
     // Writes it from its first use on, and a caller still holds an output
     // of the last replay in it: the memory is theirs now (output), this
     // replay takes new memory (a graph over it is captured again).
-    if (a.first_use >= begin && a.memory && a.memory.use_count() > 1) a.memory.reset();
+    if (a.first_use >= begin && a.handed_out()) a.memory.reset();
     allocate(a);
   }
   if (begin == 0 && (!producers_.empty() || !block_producers_.empty())) {

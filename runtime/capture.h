@@ -609,6 +609,8 @@ class Program {
     std::vector<long> own_refs;  // per view: references the program itself holds (set by materialize)
     int64_t first_use = 0, last_use = 0;  // ArenaPlan's
     bool allocated() const { return memory && !memory->released(); }
+    // An output in it was handed out (Program::output) and is still held.
+    bool handed_out() const { return memory && memory.use_count() > 1; }
   };
   void allocate(Arena& a);  // its memory (again), its views pointed at it
   bool held_outside(const Arena& a) const;  // a view of it held by a caller (an output handed out, kept)
