@@ -35,11 +35,8 @@ TEST_CASE("fusion: elementwise chains replay tile by tile with the eager and unf
   Tensor a = noise({R, C}, 1), b = noise({R, C}, 2), c = noise({R, C}, 3), bias = noise({C}, 4);
   Tensor sq = noise({C, C}, 5), cols_major = noise({C, R}, 6).t();  // a transposed view: rows of stride 1
   Tensor three_d = noise({7, 43, C}, 8);
-  const std::vector<FusionCase> cases = {
-      {"silu(a) * b", [&] { return silu(a) * b; }, 2},
-      {"gelu(a + bias) + c (a broadcast row)", [&] { return gelu(a + bias) + c; }, 3},
-      {"((a * b) + c) * a - b", [&] { return ((a * b) + c) * a - b; }, 4},
-      {"a transposed view read by the chain", [&] { return exp(cols_major) * a + b; }, 3},
+  std::vector<FusionCase> cases = common_chains(a, b, c, bias, cols_major);
+  cases.insert(cases.end(), {
       {"a 3-d tensor: leading dims merged", [&] { return tanh(three_d) * Scalar(2.0) + three_d; }, 3},
       {"a 3-d result read as 2-d (one placement of its elements)",
        [&] { return (tanh(three_d) + three_d).reshape({7 * 43, C}) * a; }, 3},
@@ -48,7 +45,7 @@ TEST_CASE("fusion: elementwise chains replay tile by tile with the eager and unf
       {"a cast to bfloat16 and back", [&] { return (a * b).to(DType::BFloat16).to(DType::Float32) + c; }, 3},
       {"a square matrix and its transpose (never fused across: read at other places than written)",
        [&] { Tensor t = sq * Scalar(3.0); return t.t() + t; }, 0},
-  };
+  });
   check_fusion_cases(cases, /*registers=*/false);
 }
 

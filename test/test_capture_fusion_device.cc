@@ -161,11 +161,8 @@ TEST_CASE("device fusion: recorded chains replay as one kernel with the eager an
   Tensor sq = noise({C, C}, 5), cols_major = noise({C, R}, 6).t();
   Tensor three_d = noise({7, 5, C}, 8);
   Tensor ah = a.to(DType::BFloat16), bh = b.to(DType::BFloat16), af = a.to(DType::Float16);
-  const std::vector<FusionCase> cases = {
-      {"silu(a) * b", [&] { return silu(a) * b; }, 2},
-      {"gelu(a + bias) + c (a broadcast row)", [&] { return gelu(a + bias) + c; }, 3},
-      {"((a * b) + c) * a - b", [&] { return ((a * b) + c) * a - b; }, 4},
-      {"a transposed view read by the chain", [&] { return exp(cols_major) * a + b; }, 3},
+  std::vector<FusionCase> cases = common_chains(a, b, c, bias, cols_major);
+  cases.insert(cases.end(), {
       {"a 3-d tensor: leading dims merged", [&] { return tanh(three_d) * Scalar(2.0) + three_d; }, 2},
       {"bfloat16: silu(a) * b", [&] { return silu(ah) * bh; }, 2},
       {"float16 through float32 and back", [&] { return (af.to(DType::Float32) * a).to(DType::Float16) + af; }, 3},
@@ -177,7 +174,7 @@ TEST_CASE("device fusion: recorded chains replay as one kernel with the eager an
        3},
       {"a square matrix and its transpose (never fused across)", [&] { Tensor t = sq * Scalar(3.0); return t.t() + t; },
        0},
-  };
+  });
   check_fusion_cases(cases, /*registers=*/true);
 }
 

@@ -31,6 +31,16 @@ Replayed record_and_replay(const std::function<Tensor()>& fn, bool fuse) {
   return r;
 }
 
+std::vector<FusionCase> common_chains(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& bias,
+                                      const Tensor& cols_major) {
+  return {
+      {"silu(a) * b", [=] { return silu(a) * b; }, 2},
+      {"gelu(a + bias) + c (a broadcast row)", [=] { return gelu(a + bias) + c; }, 3},
+      {"((a * b) + c) * a - b", [=] { return ((a * b) + c) * a - b; }, 4},
+      {"a transposed view read by the chain", [=] { return exp(cols_major) * a + b; }, 3},
+  };
+}
+
 void check_fusion_cases(const std::vector<FusionCase>& cases, bool registers) {
   for (const FusionCase& k : cases) {
     INFO(k.name);

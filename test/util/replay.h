@@ -34,6 +34,12 @@ struct FusionCase {
   std::function<Tensor()> fn;
   int64_t min_fused = 0;
 };
+// The chains both fusion paths are checked on (tile by tile, and as one
+// device kernel), over [R, C] tensors a, b, c, a [C] bias and an [R, C]
+// transposed view: a plain chain, a broadcast row, a longer chain, a
+// strided read.
+std::vector<FusionCase> common_chains(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& bias,
+                                      const Tensor& cols_major);
 // For each case (Catch2 checks): recorded with and without fusion, both
 // replays give the eager bytes, fused and unfused agree, and again at a
 // second replay; with `registers` (a device's chains) a fused program also
